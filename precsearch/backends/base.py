@@ -1,0 +1,93 @@
+"""The contract every numeric backend keeps.
+
+A backend turns a probe model (plain ``torch.nn.Linear`` layers, see
+:mod:`precsearch.probe.model`) into one whose Linear layers compute in the
+precision a policy assigns them, and switches FP8 on and off per step (for
+the BF16 warm-up).
+
+Contract (checked for every backend by ``tests/backends/test_contract.py``):
+
+* ``convert`` changes only the Linear layers named in the assignment whose
+  recipe is not BF16; every other module, parameter value and name stays as it
+  was, so optimiser state built afterwards sees the same parameters in the same
+  order. BF16 layers are bit-identical to the unconverted model.
+* ``convert`` keeps weights: the converted layer starts from the same values.
+* ``autocast(model, enabled=False)`` makes every layer compute as BF16.
+* ``converted_layers`` reports the precision each converted layer runs.
+* A recipe the backend or the device cannot run is refused by
+  ``check_supported`` with :class:`UnsupportedRecipe`, naming the recipe, the
+  device and what would be valid, before any work starts. It is never silently
+  replaced by another recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch import nn
+
+from precsearch.precision import LayerRecipe, Precision
+
+
+class UnsupportedRecipe(Exception):
+    """A backend cannot run a requested precision on this device."""
+
+
+class BackendUnavailable(Exception):
+    """A backend's library (Transformer Engine, torchao) or hardware is missing."""
+
+
+class Backend(ABC):
+    """A numeric backend: converts Linear layers and toggles FP8 per step."""
+
+    #: The name used in space files (``backend: emulated``).
+    name: str = ""
+
+    @abstractmethod
+    def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
+        """For each precision: None if it runs on ``device``, else the reason it cannot."""
+
+    def check_supported(self, recipes: Mapping[str, LayerRecipe], device: torch.device) -> None:
+        """Raise :class:`UnsupportedRecipe` if any layer's recipe cannot run here."""
+        table = self.supported_precisions(device)
+        for layer, recipe in recipes.items():
+            reason = table.get(recipe.precision, "unknown precision")
+            if reason is not None:
+                valid = sorted(p.value for p, r in table.items() if r is None)
+                raise UnsupportedRecipe(
+                    f"backend '{self.name}' cannot run '{recipe.precision.value}' "
+                    f"(layer {layer}) on {device}: {reason}. Valid here: {', '.join(valid)}"
+                )
+
+    @abstractmethod
+    def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
+        """Convert, in place, the Linear layers named in ``recipes``; return the model.
+
+        ``recipes`` maps fully qualified module names (``model.named_modules()``)
+        to the recipe that layer runs; layers absent from it, or with a BF16
+        recipe, are left untouched.
+        """
+
+    @abstractmethod
+    def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
+        """Fully qualified name -> precision, for every layer this backend converted."""
+
+    @contextlib.contextmanager
+    def autocast(self, model: nn.Module, enabled: bool) -> Iterator[None]:
+        """Run the enclosed forward (and its backward) with FP8 on or off.
+
+        The default toggles ``fp8_enabled`` on every converted module; backends
+        with a library context (Transformer Engine) override this.
+        """
+        modules = [m for m in model.modules() if hasattr(m, "fp8_enabled")]
+        previous = [m.fp8_enabled for m in modules]
+        for m in modules:
+            m.fp8_enabled = enabled
+        try:
+            yield
+        finally:
+            for m, prev in zip(modules, previous):
+                m.fp8_enabled = prev

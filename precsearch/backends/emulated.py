@@ -1,0 +1,226 @@
+"""The emulated FP8 backend: FP8 numerics in plain PyTorch, on any device.
+
+Each converted Linear quantize-dequantizes its GEMM operands with the scalers of
+its recipe (:mod:`precsearch.fp8.scaling`) and multiplies in float32, which is
+what an FP8 tensor-core GEMM computes (FP8 inputs, FP32 accumulation). It is
+slower than Transformer Engine but runs everywhere and exposes the numerics
+(saturation, underflow, stale delayed scales) for tests and diagnostics.
+
+As in Transformer Engine, block-scaled operands are quantized along the
+dimension their GEMM reduces over: the forward and dgrad GEMMs see row-wise
+tiles, the wgrad GEMM (which reduces over tokens) sees the input and the
+gradient quantized with column-wise tiles. Per-tensor scales and square tiles
+give the same values either way and are quantized once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from precsearch.backends.base import Backend
+from precsearch.fp8.scaling import Scaler, make_scaler
+from precsearch.precision import LayerRecipe, Precision
+
+_NVFP4_REASON = "NVFP4 emulation is not implemented yet"
+
+
+def _transpose_invariant(scaler: Scaler) -> bool:
+    """True when quantizing a 2-d tensor's transpose gives the transposed values."""
+    block = getattr(scaler, "block", None)
+    return not scaler.blockwise or block is None or block[0] == block[1]
+
+
+def _quantize(
+    scaler: Scaler, t2d: Tensor, columnwise: bool
+) -> tuple[Tensor, Tensor | None, dict[str, Tensor] | None]:
+    """Row-wise (and, if asked, column-wise) quantization of a 2-d GEMM operand.
+
+    Returns:
+        (row-wise values, column-wise values or None, stats of the row-wise call).
+    """
+    row = scaler.quantize(t2d)
+    stats = scaler.last_stats
+    if not columnwise:
+        return row, None, stats
+    # a column-wise pass of a delayed scaler would record its amax twice: reuse
+    col = row if _transpose_invariant(scaler) else scaler.quantize(t2d.t()).t()
+    return row, col, stats
+
+
+def _forward_operands(
+    layer: "EmulatedFP8Linear", x2d: Tensor, weight: Tensor, need_dgrad: bool, need_wgrad: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Quantized (x, w) for the forward GEMM, and x for wgrad and w for dgrad if needed.
+
+    The dgrad GEMM reduces over out_features, so its weight is quantized with
+    tiles running down the weight's columns; the wgrad GEMM reduces over tokens.
+    """
+    qx, qx_col, x_stats = _quantize(layer.input_scaler, x2d, need_wgrad)
+    qw, qw_dgrad, w_stats = _quantize(layer.weight_scaler, weight, need_dgrad)
+    layer.last_stats.update(input=x_stats, weight=w_stats)
+    return qx, qw, qx_col, qw_dgrad
+
+
+class _Fp8LinearFunction(torch.autograd.Function):
+    """y = q(x) @ q(w)^T + b in float32; backward quantizes the incoming gradient."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        layer: "EmulatedFP8Linear",
+        out_dtype: torch.dtype,
+    ) -> Tensor:
+        qx, qw, qx_col, qw_dgrad = _forward_operands(
+            layer, x.reshape(-1, x.shape[-1]), weight, *ctx.needs_input_grad[:2]
+        )
+        out = qx @ qw.t()  # float32 accumulation, as an FP8 GEMM does
+        if bias is not None:
+            out = out + bias.float()
+        ctx.save_for_backward(qx_col, qw_dgrad)
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
+        ctx.b_dtype = bias.dtype if bias is not None else None
+        return out.to(out_dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        qx_col, qw_dgrad = ctx.saved_tensors
+        layer: EmulatedFP8Linear = ctx.layer
+        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
+        # backward may run inside an autocast region; keep the GEMMs in float32
+        with torch.autocast(grad_out.device.type, enabled=False):
+            g = grad_out.reshape(-1, grad_out.shape[-1]).float()
+            qg, qg_col, g_stats = _quantize(layer.grad_output_scaler, g, need_wgrad)
+            layer.last_stats["grad_output"] = g_stats
+            dx = dw = db = None
+            if need_dgrad:
+                dx = (qg @ qw_dgrad).reshape(ctx.x_shape).to(ctx.x_dtype)
+            if need_wgrad:
+                dw = (qg_col.t() @ qx_col).to(ctx.w_dtype)
+            if need_bgrad and ctx.has_bias:
+                # the bias gradient is a reduction of the unquantized gradient (TE does the same)
+                db = g.sum(0).to(ctx.b_dtype)
+        return dx, dw, db, None, None
+
+
+class EmulatedFP8Linear(nn.Module):
+    """A Linear layer whose GEMMs run through emulated FP8 quantization.
+
+    Attributes:
+        weight: The original layer's weight Parameter (the same object).
+        bias: The original layer's bias Parameter, or None.
+        recipe: The layer's numeric recipe.
+        fp8_enabled: When False the layer is exactly ``F.linear``.
+        input_scaler, weight_scaler, grad_output_scaler: One scaler per role.
+        last_stats: Role -> diagnostics of the latest forward/backward: ``amax``,
+            ``saturated_frac``, ``underflow_frac``, ``nonfinite_frac`` and, for
+            per-tensor recipes, ``scale`` (all 0-d tensors).
+    """
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: LayerRecipe):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight
+        if bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = bias
+        self.recipe = recipe
+        self.fp8_enabled = True
+        self.input_scaler = make_scaler(recipe, "input")
+        self.weight_scaler = make_scaler(recipe, "weight")
+        self.grad_output_scaler = make_scaler(recipe, "grad_output")
+        self.last_stats: dict[str, dict[str, Tensor] | None] = {}
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe) -> "EmulatedFP8Linear":
+        """Wrap ``linear``'s own Parameters (not copies) so optimizers see the same ones."""
+        layer = cls(linear.weight, linear.bias, recipe)
+        layer.train(linear.training)
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x @ weight.T + bias``, through FP8 quantization when enabled."""
+        if not self.fp8_enabled:
+            return F.linear(x, self.weight, self.bias)
+        device_type = x.device.type
+        # match what nn.Linear returns: the autocast dtype inside autocast, else x's dtype
+        if torch.is_autocast_enabled(device_type):
+            out_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            out_dtype = x.dtype
+        with torch.autocast(device_type, enabled=False):
+            return _Fp8LinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, precision={self.recipe.precision.value}, "
+            f"fp8_format={self.recipe.fp8_format.value}"
+        )
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without any)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _check_linear_names(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:
+    """The Linear module for each name; ValueError naming the first that is not one."""
+    modules = dict(model.named_modules())
+    found: dict[str, nn.Linear] = {}
+    for name in names:
+        if name == "":
+            raise ValueError("cannot convert the root module in place; name a child Linear")
+        module = modules.get(name)
+        if module is None:
+            raise ValueError(f"layer {name!r} is not a module of the model")
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"layer {name!r} is a {type(module).__name__}, not an nn.Linear")
+        found[name] = module
+    return found
+
+
+class EmulatedBackend(Backend):
+    """Emulated FP8 (delayed, current, block, MXFP8) on any device, in plain PyTorch."""
+
+    name = "emulated"
+
+    def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
+        """Every precision but NVFP4 runs anywhere (it is all float32 arithmetic)."""
+        return {p: (_NVFP4_REASON if p is Precision.NVFP4 else None) for p in Precision}
+
+    def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
+        """Replace each named non-BF16 Linear by an :class:`EmulatedFP8Linear`, in place.
+
+        Raises:
+            ValueError: A name is not an ``nn.Linear`` of the model (checked for
+                every name before anything changes).
+            UnsupportedRecipe: A recipe this backend cannot run (NVFP4).
+        """
+        linears = _check_linear_names(model, list(recipes))
+        self.check_supported(recipes, _model_device(model))
+        for name, recipe in recipes.items():
+            if recipe.precision is Precision.BF16:
+                continue
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, child, EmulatedFP8Linear.from_linear(linears[name], recipe))
+        return model
+
+    def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
+        """Name -> precision of every :class:`EmulatedFP8Linear` in ``model``."""
+        return {
+            name: m.recipe.precision
+            for name, m in model.named_modules()
+            if isinstance(m, EmulatedFP8Linear)
+        }

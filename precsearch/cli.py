@@ -1,0 +1,150 @@
+"""The ``precsearch`` command line: run, validate, front, export, ui."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+from precsearch import __version__
+from precsearch.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _load_checked_space(path: Path):
+    from precsearch.config.checks import check_space
+    from precsearch.config.loader import load_space
+
+    space = load_space(path)
+    check_space(space, file=str(path))
+    return space
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    space = _load_checked_space(args.space)
+    cfg = space.model.probe()
+    knobs = sum(1 for g in space.search.groups if not g.precision.is_fixed)
+    print(f"{args.space}: valid. Probe: {cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
+          f"{len(space.search.groups)} layer groups ({knobs} searched); backend {space.backend.value}.")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from precsearch.search.front import format_table
+    from precsearch.search.study import run_study
+
+    space = _load_checked_space(args.space)
+    try:
+        rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
+                         progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("\nstopped. Re-run the same command to resume: finished trials are kept.", file=sys.stderr)
+        return 130
+    print("\nPareto front (feasible trials no other trial beats on every objective):")
+    print(format_table([r for r in rows if r["pareto"]]))
+    return 0
+
+
+def cmd_front(args: argparse.Namespace) -> int:
+    from precsearch.search.front import format_table, trial_rows
+
+    study, _ = _open_study(args.output_dir)
+    rows = trial_rows(study, study.user_attrs["objectives"])
+    shown = rows if args.all else [r for r in rows if r["pareto"]]
+    print(format_table(shown) if shown else "no finished feasible trial yet")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from precsearch.export import export_trial
+
+    study, ws = _open_study(args.output_dir)
+    text = export_trial(study, ws, args.trial)
+    if args.output:
+        args.output.write_text(text)
+        print(f"wrote trial {args.trial}'s policy to {args.output}")
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from precsearch.search.workspace import Workspace
+
+    ws = Workspace.load(args.output_dir)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", ws.tracking_uri,
+           "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI for study '{ws.study_name}' at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    return subprocess.call(cmd)
+
+
+def _open_study(output_dir: Path):
+    import optuna
+
+    from precsearch.search.stores import open_storage
+    from precsearch.search.workspace import Workspace
+
+    ws = Workspace.load(output_dir)
+    try:
+        return optuna.load_study(study_name=ws.study_name, storage=open_storage(ws.storage_url)), ws
+    except KeyError:
+        raise UserError(f"study '{ws.study_name}' not found in {ws.storage_url}", field="study.name") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="precsearch", description="Search per-layer FP8 precision policies.")
+    parser.add_argument("--version", action="version", version=f"precsearch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    out_help = "the study's output directory (default for run: precsearch-runs/<study name>)"
+
+    p = sub.add_parser("run", help="run or resume the study a space file describes")
+    p.add_argument("space", type=Path, help="the search space YAML file")
+    p.add_argument("--n-trials", type=int, help="total trials to finish (default: study.n_trials)")
+    p.add_argument("--output-dir", type=Path, help=out_help)
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="check a space file without running anything")
+    p.add_argument("space", type=Path)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("front", help="print the Pareto front of a study")
+    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--all", action="store_true", help="every finished trial, not only the front")
+    p.set_defaults(func=cmd_front)
+
+    p = sub.add_parser("export", help="write a trial's policy file")
+    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--trial", type=int, required=True, help="the trial number")
+    p.add_argument("-o", "--output", type=Path, help="file to write (default: standard output)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("ui", help="open the MLflow UI on the study's store")
+    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=5000)
+    p.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"precsearch: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

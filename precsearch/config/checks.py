@@ -1,0 +1,92 @@
+"""Checks that need the whole space file, the model's layer names, or the machine.
+
+Each returns nothing and raises :class:`UserError` naming the field.
+"""
+
+from __future__ import annotations
+
+from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
+from precsearch.config.space import DataSource, Space
+from precsearch.errors import UserError
+from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.model import linear_layer_names
+
+
+def check_space(space: Space, *, file: str, environment: bool = True) -> None:
+    """Every cross-field check, in the order a user would fix them.
+
+    With ``environment=False`` the checks that depend on this machine (data
+    files present, backend and GPU able to run each precision) are skipped, so
+    a space written for another machine can be checked here.
+    """
+    checks = [_check_model, _check_warmup, _check_groups]
+    if environment:
+        checks += [_check_data, _check_backend]
+    for check in checks:
+        try:
+            check(space)
+        except UserError as exc:
+            raise exc.located(file=file) from None
+
+
+def _check_model(space: Space) -> None:
+    try:
+        space.model.probe()
+    except ValueError as exc:
+        raise UserError(str(exc), field="model") from None
+    if space.probe.seq_len > space.model.probe().max_seq_len:
+        raise UserError(
+            f"seq_len {space.probe.seq_len} exceeds the model's max_seq_len {space.model.probe().max_seq_len}",
+            field="probe.seq_len",
+        )
+
+
+def _check_warmup(space: Space) -> None:
+    longest = max(v for v in space.search.warmup_steps.options())
+    if longest >= space.probe.steps:
+        raise UserError(
+            f"FP8 warm-up of up to {longest} steps leaves no FP8 steps in a {space.probe.steps}-step probe; "
+            f"valid: warm-up < probe.steps",
+            field="search.warmup_steps",
+        )
+    if min(space.search.warmup_steps.options()) < 0:
+        raise UserError("warm-up steps must be >= 0", field="search.warmup_steps")
+
+
+def _check_groups(space: Space) -> None:
+    cfg = space.model.probe()
+    names = linear_layer_names(cfg)
+    for i, group in enumerate(space.search.groups):
+        rule = group.to_rule(Precision.BF16)
+        if not any(rule.matches(n, cfg.n_layers) for n in names):
+            raise UserError(
+                f"group '{group.name}' matches no Linear layer of the {cfg.n_layers}-layer probe; "
+                f"layer names look like: {', '.join(names[:3])}, …, {names[-1]}",
+                field=f"search.groups[{i}].modules",
+            )
+
+
+def _check_data(space: Space) -> None:
+    data = space.data
+    if data.source in (DataSource.TOKENS, DataSource.TEXT) and not data.path.exists():
+        raise UserError(f"data file not found: {data.path}", field="data.path")
+    if data.tokenizer is not None and not data.tokenizer.exists():
+        raise UserError(f"tokenizer not found: {data.tokenizer}", field="data.tokenizer")
+    byte_level = data.source == DataSource.STDLIB or (data.source == DataSource.TEXT and data.tokenizer is None)
+    if byte_level and space.model.probe().vocab_size < 256:
+        raise UserError("byte-level data needs vocab_size >= 256", field="model.vocab_size")
+
+
+def _check_backend(space: Space) -> None:
+    try:
+        device = resolve_device(space.probe.device)
+        backend = get_backend(space.backend.value, device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="backend") from None
+    fields = {f"search.groups[{i}].precision": g.precision for i, g in enumerate(space.search.groups)}
+    fields["search.default_precision"] = space.search.default_precision
+    for field, knob in fields.items():
+        try:
+            backend.check_supported({f"{field}={p.value}": LayerRecipe(precision=p) for p in knob.options()}, device)
+        except UnsupportedRecipe as exc:
+            raise UserError(str(exc), field=field) from None

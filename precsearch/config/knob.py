@@ -1,0 +1,134 @@
+"""Knobs: a setting that is either fixed or searched.
+
+In a space file every searchable setting is written one of three ways::
+
+    margin: 0                              # fixed
+    amax_history_len: {choices: [16, 1024]}  # categorical
+    warmup_steps: {low: 0, high: 20, step: 5}  # integer or float range (log: true for log scale)
+
+:func:`knob` builds the pydantic type for a knob over values of one type, so the
+space model validates every choice and bound with the same rules as a fixed
+value. A parsed knob proposes its value to an Optuna trial with :meth:`Knob.suggest`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Annotated, Any
+
+import optuna
+from pydantic import BeforeValidator, PlainSerializer, TypeAdapter
+
+_RANGE_KEYS = {"low", "high", "step", "log"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A fixed value, a list of choices, or a numeric range."""
+
+    fixed: Any = None
+    choices: tuple[Any, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+
+    @property
+    def is_fixed(self) -> bool:
+        return self.choices is None and self.low is None
+
+    def options(self) -> list[Any]:
+        """Every value the knob can take (ranges: the two ends)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.low is not None:
+            return [self.low, self.high]
+        return [self.fixed]
+
+    def suggest(self, trial: optuna.Trial, name: str) -> Any:
+        """The value for this trial: fixed values are returned without a trial param."""
+        if self.choices is not None:
+            raw = trial.suggest_categorical(name, [_plain(c) for c in self.choices])
+            return next(c for c in self.choices if _plain(c) == raw)
+        if self.low is None:
+            return self.fixed
+        if isinstance(self.low, int) and isinstance(self.high, int) and not isinstance(self.step, float):
+            return trial.suggest_int(name, self.low, self.high, step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+
+    def from_param(self, raw: Any) -> Any:
+        """Map a stored Optuna param value back to the knob's typed value."""
+        if self.choices is not None:
+            return next((c for c in self.choices if _plain(c) == raw), raw)
+        return raw
+
+    def to_data(self) -> Any:
+        """The form a space file would write."""
+        if self.choices is not None:
+            return {"choices": [_plain(c) for c in self.choices]}
+        if self.low is not None:
+            data = {"low": self.low, "high": self.high, "log": self.log}
+            return data | ({"step": self.step} if self.step is not None else {})
+        return _plain(self.fixed)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def _parser(value_type: Any, numeric: bool):
+    adapter = TypeAdapter(value_type)
+
+    def parse(raw: Any) -> Knob:
+        if isinstance(raw, Knob):
+            return raw
+        if isinstance(raw, dict) and "choices" in raw:
+            return _parse_choices(raw, adapter)
+        if isinstance(raw, dict) and raw.keys() & _RANGE_KEYS:
+            if not numeric:
+                raise ValueError("this setting takes a value or {choices: [...]}, not a range")
+            return _parse_range(raw, adapter)
+        return Knob(fixed=adapter.validate_python(raw))
+
+    return parse
+
+
+def _parse_choices(raw: dict, adapter: TypeAdapter) -> Knob:
+    extra = set(raw) - {"choices"}
+    if extra:
+        raise ValueError(f"unknown key(s) {sorted(extra)} beside 'choices'")
+    choices = raw["choices"]
+    if not isinstance(choices, list) or not choices:
+        raise ValueError("'choices' must be a non-empty list")
+    values = tuple(adapter.validate_python(c) for c in choices)
+    if len(set(map(_plain, values))) != len(values):
+        raise ValueError(f"'choices' has duplicates: {[_plain(v) for v in values]}")
+    return Knob(choices=values)
+
+
+def _parse_range(raw: dict, adapter: TypeAdapter) -> Knob:
+    extra = set(raw) - _RANGE_KEYS
+    if extra:
+        raise ValueError(f"unknown key(s) {sorted(extra)} in a range (valid: low, high, step, log)")
+    if "low" not in raw or "high" not in raw:
+        raise ValueError("a range needs both 'low' and 'high'")
+    low, high = adapter.validate_python(raw["low"]), adapter.validate_python(raw["high"])
+    if low is None or high is None or low > high:
+        raise ValueError(f"range needs low <= high, got low={low}, high={high}")
+    log = bool(raw.get("log", False))
+    if log and low <= 0:
+        raise ValueError("a log range needs low > 0")
+    step = raw.get("step")
+    if step is not None and (step <= 0 or log):
+        raise ValueError("'step' must be > 0 and cannot be combined with log")
+    return Knob(low=low, high=high, step=step, log=log)
+
+
+def knob(value_type: Any, *, numeric: bool = False) -> Any:
+    """The pydantic type of a knob whose values have ``value_type``."""
+    return Annotated[
+        Knob,
+        BeforeValidator(_parser(value_type, numeric)),
+        PlainSerializer(lambda k: k.to_data(), return_type=Any),
+    ]

@@ -1,0 +1,249 @@
+"""The search space file, as validated data.
+
+A space file (YAML) has one section per concern; each section is a model
+below with ``extra="forbid"``, so an unknown key is an error that names it.
+Cross-field rules that need the whole file (a warm-up longer than the probe,
+a group that matches no layer, a precision the backend cannot run) live in
+:mod:`precsearch.config.checks`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from precsearch.config.knob import Knob, knob
+from precsearch.policy.rules import Rule
+from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.probe.model import PRESETS, ModelConfig
+
+
+class Section(BaseModel):
+    """Base for every section: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(Section):
+    """The target model (a Llama 3 preset or explicit dims) and the probe's overrides.
+
+    The probe has the target's architecture with fewer layers (``probe_layers``);
+    every other dimension is the target's unless overridden here.
+    """
+
+    preset: str | None = "tiny"
+    vocab_size: int | None = Field(None, gt=0)
+    dim: int | None = Field(None, gt=0)
+    n_layers: int | None = Field(None, gt=0)
+    n_heads: int | None = Field(None, gt=0)
+    n_kv_heads: int | None = Field(None, gt=0)
+    ffn_dim: int | None = Field(None, gt=0)
+    rope_theta: float | None = Field(None, gt=0)
+    probe_layers: int | None = Field(None, gt=0, description="layers in the probe (default: all)")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"unknown preset '{v}'; valid: {', '.join(PRESETS)}")
+        return v
+
+    def target(self) -> ModelConfig:
+        """The full model the policy is meant for."""
+        dims = {k: getattr(self, k) for k in _DIM_FIELDS if getattr(self, k) is not None}
+        if self.preset is None:
+            missing = [k for k in _REQUIRED_DIMS if k not in dims]
+            if missing:
+                raise ValueError(f"without a preset, give {', '.join(missing)}")
+            return ModelConfig(**dims)
+        return PRESETS[self.preset].with_overrides(**dims)
+
+    def probe(self) -> ModelConfig:
+        """The probe: the target with ``probe_layers`` layers."""
+        target = self.target()
+        if self.probe_layers is None:
+            return target
+        return target.with_overrides(n_layers=min(self.probe_layers, target.n_layers))
+
+
+_DIM_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta")
+_REQUIRED_DIMS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim")
+
+
+class DataSource(str, Enum):
+    STDLIB = "stdlib"  # the Python standard library's source, as bytes
+    SYNTHETIC = "synthetic"  # a seeded stream with learnable structure
+    TOKENS = "tokens"  # pre-tokenized .npy / .bin
+    TEXT = "text"  # plain text + a local tokenizer (or bytes)
+
+
+class DataSection(Section):
+    """Where the probe's tokens come from."""
+
+    source: DataSource = DataSource.STDLIB
+    path: Path | None = None
+    tokenizer: Path | None = None
+    dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
+    max_tokens: int | None = Field(None, gt=0)
+    eval_batches: int = Field(4, gt=0, description="held-out batches the loss gap is measured on")
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> "DataSection":
+        if self.source in (DataSource.TOKENS, DataSource.TEXT) and self.path is None:
+            raise ValueError(f"source '{self.source.value}' needs 'path'")
+        return self
+
+
+class ProbeSection(Section):
+    """The short training run each trial makes."""
+
+    steps: int = Field(60, gt=0)
+    micro_batch: int = Field(8, gt=0)
+    seq_len: int = Field(128, gt=1)
+    lr: float = Field(3e-3, gt=0)
+    schedule: Literal["constant", "cosine"] = "cosine"
+    lr_warmup_steps: int = Field(5, ge=0, description="linear LR warm-up (not the FP8 warm-up)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    optimizer: Literal["adamw"] = "adamw"
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    divergence_factor: float = Field(
+        3.0, gt=1, description="loss above this multiple of the first loss counts as divergence"
+    )
+
+
+class Backend(str, Enum):
+    AUTO = "auto"
+    EMULATED = "emulated"
+    TE = "te"
+    TORCHAO = "torchao"
+
+
+class LayerSelector(Section):
+    """Which transformer blocks a group covers (omit for all blocks)."""
+
+    first: int | None = Field(None, ge=0)
+    last: int | None = Field(None, ge=0)
+    indices: list[int] | None = None
+
+
+
+class Group(Section):
+    """Linear layers that share one precision: name patterns, optionally limited to some blocks.
+
+    Patterns are shell globs over fully qualified module names such as
+    ``model.layers.3.self_attn.q_proj`` (``*`` crosses dots). Groups are tried
+    in order; the first that matches a layer decides its precision.
+    """
+
+    name: str
+    modules: list[str] = Field(min_length=1)
+    layers: LayerSelector | None = None
+    precision: knob(Precision) = Knob(fixed=Precision.BF16)
+
+    def to_rule(self, precision: Precision) -> Rule:
+        """This group as a policy rule running ``precision``."""
+        sel = self.layers
+        return Rule(
+            name=self.name,
+            modules=tuple(self.modules),
+            precision=precision,
+            first=sel.first if sel else None,
+            last=sel.last if sel else None,
+            indices=tuple(sel.indices) if sel and sel.indices is not None else None,
+        )
+
+    @field_validator("name")
+    @classmethod
+    def _simple_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", v):
+            raise ValueError(f"group name '{v}' may use letters, digits and '_' only")
+        return v
+
+
+class RecipeSection(Section):
+    """FP8 recipe settings shared by every FP8 layer of a trial."""
+
+    fp8_format: knob(Fp8Format) = Knob(fixed=Fp8Format.HYBRID)
+    amax_history_len: knob(int, numeric=True) = Knob(fixed=1024)
+    amax_compute_algo: knob(AmaxAlgo) = Knob(fixed=AmaxAlgo.MAX)
+    margin: knob(int, numeric=True) = Knob(fixed=0)
+
+
+class SearchSection(Section):
+    """What a trial chooses: per-group precision, recipe, FP8 warm-up, gradient clipping."""
+
+    default_precision: knob(Precision) = Knob(fixed=Precision.BF16)
+    groups: list[Group] = Field(default_factory=list)
+    recipe: RecipeSection = RecipeSection()
+    warmup_steps: knob(int, numeric=True) = Knob(fixed=0)
+    clip_grad: knob(float | None, numeric=True) = Knob(fixed=1.0)
+
+    @field_validator("groups")
+    @classmethod
+    def _unique_names(cls, groups: list[Group]) -> list[Group]:
+        names = [g.name for g in groups]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"group names must be unique; repeated: {', '.join(dupes)}")
+        return groups
+
+
+class ObjectivesSection(Section):
+    """What a trial is scored on."""
+
+    memory: bool = Field(True, description="maximize memory saved vs BF16")
+    instability: bool = Field(True, description="minimize the loss gap vs BF16")
+    throughput: bool = Field(False, description="maximize tokens/s")
+    stability_limit: float = Field(0.01, gt=0, description="feasible if instability <= this")
+    spike_threshold: float = Field(0.25, gt=0, description="a step whose loss jumps this far above its running mean is a spike")
+    spike_penalty: float = Field(0.002, ge=0, description="added to instability per spike")
+
+    @model_validator(mode="after")
+    def _at_least_two(self) -> "ObjectivesSection":
+        if sum([self.memory, self.instability, self.throughput]) < 2:
+            raise ValueError("enable at least two of memory, instability, throughput")
+        return self
+
+
+class Sampler(str, Enum):
+    TPE = "tpe"
+    NSGA2 = "nsga2"
+    GP = "gp"
+    RANDOM = "random"
+
+
+class StudySection(Section):
+    """The Optuna study."""
+
+    name: str = "precsearch"
+    n_trials: int = Field(20, gt=0)
+    sampler: Sampler = Sampler.TPE
+    seed: int = 0
+    storage: str | None = Field(None, description="Optuna storage URL (default: sqlite in the output dir)")
+
+
+class TrackingSection(Section):
+    """MLflow tracking."""
+
+    uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI, else sqlite in the output dir")
+    experiment: str | None = Field(None, description="default: the study name")
+
+
+class Space(Section):
+    """A whole space file."""
+
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    probe: ProbeSection = ProbeSection()
+    backend: Backend = Backend.AUTO
+    search: SearchSection = SearchSection()
+    objectives: ObjectivesSection = ObjectivesSection()
+    study: StudySection = StudySection()
+    tracking: TrackingSection = TrackingSection()

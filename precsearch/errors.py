@@ -1,0 +1,30 @@
+"""User-facing errors.
+
+A :class:`UserError` is a mistake in what the user gave us (a space file, a
+policy file, a path, a URI). The CLI prints its message and exits with status 2,
+without a traceback. Everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: names where (file, field) and what would be valid."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.file = file
+        self.field = field
+        self.detail = message
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ": ".join(p for p in (self.file, self.field) if p)
+        return f"{where}: {self.detail}" if where else self.detail
+
+    def located(self, *, file: str | None = None, field: str | None = None) -> "UserError":
+        """A copy that also names the file and/or field (keeps any already set)."""
+        return UserError(self.detail, file=self.file or file, field=self.field or field)
+
+
+class DataError(UserError):
+    """A data source cannot be read (missing file, bad dtype, too few tokens)."""

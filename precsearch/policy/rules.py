@@ -1,0 +1,138 @@
+"""A precision policy: ordered rules that map Linear layer names to recipes.
+
+A policy is what one trial chose and what ``precsearch export`` writes. It is
+stated in names, not in a model: rules are shell-glob patterns over fully
+qualified module names (``model.layers.3.mlp.down_proj``), optionally limited
+to some transformer blocks (first k, last k, or listed indices). Rules are
+tried in order and the first match decides; a layer no rule matches gets the
+default precision. The same policy therefore applies to the probe, to the
+full-depth model, and to a Hugging Face ``LlamaForCausalLM`` (same names).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from precsearch.precision import LayerRecipe, Precision
+
+_BLOCK_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def block_index(name: str) -> int | None:
+    """The transformer block a module belongs to (``…layers.7.…`` -> 7), else None."""
+    match = _BLOCK_INDEX.search(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Layers matching any of ``modules`` (and, if set, the block selector) run ``precision``."""
+
+    name: str
+    modules: tuple[str, ...]
+    precision: Precision
+    first: int | None = None
+    last: int | None = None
+    indices: tuple[int, ...] | None = None
+
+    @property
+    def limits_blocks(self) -> bool:
+        return self.first is not None or self.last is not None or self.indices is not None
+
+    def matches(self, name: str, n_layers: int) -> bool:
+        """Whether the layer ``name`` of a model with ``n_layers`` blocks falls under this rule."""
+        if not any(fnmatch.fnmatchcase(name, p) for p in self.modules):
+            return False
+        if not self.limits_blocks:
+            return True
+        index = block_index(name)
+        if index is None:
+            return False
+        return (
+            (self.indices is not None and index in self.indices)
+            or (self.first is not None and index < self.first)
+            or (self.last is not None and index >= n_layers - self.last)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "modules": list(self.modules), "precision": self.precision.value}
+        layers = {k: v for k, v in (("first", self.first), ("last", self.last)) if v is not None}
+        if self.indices is not None:
+            layers["indices"] = list(self.indices)
+        return data | ({"layers": layers} if layers else {})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Rule":
+        layers = data.get("layers") or {}
+        indices = layers.get("indices")
+        return cls(
+            name=str(data["name"]),
+            modules=tuple(data["modules"]),
+            precision=Precision(data["precision"]),
+            first=layers.get("first"),
+            last=layers.get("last"),
+            indices=tuple(indices) if indices is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-layer precision plus the training knobs that go with it.
+
+    Attributes:
+        rules: Ordered rules; the first that matches a layer decides.
+        default: Precision of layers no rule matches.
+        recipe: FP8 recipe settings shared by all FP8 layers (its ``precision`` is unused).
+        warmup_steps: Steps run fully in BF16 before FP8 switches on.
+        clip_grad: Max global gradient norm, or None for no clipping.
+    """
+
+    rules: tuple[Rule, ...] = ()
+    default: Precision = Precision.BF16
+    recipe: LayerRecipe = field(default_factory=LayerRecipe)
+    warmup_steps: int = 0
+    clip_grad: float | None = None
+
+    def precision_for(self, name: str, n_layers: int) -> Precision:
+        """The precision of layer ``name`` in a model with ``n_layers`` blocks."""
+        for rule in self.rules:
+            if rule.matches(name, n_layers):
+                return rule.precision
+        return self.default
+
+    def layer_recipes(self, names: list[str], n_layers: int) -> dict[str, LayerRecipe]:
+        """Recipe for each named layer."""
+        return {n: replace(self.recipe, precision=self.precision_for(n, n_layers)) for n in names}
+
+    @property
+    def uses_fp8(self) -> bool:
+        return self.default.is_fp8 or any(r.precision.is_fp8 for r in self.rules)
+
+    def to_dict(self) -> dict[str, Any]:
+        recipe = self.recipe.to_dict()
+        recipe.pop("precision")
+        return {
+            "default": self.default.value,
+            "rules": [r.to_dict() for r in self.rules],
+            "recipe": recipe,
+            "warmup_steps": self.warmup_steps,
+            "clip_grad": self.clip_grad,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Policy":
+        return cls(
+            rules=tuple(Rule.from_dict(r) for r in data.get("rules", [])),
+            default=Precision(data.get("default", "bf16")),
+            recipe=LayerRecipe(**data.get("recipe", {})),
+            warmup_steps=int(data.get("warmup_steps", 0)),
+            clip_grad=data.get("clip_grad"),
+        )
+
+    @classmethod
+    def bf16(cls, clip_grad: float | None = None) -> "Policy":
+        """The all-BF16 reference policy."""
+        return cls(clip_grad=clip_grad)

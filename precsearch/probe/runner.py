@@ -1,0 +1,151 @@
+"""One probe: build the Llama 3 probe, apply a policy, train a few steps, measure.
+
+The loop is the one a user's training job would run under the policy: BF16
+for the warm-up steps, then FP8 where the policy assigns it; gradients clipped
+to the policy's threshold; fp32 parameters with ``torch.autocast`` to BF16;
+AdamW. A probe that produces a non-finite loss or gradient, or whose loss
+blows up, stops early and says so; it never raises for that.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from precsearch.backends.base import Backend
+from precsearch.config.space import ProbeSection
+from precsearch.policy import Policy
+from precsearch.probe.data import TokenBatches
+from precsearch.probe.memory import predict_peak
+from precsearch.probe.model import Llama3, ModelConfig, init_weights, linear_layer_names
+from precsearch.probe.result import ProbeResult
+
+StepCallback = Callable[[int, float, float], None]
+
+
+def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int) -> Llama3:
+    """The probe model on ``device``, seeded, with its Linear layers converted per ``policy``."""
+    model = Llama3(cfg)
+    init_weights(model, seed)
+    model.to(device)
+    recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
+    backend.check_supported(recipes, device)
+    fp8_layers = {n: r for n, r in recipes.items() if r.precision.is_fp8}
+    return backend.convert(model, fp8_layers)
+
+
+def _lr_lambda(probe: ProbeSection) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < probe.lr_warmup_steps:
+            return (step + 1) / probe.lr_warmup_steps
+        if probe.schedule == "constant":
+            return 1.0
+        progress = (step - probe.lr_warmup_steps) / max(1, probe.steps - probe.lr_warmup_steps)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return probe.min_lr_ratio + (1 - probe.min_lr_ratio) * cosine
+
+    return factor
+
+
+def run_probe(
+    cfg: ModelConfig,
+    probe: ProbeSection,
+    policy: Policy,
+    data: TokenBatches,
+    backend: Backend,
+    device: torch.device,
+    on_step: StepCallback | None = None,
+) -> ProbeResult:
+    """Train the probe under ``policy`` for ``probe.steps`` steps and measure it."""
+    start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = build_probe(cfg, policy, backend, device, probe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=probe.lr, betas=probe.betas, weight_decay=probe.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
+    result = ProbeResult(device=str(device))
+    step_times: list[float] = []
+    final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
+    for step in range(probe.steps):
+        fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
+        t0 = time.perf_counter()
+        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device)
+        sched.step()
+        if step > final_regime:  # the regime's first step pays one-off costs (allocations, scales)
+            step_times.append(time.perf_counter() - t0)
+        result.losses.append(loss)
+        result.grad_norms.append(grad_norm)
+        result.fp8_steps.append(fp8_on)
+        if on_step:
+            on_step(step, loss, grad_norm)
+        if _diverged(result, probe.divergence_factor, step):
+            break
+    if not result.diverged:
+        result.eval_loss = evaluate(model, data, backend, device, fp8_on=policy.uses_fp8)
+    _measure(result, cfg, probe, policy, model, device, step_times, start)
+    return result
+
+
+def _train_step(model, opt, data, step, fp8_on, clip, backend, device) -> tuple[float, float]:
+    inputs, targets = (t.to(device) for t in data.train_batch(step))
+    with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = model(inputs, targets)
+    loss.backward()
+    max_norm = clip if clip is not None else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+    loss_v, grad_v = float(loss.detach()), float(grad_norm)
+    if math.isfinite(loss_v) and math.isfinite(grad_v):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss_v, grad_v
+
+
+def _diverged(result: ProbeResult, factor: float, step: int) -> bool:
+    loss, grad = result.losses[-1], result.grad_norms[-1]
+    if not math.isfinite(loss) or not math.isfinite(grad):
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        result.reason = f"non-finite {what} at step {step}"
+    elif loss > factor * result.losses[0]:
+        result.reason = f"loss {loss:.3f} at step {step} exceeds {factor}x the first loss {result.losses[0]:.3f}"
+    else:
+        return False
+    result.diverged, result.diverged_step = True, step
+    return True
+
+
+@torch.no_grad()
+def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.device, fp8_on: bool) -> float:
+    """Mean loss over the fixed held-out batches, in the precision training ended in."""
+    model.eval()
+    losses = []
+    for inputs, targets in data.eval_set():
+        with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
+            losses.append(float(model(inputs.to(device), targets.to(device))))
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def _measure(result, cfg, probe, policy, model, device, step_times, start) -> None:
+    tokens = probe.seq_len * probe.micro_batch
+    if step_times:
+        result.tokens_per_s = tokens / statistics.median(step_times)
+    precisions = backend_precisions(policy, cfg)
+    predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch)
+    result.predicted_memory = predicted.to_dict()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        result.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+        result.memory_source = "measured"
+    else:
+        result.peak_memory_bytes = predicted.total
+        result.memory_source = "predicted"
+    result.wall_s = time.perf_counter() - start
+
+
+def backend_precisions(policy: Policy, cfg: ModelConfig) -> dict:
+    """Layer name -> precision under ``policy`` for a model of shape ``cfg``."""
+    return {n: r.precision for n, r in policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers).items()}

@@ -1,0 +1,1 @@
+"""The Optuna driver: sampling policies, scoring trials, the Pareto front."""

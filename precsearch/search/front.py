@@ -1,0 +1,57 @@
+"""Trial rows and the Pareto front, read from an Optuna study."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from precsearch.search.pareto import pareto_indices
+from precsearch.search.scoring import DIRECTIONS
+
+
+def policy_summary(params: dict[str, Any]) -> str:
+    """A one-line summary of a trial's searched params (``attention=fp8_delayed warmup_steps=10``)."""
+    short = {k.removeprefix("precision.").removeprefix("recipe."): v for k, v in params.items()}
+    return " ".join(f"{k}={v}" for k, v in short.items())
+
+
+def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
+    """One row per finished trial with its score, ``pareto`` set over the feasible trials."""
+    rows = [_row(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "score" in t.user_attrs]
+    feasible = [r for r in rows if r["feasible"]]
+    points = [[r[name] for name in objectives] for r in feasible]
+    front = {feasible[i]["trial"] for i in pareto_indices(points, [DIRECTIONS[n] for n in objectives])}
+    for r in rows:
+        r["pareto"] = r["trial"] in front
+    return rows
+
+
+def _row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    score = trial.user_attrs["score"]
+    return {
+        "trial": trial.number,
+        "memory_saved": score["memory_saved"],
+        "instability": score["instability"],
+        "loss_gap": score["loss_gap"],
+        "tokens_per_s": score["tokens_per_s"],
+        "feasible": score["feasible"],
+        "diverged": score["diverged"],
+        "memory_source": trial.user_attrs.get("memory_source", ""),
+        "policy": policy_summary(trial.params),
+        "params": dict(trial.params),
+        "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A plain-text table of rows, best memory saving first."""
+    header = f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  policy"
+    lines = [header, "-" * len(header)]
+    for r in sorted(rows, key=lambda r: -r["memory_saved"]):
+        gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
+        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
+                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['policy']}")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""Every user error exits with status 2 and one message naming file, field and what is valid.
+
+These go through the real CLI entry point (in-process) so they also check that
+no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _spaces import tiny_space_dict, write_space
+from precsearch.cli import main
+
+
+def _run(capsys, *argv) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return code, err
+
+
+def _assert_user_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
+    path = write_space(tmp_path, "model:\n  preset: tiny\n   bad: [\n")
+    _assert_user_error(*_run(capsys, "validate", path), str(path), "YAML syntax error", "line")
+
+
+def test_unknown_key_lists_valid_keys(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["probe"]["stepz"] = 3
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "probe.stepz", "unknown key", "steps")
+
+
+def test_wrong_type_names_field(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**{"probe.steps": "many"}))
+    _assert_user_error(*_run(capsys, "validate", path), "probe.steps", "integer")
+
+
+def test_empty_choice_list(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["groups"][0]["precision"] = {"choices": []}
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.groups[0].precision", "non-empty")
+
+
+def test_unknown_precision_lists_valid(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["groups"][0]["precision"] = "fp7"
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.groups[0].precision", "fp8_current")
+
+
+def test_warmup_longer_than_probe(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**{"search.warmup_steps": {"choices": [0, 50]}}))
+    _assert_user_error(*_run(capsys, "validate", path), "search.warmup_steps", "probe.steps")
+
+
+def test_group_matching_no_layer(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["groups"][1]["modules"] = ["*.feed_forward.*"]
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.groups[1].modules", "matches no Linear",
+                       "model.layers.0.self_attn.q_proj")
+
+
+def test_precision_backend_cannot_run(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4"]}
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.groups[1].precision", "nvfp4", "Valid here")
+
+
+def test_gpu_backend_not_available_here(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(backend="te"))
+    _assert_user_error(*_run(capsys, "validate", path), "backend", "te")
+
+
+def test_missing_data_file(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(data={"source": "tokens", "path": "nope.npy"}))
+    _assert_user_error(*_run(capsys, "validate", path), "data.path", "nope.npy")
+
+
+def test_missing_space_file(tmp_path, capsys):
+    _assert_user_error(*_run(capsys, "validate", tmp_path / "absent.yaml"), "absent.yaml", "not found")
+
+
+def test_unreachable_storage(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**{"study.storage": "sqlite:////nonexistent-dir/x/optuna.db"}))
+    code, err = _run(capsys, "run", path, "--output-dir", tmp_path / "out", "--no-progress")
+    _assert_user_error(code, err, "study.storage", "nonexistent-dir")
+
+
+def test_unreachable_tracking_uri(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(tracking={"uri": "http://127.0.0.1:9"}))
+    code, err = _run(capsys, "run", path, "--output-dir", tmp_path / "out", "--no-progress")
+    _assert_user_error(code, err, "tracking.uri", "127.0.0.1:9")
+
+
+@pytest.mark.parametrize("command", ["front", "export --trial 0", "ui"])
+def test_commands_on_a_directory_without_a_study(tmp_path, capsys, command):
+    code, err = _run(capsys, *command.split(), "--output-dir", tmp_path)
+    _assert_user_error(code, err, "precsearch.json", "--output-dir")

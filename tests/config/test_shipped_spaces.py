@@ -1,0 +1,29 @@
+"""Every space file shipped in search_spaces/ loads and passes the whole-file checks."""
+
+from pathlib import Path
+
+import pytest
+
+from precsearch.config.checks import check_space
+from precsearch.config.loader import load_space
+
+SPACES = sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
+def test_shipped_space_is_valid(path):
+    """A shipped space that fails to load would break its documented command."""
+    space = load_space(path)
+    # GPU spaces name backends and devices this CPU machine lacks: check everything else.
+    check_space(space, file=str(path), environment=space.probe.device == "cpu")
+
+
+def test_the_real_targets_are_shipped():
+    names = {p.name for p in SPACES}
+    assert {"quickstart.yaml", "llama3_8b_h100.yaml", "llama3_8b_b200.yaml", "llama3_70b_b200.yaml"} <= names
+
+
+def test_quickstart_runs_on_this_machine():
+    """The quickstart must pass the environment checks here (CPU, emulated backend)."""
+    path = next(p for p in SPACES if p.name == "quickstart.yaml")
+    check_space(load_space(path), file=str(path), environment=True)
