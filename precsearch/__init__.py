@@ -4,7 +4,8 @@ __version__ = "0.1.0"
 
 
 def load_policy(path):
-    """Load a policy file written by ``precsearch export`` (see :mod:`precsearch.policy.file`)."""
-    from precsearch.policy.file import load_policy_file
+    """Load a policy file written by ``precsearch export``: a :class:`~precsearch.policy.PolicyRuntime`
+    with ``apply(model)``, ``autocast(model, step)`` and ``clip_gradients(model)``."""
+    from precsearch.policy.apply import load_policy as _load_policy
 
-    return load_policy_file(path)[0]
+    return _load_policy(path)

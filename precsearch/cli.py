@@ -60,15 +60,22 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from precsearch.export import export_trial
+    from precsearch.export.policy_export import export, write_export
 
     study, ws = _open_study(args.output_dir)
-    text = export_trial(study, ws, args.trial)
-    if args.output:
-        args.output.write_text(text)
-        print(f"wrote trial {args.trial}'s policy to {args.output}")
+    result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
+                    fmt=args.format, n_layers=args.n_layers)
+    print(f"exporting {result.reason}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    written = write_export(result.files, args.output)
+    if written:
+        print(f"wrote trial {result.trial} ({args.format}) to {', '.join(str(p) for p in written)}")
     else:
-        print(text, end="")
+        for name, text in result.files.items():
+            if len(result.files) > 1:
+                print(f"# ==> {name} <==")
+            print(text, end="")
     return 0
 
 
@@ -117,10 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every finished trial, not only the front")
     p.set_defaults(func=cmd_front)
 
-    p = sub.add_parser("export", help="write a trial's policy file")
+    p = sub.add_parser("export", help="write a trial's policy, or the settings of a training framework")
     p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
-    p.add_argument("--trial", type=int, required=True, help="the trial number")
-    p.add_argument("-o", "--output", type=Path, help="file to write (default: standard output)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--trial", type=int, help="the trial number")
+    which.add_argument("--pick", choices=("max-memory", "fastest", "most-stable"),
+                       help="choose the trial: most memory saved, highest tokens/s on the Pareto front, or "
+                            "lowest instability (among feasible trials)")
+    p.add_argument("--max-instability", type=float, metavar="X",
+                   help="with --pick: only trials whose instability is at most X (e.g. 0.005)")
+    p.add_argument("--format", choices=("policy", "megatron", "torchtitan", "accelerate"), default="policy",
+                   help="policy.yaml (default), Megatron-LM flags + precision config, a torchtitan TOML "
+                        "section, or an Accelerate snippet")
+    p.add_argument("--n-layers", type=int, metavar="N",
+                   help="blocks of the model the files are for (default: the study's target model)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="file to write, or a directory (formats that write several files need one); "
+                        "default: standard output")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("ui", help="open the MLflow UI on the study's store")

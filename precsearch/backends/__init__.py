@@ -25,16 +25,36 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _auto_backend(device: torch.device) -> str:
+    """Transformer Engine on a GPU where it imports, else the emulated backend."""
+    if device.type == "cuda":
+        from precsearch.backends.capability import te_import_error
+
+        if te_import_error() is None:
+            return "te"
+    return "emulated"
+
+
 def get_backend(name: str, device: torch.device) -> Backend:
     """The backend called ``name`` (``auto`` picks one for ``device``)."""
     if name == "auto":
-        name = "emulated"  # GPU backends are chosen explicitly until they are verified on hardware
+        name = _auto_backend(device)
     if name == "emulated":
         from precsearch.backends.emulated import EmulatedBackend
 
         return EmulatedBackend()
-    if name in ("te", "torchao"):
-        raise BackendUnavailable(
-            f"backend '{name}' is not implemented in this version of precsearch; valid: emulated, auto"
-        )
+    if name == "te":
+        from precsearch.backends.capability import te_import_error
+        from precsearch.backends.te import TEBackend
+
+        if (error := te_import_error()) is not None:
+            raise BackendUnavailable(f"backend 'te': {error}; valid here: emulated")
+        return TEBackend()
+    if name == "torchao":
+        from precsearch.backends.capability import torchao_import_error
+        from precsearch.backends.torchao_backend import TorchaoBackend
+
+        if (error := torchao_import_error()) is not None:
+            raise BackendUnavailable(f"backend 'torchao': {error}; valid here: emulated")
+        return TorchaoBackend()
     raise BackendUnavailable(f"unknown backend '{name}'; valid: auto, {', '.join(BACKEND_NAMES)}")

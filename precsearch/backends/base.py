@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
+from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe, Precision
 
 
@@ -61,6 +62,26 @@ class Backend(ABC):
                     f"backend '{self.name}' cannot run '{recipe.precision.value}' "
                     f"(layer {layer}) on {device}: {reason}. Valid here: {', '.join(valid)}"
                 )
+
+    def memory_knob_problem(self, knobs: MemoryKnobs, device: torch.device) -> str | None:
+        """None if this backend applies ``knobs`` on ``device``; else why it cannot.
+
+        The default backend trains with ``torch.optim.AdamW`` and full-precision
+        weights, so it accepts only the default knobs.
+        """
+        if knobs.is_default:
+            return None
+        return (f"backend '{self.name}' trains with torch AdamW and keeps weights in the parameter dtype; "
+                "master weights, moment dtypes and FP8 weights need backend 'te' on a GPU")
+
+    def for_memory(self, knobs: MemoryKnobs) -> "Backend":
+        """The backend that converts layers as ``knobs`` ask (e.g. FP8 weight storage); default: self."""
+        return self
+
+    def build_optimizer(self, model: nn.Module, knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
+                        weight_decay: float) -> torch.optim.Optimizer:
+        """The optimizer a probe trains with under ``knobs`` (default: ``torch.optim.AdamW``)."""
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
 
     @abstractmethod
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.space import DataSource, Space
 from precsearch.errors import UserError
+from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.model import linear_layer_names
 
@@ -83,6 +84,7 @@ def _check_backend(space: Space) -> None:
         backend = get_backend(space.backend.value, device)
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="backend") from None
+    _check_memory_knobs(space, backend, device)
     fields = {f"search.groups[{i}].precision": g.precision for i, g in enumerate(space.search.groups)}
     fields["search.default_precision"] = space.search.default_precision
     for field, knob in fields.items():
@@ -90,3 +92,13 @@ def _check_backend(space: Space) -> None:
             backend.check_supported({f"{field}={p.value}": LayerRecipe(precision=p) for p in knob.options()}, device)
         except UnsupportedRecipe as exc:
             raise UserError(str(exc), field=field) from None
+
+
+def _check_memory_knobs(space: Space, backend, device) -> None:
+    mem = space.search.memory
+    for name in ("master_weights", "moment_dtype", "fp8_weights"):
+        for value in getattr(mem, name).options():
+            knobs = MemoryKnobs(**{name: value})
+            problem = backend.memory_knob_problem(knobs, device)
+            if problem:
+                raise UserError(f"{name}={value}: {problem}", field=f"search.memory.{name}")

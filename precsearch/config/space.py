@@ -111,6 +111,9 @@ class ProbeSection(Section):
     optimizer: Literal["adamw"] = "adamw"
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.95)
+    param_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="parameter (and AdamW state) dtype; compute is BF16 autocast either way"
+    )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     divergence_factor: float = Field(
@@ -176,6 +179,14 @@ class RecipeSection(Section):
     margin: knob(int, numeric=True) = Knob(fixed=0)
 
 
+class MemorySection(Section):
+    """Optimizer and weight-storage knobs (backend ``te`` on a GPU; see :class:`~precsearch.policy.MemoryKnobs`)."""
+
+    master_weights: knob(bool) = Knob(fixed=False)
+    moment_dtype: knob(Literal["param", "fp32", "bf16"]) = Knob(fixed="param")
+    fp8_weights: knob(bool) = Knob(fixed=False)
+
+
 class SearchSection(Section):
     """What a trial chooses: per-group precision, recipe, FP8 warm-up, gradient clipping."""
 
@@ -184,6 +195,7 @@ class SearchSection(Section):
     recipe: RecipeSection = RecipeSection()
     warmup_steps: knob(int, numeric=True) = Knob(fixed=0)
     clip_grad: knob(float | None, numeric=True) = Knob(fixed=1.0)
+    memory: MemorySection = MemorySection()
 
     @field_validator("groups")
     @classmethod

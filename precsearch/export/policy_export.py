@@ -1,8 +1,11 @@
-"""``precsearch export``: a finished trial -> policy file text with provenance."""
+"""``precsearch export``: a finished trial -> policy file (or framework files) with provenance."""
 
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
@@ -10,13 +13,14 @@ from optuna.trial import TrialState
 
 from precsearch import __version__
 from precsearch.errors import UserError
-from precsearch.policy.file import dump_policy
+from precsearch.export.formats import choose_trial, render
 from precsearch.policy import Policy
+from precsearch.policy.file import dump_policy
 from precsearch.search.workspace import Workspace
 
 
-def export_trial(study: optuna.Study, ws: Workspace, number: int) -> str:
-    """The policy file of trial ``number`` of ``study``."""
+def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Policy, dict[str, Any]]:
+    """The policy of trial ``number`` and its provenance (study, trial, objectives, probe, versions)."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if number not in trials:
         valid = f"0..{max(trials)}" if trials else "none yet"
@@ -36,7 +40,87 @@ def export_trial(study: optuna.Study, ws: Workspace, number: int) -> str:
         "memory_source": trial.user_attrs.get("memory_source"),
         "probe": {"model": space["model"], "probe": space["probe"]},
         "backend": space["backend"],
-        "versions": {"precsearch": __version__, "torch": torch.__version__, "optuna": optuna.__version__,
+        "versions": {"precsearch": __version__, "torch": str(torch.__version__), "optuna": str(optuna.__version__),
                      "python": platform.python_version()},
     }
-    return dump_policy(policy, provenance)
+    return policy, provenance
+
+
+def export_trial(study: optuna.Study, ws: Workspace, number: int) -> str:
+    """The policy file of trial ``number`` of ``study``."""
+    return dump_policy(*trial_policy(study, ws, number))
+
+
+def target_layers(study: optuna.Study) -> int:
+    """Transformer blocks of the model the study searched for (the target, not the shorter probe)."""
+    from precsearch.config.space import ModelSection
+
+    return ModelSection(**study.user_attrs["space"]["model"]).target().n_layers
+
+
+@dataclass
+class Export:
+    """One export: which trial, why, and the files (name -> text) with warnings."""
+
+    trial: int
+    reason: str
+    files: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick: str | None = None,
+           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None) -> Export:
+    """Choose a trial (by number, or by ``pick`` rule) and render it in format ``fmt``.
+
+    Args:
+        trial: Trial number; exclusive with ``pick``.
+        pick: ``max-memory``, ``fastest`` or ``most-stable`` (see :func:`choose_trial`).
+        max_instability: Only trials at or below this instability qualify (with ``pick``).
+        fmt: ``policy``, ``megatron``, ``torchtitan`` or ``accelerate``.
+        n_layers: Blocks of the model the files are for (default: the study's target model).
+    """
+    if (trial is None) == (pick is None):
+        raise UserError("give either a trial number or a rule to pick one", field="--trial/--pick")
+    if max_instability is not None and pick is None:
+        raise UserError("only applies with --pick", field="--max-instability")
+    if pick is not None:
+        from precsearch.search.front import trial_rows
+
+        rows = trial_rows(study, study.user_attrs["objectives"])
+        row, reason = choose_trial(rows, pick, max_instability)
+        trial = row["trial"]
+    else:
+        reason = f"trial {trial} (asked for by number)"
+    policy, provenance = trial_policy(study, ws, trial)
+    if pick is not None:
+        provenance["chosen_by"] = {"pick": pick, "max_instability": max_instability, "reason": reason}
+    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance)
+    return Export(trial, reason, rendered.files, rendered.warnings)
+
+
+def write_export(files: dict[str, str], output: Path | None) -> list[Path]:
+    """Write the files: one file to ``output`` unless it is a directory; several into the directory ``output``.
+
+    Returns the paths written (none when ``output`` is None: the caller prints instead).
+    """
+    if output is None:
+        return []
+    output = Path(output)
+    as_dir = output.is_dir() or str(output).endswith(("/", "\\")) or len(files) > 1
+    if not as_dir:
+        (name, text), = files.items()
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        return [output]
+    if output.exists() and not output.is_dir():
+        raise UserError(f"this format writes {len(files)} files ({', '.join(files)}); give a directory, "
+                        f"not the file {output}", field="-o/--output")
+    output.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        (output / name).write_text(text)
+        written.append(output / name)
+    return written
+
+
+__all__ = ["Export", "export", "export_trial", "target_layers", "trial_policy", "write_export"]

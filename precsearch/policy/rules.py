@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from precsearch.precision import LayerRecipe, Precision
@@ -79,6 +79,39 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class MemoryKnobs:
+    """Training-state settings that change peak memory (applied by the ``te`` backend).
+
+    Attributes:
+        master_weights: The optimizer keeps FP32 master copies of (BF16 or FP8)
+            parameters (TE ``FusedAdam(master_weights=True)``).
+        moment_dtype: AdamW moment dtype: ``param`` (the parameters' dtype, as
+            ``torch.optim.AdamW``), ``fp32`` or ``bf16`` (TE ``FusedAdam``
+            ``exp_avg_dtype``/``exp_avg_sq_dtype``).
+        fp8_weights: FP8 layers keep their weights only in FP8
+            (``te.quantized_model_init``); implies master weights.
+    """
+
+    master_weights: bool = False
+    moment_dtype: str = "param"
+    fp8_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.moment_dtype not in MOMENT_DTYPES:
+            raise ValueError(f"moment_dtype {self.moment_dtype!r}; valid: {', '.join(MOMENT_DTYPES)}")
+
+    @property
+    def is_default(self) -> bool:
+        return self == MemoryKnobs()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+MOMENT_DTYPES = ("param", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
 class Policy:
     """Per-layer precision plus the training knobs that go with it.
 
@@ -88,6 +121,7 @@ class Policy:
         recipe: FP8 recipe settings shared by all FP8 layers (its ``precision`` is unused).
         warmup_steps: Steps run fully in BF16 before FP8 switches on.
         clip_grad: Max global gradient norm, or None for no clipping.
+        memory: Optimizer and weight-storage settings.
     """
 
     rules: tuple[Rule, ...] = ()
@@ -95,6 +129,7 @@ class Policy:
     recipe: LayerRecipe = field(default_factory=LayerRecipe)
     warmup_steps: int = 0
     clip_grad: float | None = None
+    memory: MemoryKnobs = field(default_factory=MemoryKnobs)
 
     def precision_for(self, name: str, n_layers: int) -> Precision:
         """The precision of layer ``name`` in a model with ``n_layers`` blocks."""
@@ -120,6 +155,7 @@ class Policy:
             "recipe": recipe,
             "warmup_steps": self.warmup_steps,
             "clip_grad": self.clip_grad,
+            "memory": self.memory.to_dict(),
         }
 
     @classmethod
@@ -130,6 +166,7 @@ class Policy:
             recipe=LayerRecipe(**data.get("recipe", {})),
             warmup_steps=int(data.get("warmup_steps", 0)),
             clip_grad=data.get("clip_grad"),
+            memory=MemoryKnobs(**data.get("memory", {})),
         )
 
     @classmethod

@@ -286,13 +286,19 @@ def _check_batch_args(tokens: torch.Tensor, **sizes: int) -> None:
             raise ValueError(f"{name} must be >= {least}, got {value}")
 
 
+#: Share of the stream held out for evaluation (when it exceeds what the eval batches need).
+HELD_OUT_FRACTION = 0.05
+
+
 class TokenBatches:
     """Deterministic training batches and a fixed held-out set from one token stream.
 
-    The last ``eval_batches * micro_batch * seq_len + 1`` tokens form the held-out
-    tail; training windows are drawn only from the tokens before it, so the two never
-    overlap. The held-out set depends only on the stream, not on ``seed``, so every
-    trial is scored on the same tokens.
+    The end of the stream is held out: ``HELD_OUT_FRACTION`` of it, and at least
+    ``eval_batches * micro_batch * seq_len + 1`` tokens. Training windows are drawn
+    only from the tokens before it, so the two never overlap. The held-out windows
+    are spread evenly over the held-out part (not packed at its start) so that the
+    loss gap is measured on varied text, not on one file. They depend only on the
+    stream, not on ``seed``, so every trial is scored on the same tokens.
     """
 
     def __init__(
@@ -301,7 +307,8 @@ class TokenBatches:
         _check_batch_args(tokens, seq_len=seq_len, micro_batch=micro_batch, seed=seed, eval_batches=eval_batches)
         self.seq_len, self.micro_batch = seq_len, micro_batch
         self.seed, self.eval_batches = seed, eval_batches
-        tail = eval_batches * micro_batch * seq_len + 1 if eval_batches else 0
+        need = eval_batches * micro_batch * seq_len + 1 if eval_batches else 0
+        tail = max(need, int(HELD_OUT_FRACTION * tokens.numel())) if eval_batches else 0
         #: Index of the first held-out token; training windows end before it.
         self.eval_start = tokens.numel() - tail
         if self.eval_start < seq_len + 1:
@@ -332,12 +339,13 @@ class TokenBatches:
         return self._windows(self.train_offsets(step))
 
     def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The ``eval_batches`` held-out ``(inputs, targets)`` batches: consecutive tail windows."""
+        """The ``eval_batches`` held-out ``(inputs, targets)`` batches, spread over the held-out tail."""
         if self._eval is None and self.eval_batches == 0:
             self._eval = []  # split() of empty tensors would give one empty batch
         if self._eval is None:
             n_windows = self.eval_batches * self.micro_batch
-            offsets = self.eval_start + self.seq_len * torch.arange(n_windows)
+            last = self.tokens.numel() - self.seq_len - 1
+            offsets = torch.linspace(self.eval_start, last, n_windows).long()
             inputs, targets = self._windows(offsets)
             self._eval = list(
                 zip(inputs.split(self.micro_batch), targets.split(self.micro_batch), strict=True)

@@ -2,11 +2,17 @@
 for shapes that were not run (the full-depth target).
 
 It counts the bytes alive at the start of the backward pass of one step of
-the probe's own set-up (fp32 parameters, ``torch.autocast`` to BF16, AdamW):
+the probe's own set-up (parameters in fp32 or BF16, ``torch.autocast`` to
+BF16, torch AdamW whose moments take the parameters' dtype):
 
-* parameters, gradients and two AdamW moments, fp32 (4 + 4 + 8 bytes/param);
-* the low-precision weight copies a step keeps for its backward: a BF16 cast
-  (2 bytes/param) for a BF16 Linear; for an FP8 Linear, the FP8 weight and its
+* parameters, gradients and two AdamW moments: 4 + 4 + 8 bytes/param in fp32,
+  2 + 2 + 4 in BF16; with the policy's memory knobs, FP32 master weights
+  (+4 bytes/param), moments in another dtype, and FP8 weights (an FP8 layer's
+  weight stored as FP8 data plus its transpose, 1 + 1 bytes/param, and no
+  per-step copy);
+* the low-precision weight copies a step keeps for its backward: with fp32
+  parameters, a BF16 cast (2 bytes/param) for a BF16 Linear (none with BF16
+  parameters); for an FP8 Linear, the FP8 weight and its
   transpose (1 + 1 bytes/param; Hopper's FP8 GEMMs need both layouts, as in
   Transformer Engine);
 * activations saved for the backward: each Linear's input at 2 bytes (BF16) or
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.probe.model import ModelConfig
 
@@ -74,20 +81,29 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def predict_peak(
-    cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int
+    cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
+    param_dtype: str = "fp32", memory: MemoryKnobs | None = None,
 ) -> MemoryBreakdown:
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16."""
+    memory = memory or MemoryKnobs()
     tokens = seq_len * micro_batch
     n_params = cfg.num_params()
-    copies = inputs = 0
+    width = _FP32 if param_dtype == "fp32" else _BF16
+    bf16_copy = _BF16 if param_dtype == "fp32" else 0  # autocast casts fp32 weights; BF16 ones are used as-is
+    copies = inputs = fp8_stored = 0
     for name, (fan_in, fan_out) in _layers(cfg).items():
         fp8 = precisions.get(name, Precision.BF16).is_fp8
-        copies += fan_in * fan_out * (2 * _FP8 if fp8 else _BF16)
+        if fp8 and memory.fp8_weights:
+            fp8_stored += fan_in * fan_out  # the weight lives as FP8 + transpose: no per-step copy
+        else:
+            copies += fan_in * fan_out * (2 * _FP8 if fp8 else bf16_copy)
         inputs += tokens * fan_in * (_FP8 if fp8 else _BF16)
+    moment = {"param": width, "fp32": _FP32, "bf16": _BF16}[memory.moment_dtype]
+    master = _FP32 if (memory.master_weights or memory.fp8_weights) and width != _FP32 else 0
     return MemoryBreakdown(
-        params=n_params * _FP32,
-        grads=n_params * _FP32,
-        optimizer=n_params * 2 * _FP32,
+        params=(n_params - fp8_stored) * width + fp8_stored * 2 * _FP8,
+        grads=n_params * width,
+        optimizer=n_params * (2 * moment + master),
         weight_copies=copies,
         linear_inputs=inputs,
         other_activations=_other_activations(cfg, tokens),

@@ -16,22 +16,26 @@ from collections.abc import Callable
 
 import torch
 
-from precsearch.backends.base import Backend
+from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import Llama3, ModelConfig, init_weights, linear_layer_names
+from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.result import ProbeResult
 
 StepCallback = Callable[[int, float, float], None]
 
 
-def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int) -> Llama3:
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
+                param_dtype: str = "fp32") -> Llama3:
     """The probe model on ``device``, seeded, with its Linear layers converted per ``policy``."""
-    model = Llama3(cfg)
-    init_weights(model, seed)
-    model.to(device)
+    model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
+    model.to(dtype=PARAM_DTYPES[param_dtype])
+    model.model.rotary_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     fp8_layers = {n: r for n, r in recipes.items() if r.precision.is_fp8}
@@ -64,8 +68,13 @@ def run_probe(
     start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    model = build_probe(cfg, policy, backend, device, probe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=probe.lr, betas=probe.betas, weight_decay=probe.weight_decay)
+    problem = backend.memory_knob_problem(policy.memory, device)
+    if problem:
+        raise UnsupportedRecipe(problem)
+    backend = backend.for_memory(policy.memory)
+    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype)
+    opt = backend.build_optimizer(model, policy.memory, lr=probe.lr, betas=probe.betas,
+                                  weight_decay=probe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
     result = ProbeResult(device=str(device))
     step_times: list[float] = []
@@ -134,7 +143,8 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start) -> No
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
     precisions = backend_precisions(policy, cfg)
-    predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch)
+    predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
+                             param_dtype=probe.param_dtype, memory=policy.memory)
     result.predicted_memory = predicted.to_dict()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

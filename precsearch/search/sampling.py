@@ -2,7 +2,7 @@
 
 Param names are short and flat so that they read well as MLflow params:
 ``precision.<group>``, ``precision.default``, ``recipe.<setting>``,
-``warmup_steps``, ``clip_grad``. Fixed knobs make no param.
+``warmup_steps``, ``clip_grad``, ``memory.<knob>``. Fixed knobs make no param.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from precsearch.config.space import Space
-from precsearch.policy import Policy
+from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import LayerRecipe
 
 
@@ -32,6 +32,11 @@ def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) 
         recipe=recipe,
         warmup_steps=search.warmup_steps.suggest(trial, "warmup_steps"),
         clip_grad=search.clip_grad.suggest(trial, "clip_grad"),
+        memory=MemoryKnobs(
+            master_weights=search.memory.master_weights.suggest(trial, "memory.master_weights"),
+            moment_dtype=search.memory.moment_dtype.suggest(trial, "memory.moment_dtype"),
+            fp8_weights=search.memory.fp8_weights.suggest(trial, "memory.fp8_weights"),
+        ),
     )
 
 

@@ -10,7 +10,6 @@ re-queues their params), and runs only the trials still missing.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,7 +88,7 @@ def _open(space: Space, space_text: str, output_dir: Path | None, progress: bool
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="backend") from None
     ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, backend=backend, device=device,
-                   data=_load_data(space), cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
+                   data=load_batches(space), cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
                    progress=progress)
     tracker.log_space(space_text, {"study": space.study.name, "backend": backend.name, "device": str(device),
                                    "probe_layers": ctx.cfg.n_layers, "probe_steps": space.probe.steps})
@@ -127,11 +126,12 @@ def _recover_interrupted(ctx: StudyRun) -> None:
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if t.user_attrs.get("mlflow_run_id"):
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
-        ctx.study.enqueue_trial(t.params, skip_if_exists=True)
+        _requeue(ctx.study, t.params)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
 
 
-def _load_data(space: Space) -> TokenBatches:
+def load_batches(space: Space) -> TokenBatches:
+    """The space's token stream as deterministic training batches plus the fixed held-out set."""
     d, p = space.data, space.probe
     tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
                          max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
@@ -147,7 +147,12 @@ def _run_trial(ctx: StudyRun) -> None:
     ctx.run_ids[trial.number] = run_id
     try:
         reference = _reference(ctx, policy)
-        result = _probe(ctx, policy, f"trial {trial.number}")
+        twin = _finished_twin(ctx.study, trial.params)
+        if twin is not None:  # probes are seeded: the same params would give the same result again
+            trial.set_user_attr("duplicate_of", twin.number)
+            result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
+        else:
+            result = _probe(ctx, policy, f"trial {trial.number}")
     except (UserError, KeyboardInterrupt):
         _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
         raise
@@ -161,10 +166,23 @@ def _run_trial(ctx: StudyRun) -> None:
     _record(ctx, trial, run_id, policy, result, reference)
 
 
+def _requeue(study: optuna.Study, params: dict) -> None:
+    """Queue ``params`` to run again, once (Optuna's skip_if_exists would also skip it for the failed trial)."""
+    if not any(t.params == params for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+        study.enqueue_trial(params)
+
+
+def _finished_twin(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.params == params and "probe_result" in t.user_attrs:
+            return t
+    return None
+
+
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
     trial.set_user_attr("interrupted", True)
     ctx.study.tell(trial, state=TrialState.FAIL)
-    ctx.study.enqueue_trial(trial.params, skip_if_exists=True)
+    _requeue(ctx.study, trial.params)
     ctx.tracker.fail_trial(run_id, reason, "KILLED")
 
 
@@ -192,8 +210,8 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
     s = score(result, reference, objectives)
     for key, value in (("score", s.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
-                       ("reason", result.reason)):
-        trial.set_user_attr(key, _jsonable(value))
+                       ("reason", result.reason), ("probe_result", result.to_dict())):
+        trial.set_user_attr(key, value)
     trial.set_constraint("stability", constraint_value(s, objectives))
     ctx.study.tell(trial, objective_values(s, objectives))
     ctx.tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms})
@@ -204,7 +222,7 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
                  "peak_memory_mib": result.peak_memory_bytes / 2**20, "eval_loss": result.eval_loss,
                  "reference_eval_loss": reference.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged)},
-        tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
+        tags={"trial_state": "COMPLETE", "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-"},
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)},
@@ -222,13 +240,6 @@ def _update_front(ctx: StudyRun) -> None:
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
     ctx.tracker.log_front(files)
 
-
-def _jsonable(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
 
 
 def _say(ctx: StudyRun, message: str) -> None:

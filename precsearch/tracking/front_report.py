@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,15 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
         writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(front)
-    paths[1].write_text(json.dumps(front, indent=2, default=str))
+    paths[1].write_text(json.dumps([_finite(r) for r in front], indent=2, default=str))
     _plot_png(rows, paths[2], stability_limit)
     _plot_html(rows, paths[3], stability_limit)
     return paths
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN/inf become null: strict JSON has no NaN."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

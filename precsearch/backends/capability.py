@@ -1,0 +1,250 @@
+"""Which precision each GPU backend can run on which GPU, and why not.
+
+Everything here is a pure function of a CUDA compute capability (and, for
+Transformer Engine's block scaling, the CUDA version torch was built with), so
+the tables can be unit-tested on a CPU with a made-up capability. The only
+functions that touch the machine are :func:`gpu_capability`,
+:func:`cuda_version`, :func:`te_import_error` and :func:`torchao_import_error`;
+the libraries are imported inside those functions, never at module import.
+
+Rules, as Transformer Engine 2.20.2 states them in
+``transformer_engine/pytorch/quantization.py`` (``_compute_fp8_support``,
+``_compute_fp8_block_scaling_support``, ``_compute_mxfp8_support``,
+``_compute_nvfp4_support``):
+
+* per-tensor FP8 (``DelayedScaling``, ``Float8CurrentScaling``): compute
+  capability 8.9 (Ada) or higher; on Ada also CUDA >= 12.1 (and cuBLASLt
+  >= 12.1.3, which ships with it);
+* ``Float8BlockScaling``: compute capability 9.0 (Hopper) or higher and CUDA
+  >= 12.9;
+* ``MXFP8BlockScaling``: compute capability 10.x or 11.x (Blackwell); TE
+  refuses 12.0+ ("not supported on 12.0+ architectures yet");
+* ``NVFP4BlockScaling``: compute capability 10.0 or higher.
+
+torchao (0.16, ``torchao/float8``) trains in FP8 through ``torch._scaled_mm``,
+which needs compute capability 8.9 or higher; precsearch maps only
+``fp8_current`` onto it (torchao's ``tensorwise`` recipe, see
+:mod:`precsearch.backends.torchao_backend`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from precsearch.precision import Precision
+
+Capability = tuple[int, int]
+
+ADA: Capability = (8, 9)
+HOPPER: Capability = (9, 0)
+BLACKWELL: Capability = (10, 0)
+#: TE refuses MXFP8 from this capability on (consumer Blackwell, sm_120).
+TE_MXFP8_UPPER: Capability = (12, 0)
+#: CUDA versions TE asks for: FP8 on Ada, and FP8 block scaling anywhere.
+TE_ADA_MIN_CUDA: tuple[int, int] = (12, 1)
+TE_BLOCK_MIN_CUDA: tuple[int, int] = (12, 9)
+
+NO_GPU_TE = "Transformer Engine needs a CUDA GPU"
+NO_GPU_TORCHAO = "torchao float8 training needs a CUDA GPU"
+
+#: Lowest compute capability of each TE recipe (the upper bound of MXFP8 is separate).
+TE_MIN_CAPABILITY: dict[Precision, Capability] = {
+    Precision.FP8_DELAYED: ADA,
+    Precision.FP8_CURRENT: ADA,
+    Precision.FP8_BLOCK: HOPPER,
+    Precision.MXFP8: BLACKWELL,
+    Precision.NVFP4: BLACKWELL,
+}
+
+_TE_LABEL = {
+    Precision.FP8_DELAYED: "FP8 delayed scaling",
+    Precision.FP8_CURRENT: "FP8 current scaling",
+    Precision.FP8_BLOCK: "FP8 block scaling",
+    Precision.MXFP8: "MXFP8",
+    Precision.NVFP4: "NVFP4",
+}
+
+#: Why torchao cannot run a precision whatever the GPU (precsearch maps only fp8_current).
+TORCHAO_NEVER: dict[Precision, str] = {
+    Precision.FP8_DELAYED: (
+        "torchao float8 training has only dynamic scaling (delayed scaling was removed); "
+        "use fp8_current or the te backend"
+    ),
+    Precision.FP8_BLOCK: (
+        "torchao float8 training scales per tensor or per row, not in 1x128/128x128 blocks; "
+        "use the te backend"
+    ),
+    Precision.MXFP8: "MXFP8 is not wired to torchao in precsearch; use the te backend",
+    Precision.NVFP4: "NVFP4 is not wired to torchao in precsearch; use the te backend",
+}
+
+
+def architecture(cap: Capability) -> str:
+    """A GPU family name for a compute capability, for messages ("Hopper")."""
+    major, minor = cap
+    if major >= 12:
+        return "consumer Blackwell"
+    if major >= 10:
+        return "Blackwell"
+    if major == 9:
+        return "Hopper"
+    if (major, minor) == (8, 9):
+        return "Ada"
+    if major == 8:
+        return "Ampere"
+    if major == 7:
+        return "Volta/Turing"
+    return "pre-Volta"
+
+
+def _fmt(cap: Capability) -> str:
+    return f"{cap[0]}.{cap[1]}"
+
+
+def _needs(what: str, need: Capability, have: Capability) -> str:
+    """'MXFP8 needs compute capability 10.0 (Blackwell); this GPU is 9.0 (Hopper)'."""
+    return (
+        f"{what} needs compute capability {_fmt(need)} ({architecture(need)}); "
+        f"this GPU is {_fmt(have)} ({architecture(have)})"
+    )
+
+
+def parse_cuda_version(text: str | None) -> tuple[int, int] | None:
+    """``"12.9"`` -> ``(12, 9)``; None (CPU-only torch) or an unparsable string -> None."""
+    if not text:
+        return None
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def te_reason(
+    precision: Precision, cap: Capability | None, cuda: tuple[int, int] | None = None
+) -> str | None:
+    """None if Transformer Engine runs ``precision`` on a GPU of capability ``cap``, else why not.
+
+    Args:
+        precision: The layer precision.
+        cap: The GPU's compute capability, or None when there is no CUDA GPU.
+        cuda: The CUDA version torch was built with; None skips the CUDA-version checks.
+    """
+    if precision is Precision.BF16:
+        return None
+    if cap is None:
+        return NO_GPU_TE
+    label = _TE_LABEL[precision]
+    need = TE_MIN_CAPABILITY[precision]
+    if cap < need:
+        return _needs(label, need, cap)
+    if precision is Precision.MXFP8 and cap >= TE_MXFP8_UPPER:
+        return (
+            f"Transformer Engine does not run MXFP8 on compute capability {_fmt(TE_MXFP8_UPPER)}+ "
+            f"yet; this GPU is {_fmt(cap)} ({architecture(cap)})"
+        )
+    if cuda is None:
+        return None
+    built = f"torch was built with CUDA {_fmt(cuda)}"
+    if precision is Precision.FP8_BLOCK and cuda < TE_BLOCK_MIN_CUDA:
+        return f"{label} needs CUDA {_fmt(TE_BLOCK_MIN_CUDA)} or newer; {built}"
+    if cap < HOPPER and cuda < TE_ADA_MIN_CUDA:
+        return f"{label} on Ada needs CUDA {_fmt(TE_ADA_MIN_CUDA)} or newer; {built}"
+    return None
+
+
+def te_table(cap: Capability | None, cuda: tuple[int, int] | None = None) -> dict[Precision, str | None]:
+    """:func:`te_reason` for every precision."""
+    return {p: te_reason(p, cap, cuda) for p in Precision}
+
+
+def torchao_reason(precision: Precision, cap: Capability | None) -> str | None:
+    """None if the torchao backend runs ``precision`` on a GPU of capability ``cap``, else why not."""
+    if precision is Precision.BF16:
+        return None
+    if precision in TORCHAO_NEVER:
+        return TORCHAO_NEVER[precision]
+    if cap is None:
+        return NO_GPU_TORCHAO
+    if cap < ADA:
+        return _needs("FP8 (torch._scaled_mm)", ADA, cap)
+    return None
+
+
+def torchao_table(cap: Capability | None) -> dict[Precision, str | None]:
+    """:func:`torchao_reason` for every precision."""
+    return {p: torchao_reason(p, cap) for p in Precision}
+
+
+def unavailable_table(reason: str) -> dict[Precision, str | None]:
+    """Every low-precision choice refused with ``reason``; BF16 allowed."""
+    return {p: (None if p is Precision.BF16 else reason) for p in Precision}
+
+
+# --- the machine ------------------------------------------------------------------
+
+
+def gpu_capability(device: torch.device | str) -> Capability | None:
+    """Compute capability of ``device``; None when it is not a usable CUDA device."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+def cuda_version() -> tuple[int, int] | None:
+    """The CUDA version torch was built with (None for a CPU-only build)."""
+    return parse_cuda_version(torch.version.cuda)
+
+
+@functools.lru_cache(maxsize=None)
+def te_import_error() -> str | None:
+    """None if ``transformer_engine.pytorch`` imports, else a sentence saying why not."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError/RuntimeError from its CUDA libraries
+        return f"Transformer Engine is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def torchao_import_error() -> str | None:
+    """None if ``torchao.float8`` imports, else a sentence saying why not."""
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception as exc:
+        return f"torchao is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def te_available() -> bool:
+    """True when Transformer Engine's PyTorch API imports here."""
+    return te_import_error() is None
+
+
+def torchao_available() -> bool:
+    """True when ``torchao.float8`` imports here."""
+    return torchao_import_error() is None
+
+
+def te_support(device: torch.device | str) -> dict[Precision, str | None]:
+    """Precision -> None or the reason Transformer Engine cannot run it on ``device``."""
+    cap = gpu_capability(device)
+    if cap is None:
+        return unavailable_table(NO_GPU_TE)
+    error = te_import_error()
+    if error is not None:
+        return unavailable_table(error)
+    return te_table(cap, cuda_version())
+
+
+def torchao_support(device: torch.device | str) -> dict[Precision, str | None]:
+    """Precision -> None or the reason the torchao backend cannot run it on ``device``."""
+    error = torchao_import_error()
+    table = torchao_table(gpu_capability(device))
+    if error is None:
+        return table
+    return {p: (r if r is not None or p is Precision.BF16 else error) for p, r in table.items()}

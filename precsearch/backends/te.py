@@ -1,0 +1,559 @@
+"""The Transformer Engine backend: per-layer FP8 recipes on real FP8 tensor cores.
+
+Contract (on top of :mod:`precsearch.backends.base`):
+
+* ``convert`` replaces each named ``nn.Linear`` whose recipe is not BF16 by a
+  :class:`TEPrecisionLinear`: a thin module holding a ``te.Linear`` (same
+  in/out features, bias as the original, parameters in the original's dtype,
+  float32 in the probe) and that layer's TE recipe object. The weight (and
+  bias) values are copied in. **TE modules own new Parameter objects**, so
+  ``convert`` must run before the optimizer is built (the probe runner does
+  this: :func:`precsearch.probe.runner.build_probe` converts, then AdamW is
+  built). The converted layer's parameters are named ``<layer>.linear.weight``
+  (and ``.linear.bias``); the order of ``model.parameters()`` is unchanged.
+* Every :class:`TEPrecisionLinear` enters ``te.autocast(enabled=fp8_enabled,
+  recipe=<its recipe>)`` around its ``te.Linear`` call, so each layer runs its
+  own recipe (TE nests: the innermost context decides) and ``fp8_enabled =
+  False`` gives a BF16 GEMM (the warm-up).
+* :meth:`TEBackend.autocast` toggles ``fp8_enabled`` on every wrapper and,
+  while FP8 is on, also holds ONE outer ``te.autocast(enabled=True)`` around the
+  forward, for the delayed-scaling bookkeeping explained below.
+* :meth:`TEBackend.fp8_metadata` reports, per converted layer, what TE holds
+  after a forward (whether FP8 ran, the recipe state, quantizers, and for
+  delayed scaling the scales and amax histories).
+
+Facts verified in Transformer Engine 2.20.2 (the wheel the H200 runs; paths in
+the NVIDIA/TransformerEngine repository):
+
+* ``te.autocast(enabled, calibrating, recipe, amax_reduction_group)`` is the
+  2.x context (``transformer_engine/pytorch/quantization.py``, class
+  ``autocast``); ``fp8_autocast`` and ``fp8_model_init`` are deprecated
+  aliases of ``autocast`` and ``quantized_model_init``. ``__enter__`` saves the
+  global state and ``__exit__`` restores it, so contexts nest and the inner
+  one's ``enabled``/``recipe`` win.
+* Delayed scaling keeps its state per module: ``fp8_meta["scaling_fwd"]`` and
+  ``["scaling_bwd"]`` are ``DelayedScalingRecipeState`` objects with ``scale``
+  (3 forward slots: input, weight, output; 2 backward: grad_output,
+  grad_input) and ``amax_history`` (``amax_history_len`` x slots)
+  (``quantization.py``, ``DelayedScalingRecipeState``;
+  ``transformer_engine/pytorch/module/base.py``, ``set_meta_tensor``). A module
+  re-creates that state only when the recipe *type* changes, so toggling FP8
+  off for the warm-up and on again keeps it.
+* Each delayed-scaling module registers its amax/scale tensors once in global
+  buffers keyed by ``str(recipe)`` and the amax reduction group
+  (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer``). The amax
+  reduction and scale update of the forward tensors runs in
+  ``autocast_exit`` when the OUTERMOST enabled context exits with grad enabled
+  (``autocast_depth == 0``), over *every* registered delayed-scaling module, not
+  only those that ran inside it; the backward update runs in the backward of
+  the module that ran first in an outermost context (``is_first_fp8_module``;
+  ``module/linear.py``, ``_check_fp8_reduce_and_update``).
+* What per-layer contexts imply on one GPU: no process group, so nothing is
+  reduced across ranks (``reduce_and_update_fp8_tensors`` all-reduces only when
+  ``torch.distributed`` is initialised with more than one rank). If each
+  layer's context were the outermost one, every layer's exit (and every layer's
+  backward) would run the update over all delayed-scaling layers: N update
+  launches per step for N FP8 layers instead of one. The numbers stay right with
+  TE's default fused update: its kernel rolls a module's amax history and
+  recomputes its scale only when the module's newest amax is non-zero, i.e.
+  only for modules that ran since their last update
+  (``transformer_engine/common/recipe/delayed_scaling.cu``, ``kernel_bulk``:
+  ``if (last_amax != 0.0f)``, added by TE PR #825 "Avoid amax roll for
+  non-run modules"). The unfused Python path (``NVTE_UNFUSED_FP8_UPDATE=1`` or a
+  callable ``amax_compute_algo``; ``quantization.py``,
+  ``_update_amax_history``) rolls unconditionally, so there per-layer contexts
+  would shorten the history to ``amax_history_len / N`` steps. The one outer
+  context held by :meth:`TEBackend.autocast` makes every per-layer context a
+  nested one, so the forward update runs once per step (at the outer exit).
+  The backward update is claimed by the first FP8 module that runs inside an
+  outermost context; since ``autocast.__exit__`` restores the whole autocast
+  state (``get_autocast_state``/``set_autocast_state``, ``is_first_fp8_module``
+  included), every nested layer would claim it again, so
+  :class:`TEPrecisionLinear` keeps it consumed after its context exits: one
+  backward update per step too, as with one model-wide context, on either
+  path.
+* ``DelayedScaling``'s ``str()`` (its reduction key) omits
+  ``amax_compute_algo`` (``transformer_engine/common/recipe/__init__.py``,
+  ``_make_repr``), so two delayed-scaling layers that differ only in that field
+  would share one buffer and be updated with one algorithm; ``convert`` refuses
+  such a mix.
+* Megatron-LM refuses ``first_last_layers_bf16`` with delayed scaling
+  (``megatron/core/transformer/transformer_config.py``, ``__post_init__``:
+  "Delayed scaling does not support first / last layer in BF16"; the comment
+  in ``megatron/core/fp8_utils.py`` says per-layer enter/exit "caus[es]
+  incorrect amax reduction behavior"; ``transformer_block.py`` uses one outer
+  context for delayed scaling and per-layer contexts otherwise). precsearch
+  allows BF16 layers anywhere with delayed scaling, and mixes recipes per
+  layer: BF16 layers are plain ``nn.Linear`` that TE never sees, every FP8
+  layer nests its own context inside the one outer context, and the amax
+  bookkeeping is then the once-per-step update Megatron gets from its outer
+  context (checked on the GPU by ``tests/backends/test_gpu_backends.py``).
+* TE honours ``torch.autocast``: ``TransformerEngineBaseModule.
+  set_activation_dtype`` (``module/base.py``) takes the autocast GPU dtype when
+  autocast is on, and ``module/linear.py`` casts the input, the weight (BF16
+  path) and the bias to it; the output is BF16 under the probe's
+  ``torch.autocast(bfloat16)``, as for ``nn.Linear``.
+* FP8 GEMMs need the input's leading dims to multiply to a multiple of 8 and
+  the last dim, and the weight's dims, to be multiples of 16
+  (``transformer_engine/pytorch/utils.py``, ``assert_dim_for_fp8_exec``);
+  ``convert`` checks the feature dims (16, 32 for MXFP8), the token count is
+  checked by TE at the first forward.
+* ``te.Linear(in_features, out_features, bias=, init_method=, params_dtype=,
+  device=)``: ``init_method(weight)`` initialises the weight before TE wraps it
+  (and before it quantizes it under ``quantized_model_init``); the bias is
+  zero-initialised; without a bias TE stores an empty tensor, not a Parameter
+  (``module/linear.py``, ``Linear.__init__``; ``module/base.py``,
+  ``reset_parameters``).
+
+FP8 primary weights (``TEBackend(fp8_weights=True)``, experimental): each
+``te.Linear`` is created inside ``te.quantized_model_init(enabled=True,
+recipe=<its recipe>, preserve_high_precision_init_val=True)`` so its weight is
+a TE ``QuantizedTensor`` quantized from the original float32 values (copied in
+by ``init_method``). Such weights cannot be updated by ``torch.optim.AdamW``:
+build the optimizer with :func:`build_optimizer` (``master_weights=True``) and
+then call :func:`seed_master_weights` so the FP32 master copies start from the
+original values rather than the dequantized FP8 ones (``FusedAdam.
+initialize_state`` would otherwise dequantize). With delayed scaling the
+weight's first cast uses TE's initial scale of 1 (no amax seen yet); later
+casts use the calibrated scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from precsearch.backends.base import Backend, BackendUnavailable, UnsupportedRecipe
+from precsearch.backends.capability import te_import_error, te_support
+from precsearch.backends.emulated import _check_linear_names, _model_device
+from precsearch.policy.rules import MemoryKnobs
+from precsearch.precision import Fp8Format, LayerRecipe, Precision
+
+#: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
+FP8_DIM_MULTIPLE = 16
+#: MXFP8 scales 1x32 blocks along the reduced dim.
+MXFP8_DIM_MULTIPLE = 32
+
+#: Optimizer-state dtypes FusedAdam accepts, by the names a space file may use.
+OPTIMIZER_STATE_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.uint8,  # FusedAdam's spelling of an FP8 (E4M3, scaled) state
+}
+
+#: TE forward quantizer slots of a Linear, and backward ones (``csrc/common.h``: FP8FwdTensors).
+FWD_SLOTS = ("input", "weight", "output")
+BWD_SLOTS = ("grad_output", "grad_input")
+
+
+def _te() -> Any:
+    """``transformer_engine.pytorch``, or :class:`BackendUnavailable` saying why not."""
+    error = te_import_error()
+    if error is not None:
+        raise BackendUnavailable(f"backend 'te': {error}")
+    import transformer_engine.pytorch as te
+
+    return te
+
+
+def _te_format(fmt: Fp8Format) -> Any:
+    from transformer_engine.common.recipe import Format
+
+    return Format.HYBRID if fmt is Fp8Format.HYBRID else Format.E4M3
+
+
+def recipe_key(recipe: LayerRecipe) -> tuple:
+    """The fields of ``recipe`` that its TE recipe object depends on (layers sharing it share one)."""
+    p = recipe.precision
+    if p is Precision.FP8_DELAYED:
+        return (p, recipe.fp8_format, recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin)
+    if p is Precision.NVFP4:
+        return (p,)
+    return (p, recipe.fp8_format)
+
+
+def make_te_recipe(recipe: LayerRecipe) -> Any:
+    """The ``transformer_engine.common.recipe`` object for a low-precision :class:`LayerRecipe`.
+
+    ``fp8_format`` is passed to every FP8 recipe (TE accepts HYBRID and E4M3 for
+    all of them); NVFP4 has its own fixed formats (E2M1 data, E4M3 scales).
+
+    Raises:
+        ValueError: For a BF16 recipe (it needs no TE recipe).
+    """
+    from transformer_engine.common import recipe as te_recipe
+
+    p = recipe.precision
+    if p is Precision.FP8_DELAYED:
+        return te_recipe.DelayedScaling(
+            fp8_format=_te_format(recipe.fp8_format),
+            amax_history_len=recipe.amax_history_len,
+            amax_compute_algo=recipe.amax_compute_algo.value,
+            margin=recipe.margin,
+        )
+    if p is Precision.FP8_CURRENT:
+        return te_recipe.Float8CurrentScaling(fp8_format=_te_format(recipe.fp8_format))
+    if p is Precision.FP8_BLOCK:
+        return te_recipe.Float8BlockScaling(fp8_format=_te_format(recipe.fp8_format))
+    if p is Precision.MXFP8:
+        return te_recipe.MXFP8BlockScaling(fp8_format=_te_format(recipe.fp8_format))
+    if p is Precision.NVFP4:
+        return te_recipe.NVFP4BlockScaling()
+    raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
+
+
+class TEPrecisionLinear(nn.Module):
+    """A ``te.Linear`` that always runs under its own recipe (or BF16 when FP8 is off).
+
+    Attributes:
+        linear: The ``te.Linear``; it owns the weight (and bias) Parameters.
+        recipe: The layer's :class:`LayerRecipe`.
+        te_recipe: The TE recipe object the layer enters ``te.autocast`` with
+            (shared by every layer of the same :func:`recipe_key`).
+        fp8_enabled: When False the layer runs a BF16 GEMM (under torch autocast).
+    """
+
+    def __init__(self, linear: nn.Module, recipe: LayerRecipe, te_recipe: Any):
+        super().__init__()
+        self.linear = linear
+        self.recipe = recipe
+        self.te_recipe = te_recipe
+        self.fp8_enabled = True
+        self._autocast = _te().autocast
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        self._te_state = FP8GlobalStateManager
+
+    @property
+    def in_features(self) -> int:
+        return self.linear.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    @property
+    def weight(self) -> Tensor:
+        """The layer's weight Parameter (owned by the ``te.Linear``)."""
+        return self.linear.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        """The layer's bias Parameter, or None (TE keeps an empty tensor when there is none)."""
+        return self.linear.bias if self.linear.use_bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x @ weight.T (+ bias)`` in this layer's recipe, or BF16 when FP8 is off."""
+        with self._autocast(enabled=self.fp8_enabled, recipe=self.te_recipe):
+            out = self.linear(x)
+            claimed = not self._te_state.quantization_state.is_first_fp8_module
+        if claimed:
+            # te.autocast.__exit__ restores is_first_fp8_module; keep it consumed, so that inside
+            # an outer context only the step's first FP8 layer runs the backward scale update.
+            self._te_state.quantization_state.is_first_fp8_module = False
+        return out
+
+    def fp8_metadata(self) -> dict[str, Any]:
+        """What TE holds for this layer after its latest forward (tensors are detached copies).
+
+        Keys: ``precision``; ``fp8_ran`` (TE's ``module.fp8``: FP8 was on at the
+        latest forward); ``recipe`` (class name of the recipe TE last used);
+        ``fwd_state``/``bwd_state`` (recipe-state class names) and
+        ``fwd_quantizers``/``bwd_quantizers`` (quantizer class names) once FP8
+        has run; and for delayed scaling ``scale``/``amax_history`` dicts keyed by
+        slot (``input``, ``weight``, ``output``, ``grad_output``, ``grad_input``).
+        """
+        lin = self.linear
+        meta: dict[str, Any] = getattr(lin, "fp8_meta", {})
+        recipe = meta.get("recipe")
+        info: dict[str, Any] = {
+            "precision": self.recipe.precision.value,
+            "fp8_ran": bool(getattr(lin, "fp8", False)),
+            "recipe": type(recipe).__name__ if recipe is not None else None,
+            "scale": {},
+            "amax_history": {},
+        }
+        quantizers = getattr(lin, "quantizers", {})
+        for key, role, slots in (("scaling_fwd", "fwd", FWD_SLOTS), ("scaling_bwd", "bwd", BWD_SLOTS)):
+            state = meta.get(key)
+            if state is None:
+                continue
+            info[f"{role}_state"] = type(state).__name__
+            info[f"{role}_quantizers"] = [type(q).__name__ for q in quantizers.get(key, []) if q is not None]
+            if hasattr(state, "scale") and hasattr(state, "amax_history"):
+                for i, slot in enumerate(slots):
+                    info["scale"][slot] = state.scale[i].detach().clone()
+                    info["amax_history"][slot] = state.amax_history[:, i].detach().clone()
+        return info
+
+    def extra_repr(self) -> str:
+        return f"precision={self.recipe.precision.value}, fp8_format={self.recipe.fp8_format.value}"
+
+
+def _dim_problems(linears: Mapping[str, nn.Linear], recipes: Mapping[str, LayerRecipe]) -> dict[str, str]:
+    """Layer -> why its feature dims cannot run its low-precision recipe (empty when all can)."""
+    problems = {}
+    for name, recipe in recipes.items():
+        if not recipe.precision.is_fp8:
+            continue
+        multiple = MXFP8_DIM_MULTIPLE if recipe.precision is Precision.MXFP8 else FP8_DIM_MULTIPLE
+        lin = linears[name]
+        if lin.in_features % multiple or lin.out_features % multiple:
+            problems[name] = (
+                f"{recipe.precision.value} needs in/out features divisible by {multiple}, "
+                f"got {lin.in_features}x{lin.out_features}"
+            )
+    return problems
+
+
+def _check_delayed_keys(recipes: Mapping[str, LayerRecipe]) -> None:
+    """Refuse delayed-scaling layers that TE would put in one buffer with different algorithms."""
+    algos: dict[tuple, tuple[str, str]] = {}
+    for name, r in recipes.items():
+        if r.precision is not Precision.FP8_DELAYED:
+            continue
+        te_key = (r.fp8_format, r.amax_history_len, r.margin)
+        seen = algos.setdefault(te_key, (name, r.amax_compute_algo.value))
+        if seen[1] != r.amax_compute_algo.value:
+            raise UnsupportedRecipe(
+                f"backend 'te' cannot run delayed-scaling layers {seen[0]} ({seen[1]}) and {name} "
+                f"({r.amax_compute_algo.value}) that differ only in amax_compute_algo: Transformer "
+                "Engine updates them as one group with one algorithm. Give them one algorithm."
+            )
+
+
+def _new_te_linear(name: str, linear: nn.Linear, te_recipe: Any, fp8_weights: bool) -> nn.Module:
+    """A ``te.Linear`` with ``linear``'s shape, dtype, device, values and train mode."""
+    te = _te()
+    # TE keeps init_method (in param_init_meta); hold the source weakly enough to drop it after
+    # init, or every converted layer would keep its old float32 weight alive.
+    source = [linear.weight.detach()]
+
+    def copy_weight(weight: Tensor) -> None:
+        if not source:
+            raise RuntimeError("a converted layer's init_method copies the original weight once, at convert")
+        with torch.no_grad():
+            weight.copy_(source[0])
+
+    init_ctx = (
+        te.quantized_model_init(enabled=True, recipe=te_recipe, preserve_high_precision_init_val=True)
+        if fp8_weights
+        else contextlib.nullcontext()
+    )
+    with init_ctx:
+        new = te.Linear(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            init_method=copy_weight,
+            params_dtype=linear.weight.dtype,
+            device=linear.weight.device,
+            name=name,
+        )
+    source.clear()
+    if linear.bias is not None:
+        with torch.no_grad():
+            new.bias.copy_(linear.bias.detach())
+    for p in new.parameters():
+        p.requires_grad_(linear.weight.requires_grad)
+    new.train(linear.training)
+    return new
+
+
+class TEBackend(Backend):
+    """Transformer Engine: per-layer FP8 (delayed, current, block; MXFP8/NVFP4 on Blackwell).
+
+    Args:
+        fp8_weights: Keep converted layers' weights as FP8 ``QuantizedTensor``
+            Parameters (experimental; needs :func:`build_optimizer` with
+            ``master_weights=True`` and :func:`seed_master_weights`).
+    """
+
+    name = "te"
+
+    def __init__(self, *, fp8_weights: bool = False):
+        self.fp8_weights = fp8_weights
+
+    @property
+    def needs_master_weights(self) -> bool:
+        """True when converted weights are FP8 and the optimizer must keep FP32 masters."""
+        return self.fp8_weights
+
+    def memory_knob_problem(self, knobs: MemoryKnobs, device: torch.device) -> str | None:
+        if knobs.is_default or device.type == "cuda":
+            return None
+        return "TE FusedAdam and FP8 weights need a CUDA GPU"
+
+    def for_memory(self, knobs: MemoryKnobs) -> "TEBackend":
+        return self if knobs.fp8_weights == self.fp8_weights else TEBackend(fp8_weights=knobs.fp8_weights)
+
+    def build_optimizer(self, model: nn.Module, knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
+                        weight_decay: float) -> torch.optim.Optimizer:
+        """``torch.optim.AdamW`` for the default knobs, else TE ``FusedAdam`` with them."""
+        if knobs.is_default:
+            return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
+        param_dtype = next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
+        moments = param_dtype if knobs.moment_dtype == "param" else knobs.moment_dtype
+        opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
+                              master_weights=knobs.master_weights or knobs.fp8_weights,
+                              exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
+        if knobs.fp8_weights:
+            seed_master_weights(opt)
+        return opt
+
+    def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
+        """From :func:`precsearch.backends.capability.te_support`: GPU generation, CUDA, TE import."""
+        return te_support(device)
+
+    def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
+        """Replace each named low-precision Linear by a :class:`TEPrecisionLinear`, in place.
+
+        Must run before the optimizer is built: the converted layers' Parameters
+        are new objects (holding the same values).
+
+        Raises:
+            ValueError: A name is not an ``nn.Linear`` of the model (checked first).
+            UnsupportedRecipe: A recipe this GPU/TE cannot run, feature dims an FP8
+                GEMM cannot take, or delayed-scaling layers TE cannot keep apart.
+            BackendUnavailable: Transformer Engine does not import.
+        """
+        linears = _check_linear_names(model, list(recipes))
+        self.check_supported(recipes, _model_device(model))
+        problems = _dim_problems(linears, recipes)
+        if problems:
+            listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
+            raise UnsupportedRecipe(f"backend 'te' cannot convert {len(problems)} layer(s): {listed}")
+        _check_delayed_keys(recipes)
+        te_recipes: dict[tuple, Any] = {}
+        for name, recipe in recipes.items():
+            if not recipe.precision.is_fp8:
+                continue
+            key = recipe_key(recipe)
+            if key not in te_recipes:
+                te_recipes[key] = make_te_recipe(recipe)
+            te_linear = _new_te_linear(name, linears[name], te_recipes[key], self.fp8_weights)
+            wrapper = TEPrecisionLinear(te_linear, recipe, te_recipes[key])
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, wrapper)
+        return model
+
+    def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
+        """Name -> precision of every :class:`TEPrecisionLinear` in ``model``."""
+        return {n: m.recipe.precision for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear)}
+
+    @contextlib.contextmanager
+    def autocast(self, model: nn.Module, enabled: bool) -> Iterator[None]:
+        """Toggle FP8 on every converted layer; while on, hold one outer ``te.autocast``.
+
+        The outer context makes every layer's own context a nested one, so TE's
+        delayed-scaling amax/scale update runs once per step instead of once per
+        layer (see the module docstring). Its recipe is the first converted
+        layer's (so it never asks for hardware the layers do not already need);
+        the inner contexts decide what each layer runs.
+        """
+        layers = [m for m in model.modules() if isinstance(m, TEPrecisionLinear)]
+        with super().autocast(model, enabled):
+            if not (enabled and layers):
+                yield
+                return
+            with _te().autocast(enabled=True, recipe=layers[0].te_recipe):
+                yield
+
+    def fp8_metadata(self, model: nn.Module) -> dict[str, dict[str, Any]]:
+        """Name -> :meth:`TEPrecisionLinear.fp8_metadata` for every converted layer."""
+        return {n: m.fp8_metadata() for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear)}
+
+
+def _state_dtype(value: torch.dtype | str) -> torch.dtype:
+    """A FusedAdam state dtype from a dtype or one of :data:`OPTIMIZER_STATE_DTYPES`' names."""
+    if isinstance(value, torch.dtype):
+        return value
+    try:
+        return OPTIMIZER_STATE_DTYPES[value]
+    except KeyError:
+        raise ValueError(
+            f"unknown optimizer state dtype {value!r}; valid: {', '.join(OPTIMIZER_STATE_DTYPES)}"
+        ) from None
+
+
+def build_optimizer(
+    params: Iterable[nn.Parameter] | Iterable[dict],
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    *,
+    master_weights: bool = False,
+    exp_avg_dtype: torch.dtype | str = torch.float32,
+    exp_avg_sq_dtype: torch.dtype | str = torch.float32,
+    eps: float = 1e-8,
+) -> torch.optim.Optimizer:
+    """TE's ``FusedAdam`` in AdamW mode, with the memory knobs a search can vary.
+
+    Signature verified in ``transformer_engine/pytorch/optimizers/fused_adam.py``
+    (TE 2.20.2): ``FusedAdam(params, lr, betas, eps, weight_decay, amsgrad=False,
+    *, bias_correction=True, adam_w_mode=True, capturable=False,
+    master_weights=False, master_weight_dtype=torch.float32,
+    exp_avg_dtype=torch.float32, exp_avg_sq_dtype=torch.float32,
+    use_decoupled_grad=False, store_param_remainders=False)``. ``adam_w_mode``
+    is decoupled weight decay, as ``torch.optim.AdamW``.
+
+    Notes:
+        * ``master_weights`` keeps FP32 copies for BF16/FP16/FP8 parameters.
+          FP32 parameters are updated in place whatever this flag says (FusedAdam
+          would only allocate unused copies for them), so it matters with BF16
+          parameters (``probe.param_dtype: bf16``) and with
+          ``TEBackend(fp8_weights=True)``, where it is required.
+        * ``exp_avg_dtype``/``exp_avg_sq_dtype``: fp32, bf16, fp16 or fp8
+          (``torch.uint8``); non-fp32 states get a per-tensor FP32 scale.
+        * GPU only (FusedAdam allocates on ``cuda``).
+
+    Raises:
+        BackendUnavailable: Transformer Engine does not import.
+        ValueError: An unknown state dtype name.
+    """
+    _te()
+    from transformer_engine.pytorch.optimizers import FusedAdam
+
+    return FusedAdam(
+        params,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        adam_w_mode=True,
+        master_weights=master_weights,
+        master_weight_dtype=torch.float32,
+        exp_avg_dtype=_state_dtype(exp_avg_dtype),
+        exp_avg_sq_dtype=_state_dtype(exp_avg_sq_dtype),
+    )
+
+
+def seed_master_weights(optimizer: torch.optim.Optimizer) -> int:
+    """Start FusedAdam's FP32 master weights from the values FP8 weights were quantized from.
+
+    For each parameter that ``te.quantized_model_init(preserve_high_precision_init_val=True)``
+    gave a ``get_high_precision_init_val`` method: initialise its optimizer state
+    (``FusedAdam.initialize_state``), overwrite the master copy with the kept
+    high-precision values (``FusedAdam.set_scaled_state``) and free the CPU copy.
+
+    Returns:
+        How many parameters were seeded.
+    """
+    seeded = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            getter = getattr(p, "get_high_precision_init_val", None)
+            value = getter() if getter is not None else None
+            if value is None:
+                continue
+            if not optimizer.state[p]:
+                optimizer.initialize_state(p, False)
+            optimizer.set_scaled_state(p, "master_param", value.to(device=p.device, dtype=torch.float32))
+            p.clear_high_precision_init_val()
+            seeded += 1
+    return seeded

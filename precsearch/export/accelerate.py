@@ -1,0 +1,206 @@
+"""Hugging Face Accelerate export: a Python snippet that sets up FP8 as the policy says.
+
+Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
+``utils/transformer_engine.py``, ``utils/ao.py``, ``accelerator.py``):
+
+* ``TERecipeKwargs(fp8_format, amax_history_len, amax_compute_algo, margin,
+  use_mxfp8_block_scaling, ...)``: the Transformer Engine path converts *every*
+  ``nn.Linear`` and wraps the whole ``model.forward`` in one ``fp8_autocast`` with
+  one recipe, either ``DelayedScaling`` or ``MXFP8BlockScaling``. It fits only a
+  uniform policy. Its ``to_kwargs()`` passes TE only the values that differ from
+  Accelerate's own defaults, so ``amax_compute_algo="most_recent"`` (Accelerate's
+  default) reaches TE as TE's default ``"max"``, and ``fp8_format="HYBRID"`` reaches
+  ``MXFP8BlockScaling`` as its default E4M3: those two cannot be expressed.
+* ``AORecipeKwargs(config: torchao Float8LinearConfig, module_filter_func(module,
+  fqn) -> bool)``: torchao's ``Float8Linear`` per selected layer, dynamic tensorwise
+  scaling (precsearch ``fp8_current``; E4M3 forward, E5M2 gradients by default,
+  ``torchao/float8/config.py``). This is the per-layer path.
+
+Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
+warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
+API (:mod:`precsearch.policy.apply`), which runs the exact policy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from precsearch.export.formats import (
+    ATTN_PROJS,
+    MLP_PROJS,
+    Rendered,
+    header,
+    layer_table,
+    warning_lines,
+)
+from precsearch.policy.file import dump_policy
+from precsearch.policy.rules import Policy, block_index
+from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+
+FILE = "accelerate_fp8.py"
+POLICY_FILE = "policy.yaml"
+_AO = Precision.FP8_CURRENT
+
+
+def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
+    """Which Accelerate setup fits: ``bf16``, ``te``, ``ao`` or ``precsearch``; with warnings."""
+    table = layer_table(policy, n_layers)
+    precs = set(table.values())
+    fp8 = {p for p in precs if p.is_fp8}
+    warnings: list[str] = []
+    if not fp8:
+        return "bf16", warnings
+    recipe = policy.recipe
+    if len(precs) == 1:
+        (p,) = precs
+        if p is Precision.FP8_DELAYED:
+            if AmaxAlgo(recipe.amax_compute_algo) is AmaxAlgo.MAX:
+                return "te", _warmup(policy, warnings)
+            warnings.append("amax_compute_algo most_recent cannot reach TE through TERecipeKwargs (Accelerate "
+                            "drops values equal to its defaults and TE's default is max)")
+        elif p is Precision.MXFP8:
+            if recipe.fp8_format is Fp8Format.E4M3:
+                return "te", _warmup(policy, warnings)
+            warnings.append("hybrid MXFP8 cannot reach TE through TERecipeKwargs (fp8_format='HYBRID' is "
+                            "Accelerate's default, so it is dropped and MXFP8BlockScaling uses E4M3)")
+    if fp8 == {_AO}:  # an E4M3 policy is expressed with a CastConfig for the gradients
+        return "ao", _warmup(policy, warnings)
+    other = sorted(p.value for p in fp8 - {_AO})
+    if len(precs) > 1:
+        warnings.append(
+            "Accelerate's Transformer Engine path wraps the whole forward in one fp8_autocast with one recipe, "
+            "so it cannot run different layers at different precisions")
+    warnings.append(
+        f"{', '.join(other)} layers have no Accelerate setting (its Transformer Engine path builds only "
+        "DelayedScaling or MXFP8BlockScaling, for the whole model; its torchao path only dynamic tensorwise "
+        "scaling); the snippet applies the policy with precsearch's Python API instead (exact numerics; "
+        "its emulated backend is slower than BF16)")
+    return "precsearch", warnings
+
+
+def _warmup(policy: Policy, warnings: list[str]) -> list[str]:
+    if policy.warmup_steps:
+        warnings.append(
+            f"Accelerate has no FP8 warm-up: the policy runs its first {policy.warmup_steps} steps in BF16. "
+            "Train them with mixed_precision='bf16', save_state(), and resume with this setup")
+    return warnings
+
+
+def _py_blocks(blocks: list[int]) -> str:
+    """A Python expression for a sorted list of block indices, ranges folded (``[0, *range(2, 9)]``)."""
+    runs: list[tuple[int, int]] = []
+    for b in blocks:
+        if runs and b == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((b, b))
+    if len(runs) == 1 and runs[0][1] > runs[0][0]:
+        return f"range({runs[0][0]}, {runs[0][1] + 1})"
+    items = [str(a) if a == b else f"*range({a}, {b + 1})" for a, b in runs]
+    return f"[{', '.join(items)}]"
+
+
+def _fp8_layers_expr(table: dict[str, Precision]) -> str:
+    """Python source of a frozenset holding the HF names of the layers torchao converts."""
+    by_proj: dict[str, list[int]] = defaultdict(list)
+    singles = []
+    for name, p in table.items():
+        if p is not _AO:
+            continue
+        block = block_index(name)
+        if block is None:
+            singles.append(name)
+        else:
+            by_proj[name.rsplit(".", 1)[-1]].append(block)
+    parts = []
+    for proj in ATTN_PROJS + MLP_PROJS:
+        if proj in by_proj:
+            part = "self_attn" if proj in ATTN_PROJS else "mlp"
+            parts.append(f'    *(f"model.layers.{{i}}.{part}.{proj}" for i in {_py_blocks(by_proj[proj])}),')
+    parts += [f"    {name!r}," for name in singles]
+    return "FP8_LAYERS = frozenset([\n" + "\n".join(parts) + "\n])"
+
+
+_LOOP = '''\
+model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+for step, batch in enumerate(dataloader):
+{forward}
+    accelerator.backward(loss)
+{clip}    optimizer.step()
+    optimizer.zero_grad()
+'''
+
+
+def _loop(policy: Policy, exact: bool) -> str:
+    forward = ("    with policy.autocast(model, step):  # BF16 for the warm-up steps, FP8 after\n"
+               "        loss = model(**batch).loss" if exact else "    loss = model(**batch).loss")
+    clip = (f"    accelerator.clip_grad_norm_(model.parameters(), {policy.clip_grad!r})\n"
+            if policy.clip_grad is not None else "")
+    return _LOOP.format(forward=forward, clip=clip)
+
+
+def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
+    """``accelerate_fp8.py`` (and ``policy.yaml`` when the snippet loads it)."""
+    path, warnings = choose_path(policy, n_layers)
+    table = layer_table(policy, n_layers)
+    recipe = policy.recipe
+    lines = header(provenance, f"Hugging Face Accelerate FP8 setup for a {n_layers}-layer Llama 3 "
+                               "(LlamaForCausalLM names)")
+    lines += warning_lines(warnings)
+    lines.append("# `model`, `optimizer` and `dataloader` are yours; build the optimizer after the model.")
+    files: dict[str, str] = {}
+    if path == "bf16":
+        lines += ["# the policy runs every layer in BF16", "from accelerate import Accelerator", "",
+                  'accelerator = Accelerator(mixed_precision="bf16")', _loop(policy, exact=False)]
+    elif path == "te":
+        p = next(iter(table.values()))
+        lines += [f"# every Linear runs {p.value}: one recipe for the whole model, which is what Accelerate's",
+                  "# Transformer Engine path does (one fp8_autocast around model.forward)",
+                  "from accelerate import Accelerator", "from accelerate.utils import TERecipeKwargs", ""]
+        fmt = recipe.fp8_format.value.upper()
+        if p is Precision.MXFP8:
+            kwargs = f'fp8_format="{fmt}", use_mxfp8_block_scaling=True'
+        else:
+            kwargs = (f'fp8_format="{fmt}", amax_history_len={recipe.amax_history_len}, '
+                      f'amax_compute_algo="{AmaxAlgo(recipe.amax_compute_algo).value}", margin={recipe.margin}')
+        lines += [f"fp8_kwargs = TERecipeKwargs({kwargs})",
+                  'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs])',
+                  _loop(policy, exact=False)]
+    elif path == "ao":
+        e4m3 = recipe.fp8_format is Fp8Format.E4M3
+        lines += ["# per-layer FP8 through torchao: Accelerate's Transformer Engine path would wrap the whole",
+                  "# forward in one fp8_autocast, so it cannot keep some layers in BF16",
+                  "import torch", "from accelerate import Accelerator", "from accelerate.utils import AORecipeKwargs",
+                  "from torchao.float8 import " + ("CastConfig, Float8LinearConfig" if e4m3 else "Float8LinearConfig"),
+                  "", "# layers run in FP8 (torchao dynamic tensorwise scaling = precsearch fp8_current);",
+                  "# every other Linear stays BF16",
+                  _fp8_layers_expr(table), "", "",
+                  "def module_filter_func(module: torch.nn.Module, fqn: str) -> bool:",
+                  "    # torchao's scaled GEMM needs both dims divisible by 16 (as Accelerate's own filter checks)",
+                  "    return fqn in FP8_LAYERS and module.in_features % 16 == 0 and module.out_features % 16 == 0",
+                  "", ""]
+        lines += ["config = Float8LinearConfig(  # the options AORecipeKwargs() would set by default",
+                  "    pad_inner_dim=True,", "    enable_fsdp_float8_all_gather=True,"]
+        if e4m3:
+            lines += ["    # the policy uses E4M3 for gradients too (torchao's default is E5M2)",
+                      "    cast_config_grad_output=CastConfig(target_dtype=torch.float8_e4m3fn),"]
+        lines.append(")")
+        lines += ["fp8_kwargs = AORecipeKwargs(config=config, module_filter_func=module_filter_func)",
+                  'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs])',
+                  _loop(policy, exact=False)]
+    else:
+        lines += ["# the exact policy through precsearch's Python API: Accelerate has no setting for it",
+                  "from accelerate import Accelerator", "from precsearch.policy import load_policy", "",
+                  f'policy = load_policy("{POLICY_FILE}")  # written next to this file',
+                  'accelerator = Accelerator(mixed_precision="bf16")',
+                  "# before prepare() and before building the optimizer; backend=\"te\" runs it on Transformer",
+                  "# Engine where precsearch supports that, the default \"emulated\" runs anywhere (slower than BF16)",
+                  "model = policy.apply(model)",
+                  _loop(policy, exact=True)]
+        files[POLICY_FILE] = dump_policy(policy, provenance)
+    files[FILE] = "\n".join(lines).rstrip("\n") + "\n"
+    return Rendered(files, warnings)
+
+
+__all__ = ["FILE", "POLICY_FILE", "accelerate_files", "choose_path"]

@@ -1,0 +1,298 @@
+"""Megatron-LM / Megatron-Core export: command-line flags and a ``--te-precision-config-file``.
+
+What Megatron reads (NVIDIA/Megatron-LM, verified in its source):
+
+* FP8 flags: ``--fp8-format {e4m3,hybrid}``, ``--fp8-recipe
+  {delayed,tensorwise,blockwise,mxfp8,custom}``, ``--fp8-margin``,
+  ``--fp8-amax-history-len``, ``--fp8-amax-compute-algo {max,most_recent}``,
+  ``--first-last-layers-bf16``, ``--num-layers-at-start-in-bf16``,
+  ``--num-layers-at-end-in-bf16``, ``--fp8-output-proj``, ``--fp4-format e2m1``,
+  ``--fp4-recipe nvfp4``, ``--bf16``: fields of ``TransformerConfig`` /
+  ``ModelParallelConfig`` (``megatron/core/transformer/transformer_config.py``)
+  that ``megatron/training/arguments.py`` turns into flags with
+  ``ArgumentGroupFactory`` (before Jan 2026 they were written out with
+  ``group.add_argument`` in the same file). ``--clip-grad`` (default 1.0; the
+  optimizer clips only when it is > 0) and ``--te-precision-config-file`` are
+  plain ``add_argument`` calls there.
+* The precision config file (``megatron/core/extensions/TransformerEngineMixedPrecision.md``,
+  parsed by ``megatron/core/quantization/quant_config.py::RecipeConfig.from_config_dict``
+  and ``megatron/core/extensions/transformer_engine.py::TEQuantizationParams``):
+  ``configs`` (name -> ``{transformer_engine_config_type: TEQuantizationParams,
+  training_recipe: {fp8_quantization_recipe | fp4_quantization_recipe, fp8_format}}``;
+  an empty ``training_recipe`` means BF16) and ordered ``matchers`` (name ->
+  ``{config, type: glob, pattern, enabled}``), the first enabled match winning,
+  ``fnmatch`` over module paths such as ``decoder.layers.3.self_attention.linear_qkv``.
+
+What cannot be expressed, and is therefore not written (a warning says so):
+
+* q/k/v (``linear_qkv``) and gate/up (``linear_fc1``) are fused GEMMs in Megatron:
+  if the policy gives their parts different precisions, the fused module runs BF16.
+* A per-module config may not use delayed scaling (``TEQuantizationRecipe.parse_from_config``
+  raises), so delayed scaling can only be the global ``--fp8-recipe``.
+* ``--first-last-layers-bf16`` is refused with ``--fp8-recipe delayed``
+  (``TransformerConfig.__post_init__``: "Delayed scaling does not support first /
+  last layer in BF16."); BF16 edge blocks then become per-module BF16 matchers.
+* The output layer is a plain ``ColumnParallelLinear`` (never FP8) unless
+  ``--fp8-output-proj`` with ``--fp8-recipe mxfp8``.
+* There is no FP8 warm-up flag.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from precsearch.export.formats import (
+    LM_HEAD,
+    Rendered,
+    block_ranges,
+    header,
+    hf_name,
+    layer_table,
+    warning_lines,
+)
+from precsearch.policy.rules import Policy
+from precsearch.precision import AmaxAlgo, Precision
+
+#: Megatron module under ``decoder.layers.N`` -> the Hugging Face projections it computes.
+MODULES: dict[str, tuple[str, ...]] = {
+    "self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"),
+    "self_attention.linear_proj": ("o_proj",),
+    "mlp.linear_fc1": ("gate_proj", "up_proj"),
+    "mlp.linear_fc2": ("down_proj",),
+}
+OUTPUT_LAYER = "output_layer"
+
+#: precsearch precision -> Megatron ``Fp8Recipe`` value.
+FP8_RECIPES = {
+    Precision.FP8_DELAYED: "delayed",
+    Precision.FP8_CURRENT: "tensorwise",
+    Precision.FP8_BLOCK: "blockwise",
+    Precision.MXFP8: "mxfp8",
+}
+#: Config names in the precision config file.
+CONFIG_KEYS = {
+    Precision.BF16: "bf16",
+    Precision.FP8_CURRENT: "fp8_tensorwise",
+    Precision.FP8_BLOCK: "fp8_blockwise",
+    Precision.MXFP8: "mxfp8",
+    Precision.NVFP4: "nvfp4",
+}
+ARGS_FILE = "megatron_args.sh"
+CONFIG_FILE = "te_precision_config.yaml"
+_TE_TYPE = "TEQuantizationParams"
+
+
+def megatron_name(block: int | str, module: str) -> str:
+    """``decoder.layers.{block}.{module}``: the path Megatron matches precision rules against."""
+    return f"decoder.layers.{block}.{module}"
+
+
+def hf_to_megatron(name: str) -> str | None:
+    """The Megatron module computing HF layer ``name`` (``...q_proj`` -> ``...linear_qkv``), else None."""
+    if name == LM_HEAD:
+        return OUTPUT_LAYER
+    parts = name.split(".")
+    if len(parts) != 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+        return None
+    for module, projs in MODULES.items():
+        if parts[4] in projs:
+            return megatron_name(int(parts[2]), module)
+    return None
+
+
+def megatron_table(policy: Policy, n_layers: int) -> tuple[dict[tuple[int, str], Precision], list[str]]:
+    """(block, Megatron module) -> precision, fused modules resolved; warnings for fused conflicts."""
+    table = layer_table(policy, n_layers)
+    out: dict[tuple[int, str], Precision] = {}
+    conflicts: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for block in range(n_layers):
+        for module, projs in MODULES.items():
+            precs = [table[hf_name(block, p)] for p in projs]
+            if len(set(precs)) == 1:
+                out[block, module] = precs[0]
+            else:
+                out[block, module] = Precision.BF16
+                desc = tuple(f"{p}={q.value}" for p, q in zip(projs, precs))
+                conflicts.setdefault((module, desc), []).append(block)
+    warnings = [
+        f"blocks {block_ranges(blocks)}: {', '.join(desc)} differ, but Megatron computes them in one "
+        f"fused GEMM ({module.split('.')[-1]}); exported as bf16 there, which saves less memory than the probe measured"
+        for (module, desc), blocks in conflicts.items()
+    ]
+    return out, warnings
+
+
+def _global_precision(table: dict[tuple[int, str], Precision]) -> Precision | None:
+    """The recipe the global flags select: delayed if any module uses it, else the commonest low precision."""
+    counts = Counter(p for p in table.values() if p.is_fp8)
+    if not counts:
+        return None
+    if Precision.FP8_DELAYED in counts:
+        return Precision.FP8_DELAYED
+    order = list(Precision)
+    return min(counts, key=lambda p: (-counts[p], order.index(p)))
+
+
+def _training_recipe(precision: Precision, fp8_format: str) -> dict[str, Any]:
+    if precision is Precision.BF16:
+        return {}
+    if precision is Precision.NVFP4:
+        return {"fp4_quantization_recipe": "nvfp4"}
+    return {"fp8_quantization_recipe": FP8_RECIPES[precision], "fp8_format": fp8_format}
+
+
+def _edge_blocks(table: dict[tuple[int, str], Precision], n_layers: int) -> tuple[int, int]:
+    """Leading and trailing blocks whose every module is BF16."""
+    def all_bf16(b: int) -> bool:
+        return all(table[b, m] is Precision.BF16 for m in MODULES)
+
+    start = 0
+    while start < n_layers and all_bf16(start):
+        start += 1
+    end = 0
+    while end < n_layers - start and all_bf16(n_layers - 1 - end):
+        end += 1
+    return start, end
+
+
+def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: Precision,
+              fp8_format: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(configs, matchers, uses per-block patterns) making every module in ``blocks`` run its precision.
+
+    Per module kind: the commonest precision over ``blocks`` gets one wildcard matcher
+    (unless it is the global recipe, which needs none), preceded by exact-name matchers
+    for the blocks that differ from it. First match wins, so exceptions come first.
+    """
+    configs: dict[str, Any] = {}
+    matchers: dict[str, Any] = {}
+    per_block = False
+    order = list(Precision)
+
+    def use(p: Precision) -> str:
+        key = CONFIG_KEYS[p]
+        configs.setdefault(key, {"transformer_engine_config_type": _TE_TYPE,
+                                 "training_recipe": _training_recipe(p, fp8_format)})
+        return key
+
+    for module in MODULES:
+        precs = {b: table[b, module] for b in blocks}
+        if not precs:
+            continue
+        counts = Counter(precs.values())
+        if glob is Precision.FP8_DELAYED and glob in counts:
+            common = glob  # delayed cannot be a per-module override: it must be what no matcher selects
+        else:
+            common = min(counts, key=lambda p: (-counts[p], p is not glob, order.index(p)))
+        short = module.split(".")[-1]
+        for b, p in precs.items():
+            if p is not common:
+                per_block = True
+                matchers[f"layer{b}_{short}_{CONFIG_KEYS[p]}"] = {
+                    "config": use(p), "type": "glob", "pattern": megatron_name(b, module), "enabled": True}
+        if common is not glob:
+            matchers[f"all_{short}_{CONFIG_KEYS[common]}"] = {
+                "config": use(common), "type": "glob", "pattern": megatron_name("*", module), "enabled": True}
+    return configs, matchers, per_block
+
+
+def megatron_export(policy: Policy, n_layers: int) -> tuple[list[str], dict[str, Any] | None, list[str]]:
+    """(flags, precision config dict or None, warnings) expressing ``policy`` for Megatron.
+
+    The flags refer to the config file as ``te_precision_config.yaml`` when one is needed.
+    """
+    table, warnings = megatron_table(policy, n_layers)
+    recipe = policy.recipe
+    fp8_format = recipe.fp8_format.value
+    flags = ["--bf16"]
+    config: dict[str, Any] | None = None
+    glob = _global_precision(table)
+    lm_head = policy.precision_for(LM_HEAD, n_layers)
+
+    if glob is not None:
+        if glob is Precision.NVFP4:
+            flags += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+        else:
+            flags += ["--fp8-format", fp8_format, "--fp8-recipe", FP8_RECIPES[glob]]
+        if glob is Precision.FP8_DELAYED:
+            flags += ["--fp8-amax-history-len", str(recipe.amax_history_len),
+                      "--fp8-amax-compute-algo", AmaxAlgo(recipe.amax_compute_algo).value,
+                      "--fp8-margin", str(recipe.margin)]
+        start, end = _edge_blocks(table, n_layers)
+        if (start or end) and glob is Precision.FP8_DELAYED:
+            warnings.append(
+                "Megatron refuses --first-last-layers-bf16 with --fp8-recipe delayed (TransformerConfig: "
+                "'Delayed scaling does not support first / last layer in BF16'), so the all-BF16 edge blocks ("
+                f"{block_ranges(list(range(start)) + list(range(n_layers - end, n_layers)))}) are kept BF16 "
+                "by per-module bf16 matchers in the precision config file instead")
+            start = end = 0
+        if start or end:
+            flags += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
+                      "--num-layers-at-end-in-bf16", str(end)]
+        configs, matchers, per_block = _matchers(table, list(range(start, n_layers - end)), glob, fp8_format)
+        if matchers:
+            config = {"configs": configs, "matchers": matchers}
+            flags += ["--te-precision-config-file", CONFIG_FILE]
+            if per_block:
+                warnings.append(
+                    "the precision config names single blocks (decoder.layers.N...); Megatron matches module "
+                    "paths whose N counts layers within one pipeline stage, so run it with "
+                    "--pipeline-model-parallel-size 1 (and no virtual pipeline) or the wrong blocks are selected")
+        if lm_head is Precision.MXFP8 and glob is Precision.MXFP8:
+            flags.append("--fp8-output-proj")
+        elif lm_head.is_fp8:
+            warnings.append(
+                f"lm_head is {lm_head.value} in the policy, but Megatron's output_layer runs BF16 except with "
+                "--fp8-output-proj, which needs --fp8-recipe mxfp8 and mxfp8 for the head; kept BF16")
+        if policy.warmup_steps and policy.uses_fp8:
+            warnings.append(
+                f"Megatron has no FP8 warm-up flag: the policy runs its first {policy.warmup_steps} steps in BF16. "
+                f"Run them without the FP8 flags (--exit-interval {policy.warmup_steps} with --save stops there "
+                "and writes a checkpoint), then resume from it with these flags")
+    elif lm_head.is_fp8:
+        warnings.append(f"lm_head is {lm_head.value} but no decoder layer is FP8; Megatron cannot run only the "
+                        "output layer in FP8; kept BF16")
+    # Megatron's default is 1.0 and it clips only when clip_grad > 0
+    flags += ["--clip-grad", repr(float(policy.clip_grad)) if policy.clip_grad is not None else "0.0"]
+    return flags, config, warnings
+
+
+def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
+    """``megatron_args.sh`` (a bash array of flags) and, when needed, ``te_precision_config.yaml``."""
+    flags, config, warnings = megatron_export(policy, n_layers)
+    files: dict[str, str] = {}
+    if config is not None:
+        head = header(provenance, f"Megatron-LM --te-precision-config-file for a {n_layers}-layer Llama 3")
+        head.append("# format: megatron/core/extensions/TransformerEngineMixedPrecision.md (NVIDIA/Megatron-LM,")
+        head.append("# read by --te-precision-config-file since core_v0.16.0)")
+        files[CONFIG_FILE] = "\n".join(head + warning_lines(warnings)) + "\n" + yaml.safe_dump(
+            config, sort_keys=False)
+    lines = header(provenance, f"Megatron-LM precision arguments for a {n_layers}-layer Llama 3")
+    lines += [
+        "# usage: source this file, then pass \"${PRECSEARCH_MEGATRON_ARGS[@]}\" to pretrain_gpt.py",
+    ]
+    if "--te-precision-config-file" in flags:
+        lines.append("# --te-precision-config-file needs Megatron-LM core_v0.16.0 or newer")
+    if "--fp8-output-proj" in flags:
+        lines.append("# --fp8-output-proj needs Megatron-LM core_v0.18.0 or newer")
+    if "--first-last-layers-bf16" in flags:
+        lines.append("# --num-layers-at-{start,end}-in-bf16 may not exceed the layers of one pipeline stage")
+    lines += warning_lines(warnings)
+    lines.append("PRECSEARCH_MEGATRON_ARGS=(")
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        if flag == "--te-precision-config-file":
+            value = f'"$(dirname "${{BASH_SOURCE[0]}}")/{CONFIG_FILE}"'
+        lines.append(f"  {flag}" + (f" {value}" if value is not None else ""))
+        i += 2 if value is not None else 1
+    lines.append(")")
+    files[ARGS_FILE] = "\n".join(lines) + "\n"
+    return Rendered(files, warnings)
+
+
+__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "hf_to_megatron", "megatron_export", "megatron_files",
+           "megatron_name", "megatron_table"]

@@ -1,0 +1,198 @@
+"""torchtitan export: the float8 converter section of a training TOML.
+
+Target: torchtitan v0.2.x (the latest release configured by TOML), verified in
+pytorch/torchtitan at tag v0.2.2:
+
+* ``torchtitan/config/job_config.py``: ``[model] converters`` (list of names),
+  ``[quantize.linear.float8]`` with ``recipe_name`` (``tensorwise`` | ``rowwise`` |
+  ``rowwise_with_gw_hp``), ``filter_fqns`` (modules *not* converted),
+  ``enable_fsdp_float8_all_gather``, ``precompute_float8_dynamic_scale_for_fsdp``,
+  ``emulate``; ``[training] max_norm`` (always clips; ``inf`` clips nothing).
+* ``torchtitan/components/quantization/float8.py`` registers the converter as
+  ``quantize.linear.float8``; ``.../quantization/utils.py::module_filter_fn``
+  skips a Linear when *any filter string is a substring of its FQN*, or when a
+  dimension is not a multiple of 16.
+* ``torchtitan/models/llama3/model/model.py``: ``layers.{i}.attention.wq|wk|wv|wo``,
+  ``layers.{i}.feed_forward.w1|w2|w3``, ``output``.
+
+torchao's float8 training scales dynamically (tensorwise or rowwise); the
+tensorwise recipe is precsearch's ``fp8_current`` with the hybrid format (E4M3
+forward, E5M2 gradients: ``torchao/float8/config.py``). Delayed scaling, 1x128
+blocks, MXFP8 and NVFP4 layers cannot be expressed by this converter and stay BF16.
+
+torchtitan v0.1.x spells the same settings ``[model] converters = ["float8"]`` and
+``[float8]``; torchtitan after v0.2 is configured in Python
+(``Float8LinearConverter.Config``), offers only rowwise recipes and renames modules
+(``attention.qkv_linear.wq``, ``lm_head``), so this file does not apply there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from typing import Any
+
+from precsearch.export.formats import (
+    ATTN_PROJS,
+    LM_HEAD,
+    MLP_PROJS,
+    Rendered,
+    block_ranges,
+    header,
+    layer_table,
+    warning_lines,
+)
+from precsearch.policy.rules import Policy, block_index
+from precsearch.precision import Fp8Format, Precision
+
+#: Hugging Face projection -> torchtitan (v0.2) Llama 3 submodule of ``layers.{i}``.
+PROJ_NAMES = {
+    "q_proj": "attention.wq",
+    "k_proj": "attention.wk",
+    "v_proj": "attention.wv",
+    "o_proj": "attention.wo",
+    "gate_proj": "feed_forward.w1",
+    "up_proj": "feed_forward.w3",
+    "down_proj": "feed_forward.w2",
+}
+OUTPUT = "output"
+CONVERTER = "quantize.linear.float8"
+FILE = "torchtitan_float8.toml"
+#: The one precsearch precision this converter expresses, and its recipe name.
+EXPRESSIBLE = {Precision.FP8_CURRENT: "tensorwise"}
+
+
+def tt_name(hf: str) -> str:
+    """HF layer name -> torchtitan FQN (``model.layers.3.mlp.up_proj`` -> ``layers.3.feed_forward.w3``)."""
+    if hf == LM_HEAD:
+        return OUTPUT
+    block, proj = block_index(hf), hf.rsplit(".", 1)[-1]
+    if block is None or proj not in PROJ_NAMES:
+        raise ValueError(f"not a Llama 3 Linear name: {hf!r}")
+    return f"layers.{block}.{PROJ_NAMES[proj]}"
+
+
+def is_filtered(fqn: str, filter_fqns: list[str]) -> bool:
+    """torchtitan's rule (``module_filter_fn``): a filter entry anywhere inside the FQN skips the module."""
+    return any(f in fqn for f in filter_fqns)
+
+
+def filter_fqns_for(keep_bf16: set[str], n_layers: int) -> list[str]:
+    """Short filter entries that skip exactly the torchtitan FQNs in ``keep_bf16``.
+
+    A projection kept BF16 in every block is named once (``attention.wq``), a block
+    kept BF16 whole is named by its prefix (``layers.3.``: the dot keeps ``layers.30``
+    out), anything else by its full FQN.
+    """
+    entries: list[str] = []
+    covered: set[str] = set()
+    for suffix in PROJ_NAMES.values():
+        names = {f"layers.{b}.{suffix}" for b in range(n_layers)}
+        if names <= keep_bf16:
+            entries.append(suffix)
+            covered |= names
+    for b in range(n_layers):
+        names = {f"layers.{b}.{s}" for s in PROJ_NAMES.values()}
+        if names <= keep_bf16 and not names <= covered:
+            entries.append(f"layers.{b}.")
+            covered |= names
+    rest = [n for n in sorted(keep_bf16 - covered, key=_fqn_order) if n != OUTPUT]
+    entries += rest
+    if OUTPUT in keep_bf16:
+        entries.append(OUTPUT)
+    return entries
+
+
+def _fqn_order(fqn: str) -> tuple[int, int]:
+    parts = fqn.split(".")
+    if len(parts) < 2 or not parts[1].isdigit():
+        return (1 << 30, 0)
+    return int(parts[1]), list(PROJ_NAMES.values()).index(".".join(parts[2:]))
+
+
+def torchtitan_export(policy: Policy, n_layers: int) -> tuple[dict[str, Any], list[str]]:
+    """(settings, warnings). Settings: ``converters``, ``float8`` (section or None), ``max_norm``."""
+    table = layer_table(policy, n_layers)
+    warnings: list[str] = []
+    fp8 = {n for n, p in table.items() if p in EXPRESSIBLE}
+    lost: dict[Precision, list[str]] = defaultdict(list)
+    for n, p in table.items():
+        if p.is_fp8 and p not in EXPRESSIBLE:
+            lost[p].append(n)
+    for p, names in lost.items():
+        warnings.append(
+            f"{len(names)} {p.value} layer(s) ({_describe(names)}) kept BF16: torchtitan's float8 converter "
+            "(torchao) scales dynamically, tensorwise or rowwise; it has no "
+            f"{'delayed scaling' if p is Precision.FP8_DELAYED else p.value + ' recipe'}")
+    settings: dict[str, Any] = {"converters": [], "float8": None,
+                                "max_norm": policy.clip_grad if policy.clip_grad is not None else math.inf}
+    if fp8:
+        keep = {tt_name(n) for n in table if n not in fp8}
+        filters = filter_fqns_for(keep, n_layers)
+        # the entries must skip exactly the BF16 layers under torchtitan's substring rule
+        assert all(is_filtered(tt_name(n), filters) == (n not in fp8) for n in table), filters
+        settings["converters"] = [CONVERTER]
+        settings["float8"] = {"recipe_name": EXPRESSIBLE[Precision.FP8_CURRENT], "filter_fqns": filters}
+        if policy.recipe.fp8_format is not Fp8Format.HYBRID:
+            warnings.append(
+                f"the policy uses {policy.recipe.fp8_format.value} for gradients too, but torchao's tensorwise "
+                "recipe casts gradients to E5M2 and the TOML cannot change that; gradient numerics differ "
+                "from the probe")
+    elif policy.uses_fp8:
+        warnings.append("no layer of the policy can run FP8 through torchtitan's float8 converter; "
+                        "only [training] max_norm is written")
+    if policy.warmup_steps and fp8:
+        warnings.append(
+            f"torchtitan has no FP8 warm-up setting: the policy runs its first {policy.warmup_steps} steps in BF16. "
+            "Train them without the converter, checkpoint, and resume from that checkpoint with it")
+    return settings, warnings
+
+
+def _describe(names: list[str]) -> str:
+    """``attention q_proj in blocks 0-3; lm_head``: a short account of HF layer names."""
+    by_proj: dict[str, list[int]] = defaultdict(list)
+    other = []
+    for n in names:
+        b = block_index(n)
+        if b is None:
+            other.append(n)
+        else:
+            by_proj[n.rsplit(".", 1)[-1]].append(b)
+    parts = [f"{p} in blocks {block_ranges(bs)}" for p, bs in sorted(
+        by_proj.items(), key=lambda kv: (ATTN_PROJS + MLP_PROJS).index(kv[0]))]
+    return "; ".join(parts + other)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "inf" if value == math.inf else repr(value)
+    if isinstance(value, (int, str, list)):
+        return json.dumps(value)  # JSON strings, numbers and lists of them are valid TOML
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def torchtitan_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
+    """``torchtitan_float8.toml``: merge its sections into the job's TOML (torchtitan v0.2.x)."""
+    settings, warnings = torchtitan_export(policy, n_layers)
+    lines = header(provenance, f"torchtitan (v0.2.x) float8 settings for a {n_layers}-layer Llama 3")
+    lines += ["# merge these sections into your train_configs/*.toml",
+              "# (v0.1.x spells them [model] converters = [\"float8\"] and [float8])"]
+    lines += warning_lines(warnings)
+    float8 = settings["float8"]
+    if float8 is not None:
+        lines += ["", "[model]", f"converters = {_toml(settings['converters'])}", "",
+                  f"[{CONVERTER}]",
+                  "# tensorwise dynamic scaling = precsearch fp8_current with hybrid format",
+                  f"recipe_name = {_toml(float8['recipe_name'])}",
+                  "# layers kept BF16 (a substring match; Linear dims not divisible by 16 are skipped too)",
+                  f"filter_fqns = {_toml(float8['filter_fqns'])}",
+                  "# torch.compile fuses the casts: [compile] enable = true, components = [\"model\"]"]
+    lines += ["", "[training]", f"max_norm = {_toml(settings['max_norm'])}"]
+    return Rendered({FILE: "\n".join(lines) + "\n"}, warnings)
+
+
+__all__ = ["CONVERTER", "FILE", "PROJ_NAMES", "filter_fqns_for", "is_filtered", "torchtitan_export",
+           "torchtitan_files", "tt_name"]

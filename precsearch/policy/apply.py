@@ -1,0 +1,224 @@
+"""Applying a policy file in a user's own training loop.
+
+:func:`load_policy` returns a :class:`PolicyRuntime`: the frozen
+:class:`~precsearch.policy.rules.Policy` plus the three things a training loop
+needs from it::
+
+    policy = precsearch.load_policy("policy.yaml")
+    model = policy.apply(model)                      # convert the Linear layers
+    for step, (inputs, targets) in enumerate(batches):
+        with policy.autocast(model, step):           # BF16 during the FP8 warm-up
+            loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        policy.clip_gradients(model)                 # the policy's clip_grad
+        optimizer.step(); optimizer.zero_grad()
+
+Layer names are matched as they appear in ``model.named_modules()``. The probe
+and Hugging Face ``LlamaForCausalLM`` share names (``model.layers.3.mlp.up_proj``,
+``lm_head``), so a policy applies to either directly; for a model named
+otherwise pass ``name_map``, a callable from the model's name to the policy's
+name (or None to leave that layer alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from precsearch.backends import Backend, get_backend
+from precsearch.policy.rules import Policy, Rule, block_index
+from precsearch.precision import LayerRecipe, Precision
+
+NameMap = Callable[[str], "str | None"]
+
+# model -> the backend that converted it, so autocast() finds it again (also under DDP/FSDP wrappers)
+_CONVERTED: "weakref.WeakKeyDictionary[nn.Module, Backend]" = weakref.WeakKeyDictionary()
+
+
+class PolicyError(ValueError):
+    """A policy cannot be applied to a model (no layer matched, wrong names)."""
+
+
+class PolicyRuntime:
+    """A loaded policy, with the methods a training loop calls.
+
+    Attributes:
+        policy: The frozen :class:`Policy` (rules, default, recipe, warmup_steps, clip_grad).
+        provenance: Where the policy came from (study, trial, objectives), as written by export.
+
+    Every attribute of :class:`Policy` is also readable here (``runtime.warmup_steps``,
+    ``runtime.to_dict()``), so code written for a plain ``Policy`` keeps working.
+    """
+
+    def __init__(self, policy: Policy, provenance: dict[str, Any] | None = None):
+        self.policy = policy
+        self.provenance = dict(provenance or {})
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names not found normally: delegate to the frozen Policy
+        if name in ("policy", "provenance"):
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
+    def __repr__(self) -> str:
+        trial = self.provenance.get("trial")
+        where = f" (study {self.provenance.get('study')!r}, trial {trial})" if trial is not None else ""
+        return f"PolicyRuntime({self.policy!r}){where}"
+
+    # ---- which layers run what ---------------------------------------------------------
+
+    def plan(self, model: nn.Module, name_map: NameMap | None = None,
+             n_layers: int | None = None) -> dict[str, LayerRecipe]:
+        """The recipe of every ``nn.Linear`` of ``model`` the policy covers, by the model's own names.
+
+        Args:
+            model: Any module; its ``nn.Linear`` submodules are looked at.
+            name_map: Model name -> policy name (HF ``LlamaForCausalLM`` style), or None to skip
+                the layer. Default: names are used as they are.
+            n_layers: Transformer blocks, for rules limited to the last k blocks. Default: one
+                more than the largest block index among the (mapped) layer names.
+
+        Raises:
+            PolicyError: The policy has rules and no rule's name pattern matches any Linear of
+                ``model`` (the model names its layers differently: give ``name_map``).
+        """
+        mapped = _mapped_linear_names(model, name_map)
+        if n_layers is None:
+            indices = [i for i in (block_index(n) for n in mapped.values()) if i is not None]
+            n_layers = max(indices) + 1 if indices else 0
+        if self.policy.rules and not any(_could_match(r, p) for r in self.policy.rules for p in mapped.values()):
+            patterns = sorted({m for r in self.policy.rules for m in r.modules})
+            sample = list(mapped.values())[:3] or ["(the model has no nn.Linear)"]
+            hint = "" if name_map else "; if the model names its layers differently, pass name_map"
+            raise PolicyError(
+                f"no rule of the policy matches any Linear layer of {type(model).__name__}: the rules "
+                f"match {', '.join(patterns)}; the model's layers are named like {', '.join(sample)}{hint}"
+            )
+        recipes = self.policy.layer_recipes(list(mapped.values()), n_layers)
+        return {name: recipes[policy_name] for name, policy_name in mapped.items()}
+
+    def precisions(self, model: nn.Module, name_map: NameMap | None = None,
+                   n_layers: int | None = None) -> dict[str, Precision]:
+        """Model layer name -> the precision the policy gives it (BF16 included)."""
+        return {n: r.precision for n, r in self.plan(model, name_map, n_layers).items()}
+
+    # ---- the three calls of a training loop -----------------------------------------------
+
+    def apply(self, model: nn.Module, backend: str | Backend = "emulated", *,
+              name_map: NameMap | None = None, n_layers: int | None = None) -> nn.Module:
+        """Convert, in place, the Linear layers the policy runs in FP8; return ``model``.
+
+        Call it before building the optimizer and before wrapping the model (DDP, FSDP,
+        ``accelerator.prepare``). Parameters keep their identity and values.
+
+        Args:
+            model: The model (the probe ``Llama3``, ``LlamaForCausalLM``, or any model with ``name_map``).
+            backend: A backend name (``emulated``; see :func:`precsearch.backends.get_backend`)
+                or a :class:`Backend` instance.
+            name_map: Model name -> policy name, or None to skip a layer (see :meth:`plan`).
+            n_layers: Transformer blocks (see :meth:`plan`).
+
+        Raises:
+            PolicyError: No layer of the model matched the policy.
+            UnsupportedRecipe: The backend cannot run a precision the policy uses, on this device.
+        """
+        fp8 = {n: r for n, r in self.plan(model, name_map, n_layers).items() if r.precision.is_fp8}
+        chosen = backend if isinstance(backend, Backend) else get_backend(backend, _device_of(model))
+        chosen.check_supported(fp8, _device_of(model))
+        chosen.convert(model, fp8)
+        _CONVERTED[model] = chosen
+        return model
+
+    def fp8_enabled(self, step: int) -> bool:
+        """Whether FP8 runs at ``step`` (0-based): off for the first ``warmup_steps`` steps."""
+        return self.policy.uses_fp8 and step >= self.policy.warmup_steps
+
+    @contextlib.contextmanager
+    def autocast(self, model: nn.Module, step: int, *, bf16: bool = True) -> Iterator[None]:
+        """Run the enclosed forward with FP8 as the policy wants it at ``step``.
+
+        FP8 is off during the first ``warmup_steps`` steps and on after. The backward of
+        a forward run inside the block follows the same choice, so ``loss.backward()``
+        may be called after the block ends.
+
+        Args:
+            model: The model given to :meth:`apply` (or a wrapper around it: DDP, FSDP, ...).
+            step: The 0-based optimizer step.
+            bf16: Also enter ``torch.autocast(dtype=torch.bfloat16)``, as the probe that
+                validated the policy did. Pass False if the loop manages that itself.
+        """
+        backend = _backend_of(model)
+        if backend is None:
+            if self.policy.uses_fp8:
+                raise PolicyError("this model was not converted by a policy: call policy.apply(model) first")
+            fp8_ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+        else:
+            fp8_ctx = backend.autocast(model, enabled=self.fp8_enabled(step))
+        device_type = _device_of(model).type
+        bf16_ctx = torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with fp8_ctx, bf16_ctx:
+            yield
+
+    def clip_gradients(self, model: nn.Module | list[torch.Tensor]) -> torch.Tensor:
+        """Clip the global gradient norm to ``clip_grad``; return the norm before clipping.
+
+        With ``clip_grad`` None nothing is changed and the norm is still returned.
+        """
+        params = model.parameters() if isinstance(model, nn.Module) else model
+        max_norm = self.policy.clip_grad if self.policy.clip_grad is not None else math.inf
+        return torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+
+
+def load_policy(path: str | Path) -> PolicyRuntime:
+    """Read a policy file written by ``precsearch export`` (see :mod:`precsearch.policy.file`)."""
+    from precsearch.policy.file import load_policy_file
+
+    policy, provenance = load_policy_file(Path(path))
+    return PolicyRuntime(policy, provenance)
+
+
+def _mapped_linear_names(model: nn.Module, name_map: NameMap | None) -> dict[str, str]:
+    """Model name -> policy name for every ``nn.Linear`` the map keeps, in module order."""
+    out = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or not name:
+            continue
+        mapped = name_map(name) if name_map is not None else name
+        if mapped is not None:
+            out[name] = mapped
+    return out
+
+
+def _could_match(rule: Rule, name: str) -> bool:
+    """Whether ``name`` is the kind of layer ``rule`` is about: a name pattern matches and, for a
+    rule limited to some blocks, the name has a block index (which blocks is not asked, so a
+    rule for the last block of a deeper model still counts)."""
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in rule.modules):
+        return False
+    return not rule.limits_blocks or block_index(name) is not None
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _backend_of(model: nn.Module) -> Backend | None:
+    """The backend that converted ``model`` or a module inside it (a wrapped model)."""
+    if model in _CONVERTED:
+        return _CONVERTED[model]
+    for module in model.modules():
+        if module in _CONVERTED:
+            return _CONVERTED[module]
+    return None
+
+
+__all__ = ["PolicyError", "PolicyRuntime", "load_policy"]

@@ -1,0 +1,103 @@
+"""Check a study's front at full depth: BF16, FP8 on every Linear, and the best policies found.
+
+For each policy, trains the *target* model of the space (all its layers, the
+probe's sequence length and micro-batch) for a few steps on the space's
+backend and device, and reports peak memory, tokens/s and the loss gap
+against BF16, all from this one run. Prints a table and writes JSON.
+
+    python scripts/bench_target.py search_spaces/llama3_8b_h100.yaml \
+        --study-dir precsearch-runs/llama3-8b-h100 --top 3 --steps 20 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from precsearch.backends import get_backend, resolve_device
+from precsearch.config.loader import load_space
+from precsearch.policy import Policy
+from precsearch.precision import Precision
+from precsearch.probe.runner import run_probe
+from precsearch.search.study import load_batches
+
+
+def _front_policies(study_dir: Path, top: int) -> dict[str, Policy]:
+    import optuna
+
+    from precsearch.search.front import trial_rows
+    from precsearch.search.workspace import Workspace
+
+    ws = Workspace.load(study_dir)
+    study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+    rows = [r for r in trial_rows(study, study.user_attrs["objectives"]) if r["pareto"]]
+    rows.sort(key=lambda r: -r["memory_saved"])
+    trials = {t.number: t for t in study.trials}
+    return {f"trial {r['trial']}": Policy.from_dict(trials[r["trial"]].user_attrs["policy"]) for r in rows[:top]}
+
+
+def _uniform(precision: Precision, clip: float | None) -> Policy:
+    return Policy(default=precision, clip_grad=clip)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("space", type=Path)
+    ap.add_argument("--study-dir", type=Path, help="a finished study's output dir (adds its front)")
+    ap.add_argument("--top", type=int, default=3, help="front policies to check, most memory saved first")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--layers", type=int, help="override the target's depth (default: the preset's)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    space = load_space(args.space)
+    target = space.model.target()
+    if args.layers:
+        target = target.with_overrides(n_layers=args.layers)
+    probe = space.probe.model_copy(update={"steps": args.steps, "lr_warmup_steps": min(2, args.steps - 1)})
+    device = resolve_device(probe.device)
+    backend = get_backend(space.backend.value, device)
+    clip = space.search.clip_grad.options()[0]
+    policies = {"BF16": _uniform(Precision.BF16, clip)}
+    for p in (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK):
+        if backend.supported_precisions(device).get(p) is None:
+            policies[f"{p.value} on every Linear"] = _uniform(p, clip)
+    if args.study_dir:
+        policies |= _front_policies(args.study_dir, args.top)
+    data = load_batches(space.model_copy(update={"probe": probe}))
+    rows = []
+    for name, policy in policies.items():
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        r = run_probe(target, probe, policy, data, backend, device)
+        rows.append({"policy": name, "peak_gib": r.peak_memory_bytes / 2**30, "memory_source": r.memory_source,
+                     "tokens_per_s": r.tokens_per_s, "eval_loss": r.eval_loss, "diverged": r.diverged,
+                     "predicted_gib": r.predicted_memory["total"] / 2**30, "detail": policy.to_dict()})
+        print(f"done: {name}: peak {rows[-1]['peak_gib']:.2f} GiB, {r.tokens_per_s:.0f} tok/s, "
+              f"eval loss {r.eval_loss:.4f}", file=sys.stderr, flush=True)
+    base = rows[0]
+    for row in rows:
+        row["memory_vs_bf16"] = row["peak_gib"] / base["peak_gib"] - 1
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
+        row["loss_gap"] = row["eval_loss"] / base["eval_loss"] - 1
+    print(f"\ntarget: {target.n_layers} layers, dim {target.dim}, seq {probe.seq_len}, micro-batch "
+          f"{probe.micro_batch}, {probe.steps} steps, backend {backend.name} on {device}")
+    print(f"{'policy':34s} {'peak GiB':>9} {'vs BF16':>8} {'pred GiB':>9} {'tok/s':>8} {'speedup':>7} {'loss gap':>8}")
+    for r in rows:
+        print(f"{r['policy']:34s} {r['peak_gib']:9.2f} {100 * r['memory_vs_bf16']:+7.1f}% {r['predicted_gib']:9.2f} "
+              f"{r['tokens_per_s']:8.0f} {r['speedup']:6.2f}x {100 * r['loss_gap']:+7.2f}%")
+    if args.json:
+        meta = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+                "torch": torch.__version__, "target": target.__dict__ | {"rope_scaling": str(target.rope_scaling)},
+                "probe": probe.model_dump(mode="json")}
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

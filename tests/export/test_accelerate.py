@@ -1,0 +1,169 @@
+"""Accelerate export: which path fits, and the snippets run against stand-ins for accelerate/torchao.
+
+Reference (huggingface/accelerate, src/accelerate/): ``utils/dataclasses.py`` (``AORecipeKwargs(config,
+module_filter_func)``, ``TERecipeKwargs(fp8_format, amax_history_len, amax_compute_algo, margin,
+use_mxfp8_block_scaling)``, ``KwargsHandler.to_kwargs`` keeps only values that differ from Accelerate's
+defaults), ``utils/transformer_engine.py::apply_fp8_autowrap`` (one ``fp8_autocast`` around
+``model.forward`` with ``DelayedScaling(**kwargs)`` or ``MXFP8BlockScaling(**kwargs)``), ``utils/ao.py``
+(``module_filter_func(module, fqn)``). TE defaults from NVIDIA/TransformerEngine
+``transformer_engine/common/recipe/__init__.py``. Neither library is installed here, so the snippets are
+run against recording stand-ins.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from precsearch.export.accelerate import FILE, POLICY_FILE, choose_path
+from precsearch.export.formats import layer_table, render
+from precsearch.policy import Policy, Rule
+from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.model import Llama3, ModelConfig, build_model, init_weights
+
+P = Precision
+N = 4
+CFG = ModelConfig(vocab_size=256, dim=64, n_layers=N, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
+EDGES = Rule("edges", ("*",), P.BF16, first=1, last=1)
+
+ACCELERATE_DEFAULTS = {"fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent",
+                       "margin": 0, "use_mxfp8_block_scaling": False}
+TE_DEFAULTS = {"delayed": {"fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "max", "margin": 0},
+               "mxfp8": {"fp8_format": "E4M3", "margin": 0}}
+
+
+class _Recorder:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+class _Accelerator(_Recorder):
+    def prepare(self, *objs):
+        return objs
+
+    def backward(self, loss):
+        loss.backward()
+
+    def clip_grad_norm_(self, params, max_norm):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def _run(code: str, monkeypatch, **env) -> dict:
+    """Execute a snippet with stand-in accelerate / torchao modules; return its namespace."""
+    accelerate = types.ModuleType("accelerate")
+    accelerate.Accelerator = _Accelerator
+    utils = types.ModuleType("accelerate.utils")
+    utils.AORecipeKwargs = type("AORecipeKwargs", (_Recorder,), {})
+    utils.TERecipeKwargs = type("TERecipeKwargs", (_Recorder,), {})
+    float8 = types.ModuleType("torchao.float8")
+    float8.Float8LinearConfig = type("Float8LinearConfig", (_Recorder,), {})
+    float8.CastConfig = type("CastConfig", (_Recorder,), {})
+    for name, mod in {"accelerate": accelerate, "accelerate.utils": utils, "torchao": types.ModuleType("torchao"),
+                      "torchao.float8": float8}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    namespace = {"model": None, "optimizer": None, "dataloader": [], **env}
+    exec(compile(code, FILE, "exec"), namespace)
+    return namespace
+
+
+def _te_recipe(te_kwargs: dict, kind: str) -> dict:
+    """What TE receives: Accelerate passes only non-default values (to_kwargs), TE fills in its own defaults."""
+    passed = {k: v for k, v in te_kwargs.items() if ACCELERATE_DEFAULTS[k] != v and k != "use_mxfp8_block_scaling"}
+    return TE_DEFAULTS[kind] | passed
+
+
+@pytest.mark.parametrize(("policy", "path"), [
+    (Policy(clip_grad=1.0), "bf16"),
+    (Policy(default=P.FP8_DELAYED, recipe=LayerRecipe(amax_compute_algo="max")), "te"),
+    (Policy(default=P.FP8_DELAYED, recipe=LayerRecipe(amax_compute_algo="most_recent")), "precsearch"),
+    (Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")), "te"),
+    (Policy(default=P.MXFP8), "precsearch"),  # hybrid MXFP8 cannot reach TE
+    (Policy(default=P.FP8_CURRENT), "ao"),
+    (Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_CURRENT))), "ao"),
+    (Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_DELAYED))), "precsearch"),
+    (Policy(rules=(Rule("attn", ("*.self_attn.*",), P.FP8_CURRENT),), default=P.FP8_BLOCK), "precsearch"),
+])
+def test_choose_path(policy, path):
+    assert choose_path(policy, N)[0] == path
+
+
+def test_uniform_delayed_goes_through_te_with_the_policy_recipe(monkeypatch):
+    policy = Policy(default=P.FP8_DELAYED, recipe=LayerRecipe(amax_history_len=16, amax_compute_algo="max", margin=2),
+                    clip_grad=1.0)
+    rendered = render("accelerate", policy, N, {})
+    assert list(rendered.files) == [FILE] and rendered.warnings == []
+    ns = _run(rendered.files[FILE], monkeypatch)
+    assert ns["accelerator"].kwargs == {"mixed_precision": "fp8", "kwargs_handlers": [ns["fp8_kwargs"]]}
+    assert _te_recipe(ns["fp8_kwargs"].kwargs, "delayed") == {
+        "fp8_format": "HYBRID", "amax_history_len": 16, "amax_compute_algo": "max", "margin": 2}
+
+
+def test_uniform_mxfp8_goes_through_te(monkeypatch):
+    rendered = render("accelerate", Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")), N, {})
+    kwargs = _run(rendered.files[FILE], monkeypatch)["fp8_kwargs"].kwargs
+    assert kwargs["use_mxfp8_block_scaling"] is True and "amax_history_len" not in kwargs
+    assert _te_recipe(kwargs, "mxfp8") == {"fp8_format": "E4M3", "margin": 0}
+
+
+@pytest.mark.parametrize("fp8_format", ["hybrid", "e4m3"])
+def test_per_layer_tensorwise_goes_through_torchao_with_an_exact_filter(monkeypatch, fp8_format):
+    policy = Policy(rules=(EDGES, Rule("q", ("*.q_proj",), P.BF16, indices=(2,)),
+                           Rule("rest", ("model.*",), P.FP8_CURRENT)),
+                    recipe=LayerRecipe(fp8_format=fp8_format), warmup_steps=4, clip_grad=1.0)
+    rendered = render("accelerate", policy, N, {})
+    assert any("no FP8 warm-up" in w for w in rendered.warnings)
+    ns = _run(rendered.files[FILE], monkeypatch)
+    ao = ns["fp8_kwargs"].kwargs
+    assert set(ao) == {"config", "module_filter_func"}
+    config = ao["config"].kwargs
+    assert config["pad_inner_dim"] is True
+    if fp8_format == "e4m3":
+        assert config["cast_config_grad_output"].kwargs == {"target_dtype": torch.float8_e4m3fn}
+    else:
+        assert "cast_config_grad_output" not in config
+    model = build_model(CFG, seed=0)
+    table = layer_table(policy, N)
+    chosen = {name for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and ao["module_filter_func"](m, name)}
+    assert chosen == {n for n, p in table.items() if p is P.FP8_CURRENT}
+    assert "model.layers.2.self_attn.q_proj" not in chosen and "model.layers.2.self_attn.k_proj" in chosen
+    assert not ao["module_filter_func"](torch.nn.Linear(64, 24), "model.layers.1.self_attn.q_proj")  # 24 % 16
+
+
+def test_mixed_recipes_fall_back_to_the_exact_python_api(monkeypatch, tmp_path):
+    policy = Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_DELAYED),
+                           Rule("mlp", ("*.mlp.*",), P.FP8_CURRENT)),
+                    recipe=LayerRecipe(amax_history_len=8), warmup_steps=1, clip_grad=1.0)
+    rendered = render("accelerate", policy, N, {"trial": 5})
+    assert sorted(rendered.files) == [FILE, POLICY_FILE]
+    assert any("one fp8_autocast with one recipe" in w for w in rendered.warnings)
+    assert any("fp8_delayed layers have no Accelerate setting" in w for w in rendered.warnings)
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+
+    class _HFLike(Llama3):  # what `model(**batch).loss` expects, with HF module names
+        def forward(self, input_ids, labels):
+            return types.SimpleNamespace(loss=super().forward(input_ids, labels))
+
+    model = _HFLike(CFG)
+    init_weights(model, seed=0)
+    batches = [{"input_ids": torch.randint(0, 256, (2, 16)), "labels": torch.randint(0, 256, (2, 16))}
+               for _ in range(2)]
+    ns = _run(rendered.files[FILE], monkeypatch, model=model,
+              optimizer=torch.optim.SGD(model.parameters(), lr=0.1), dataloader=batches)
+    from precsearch.backends.emulated import EmulatedBackend
+
+    converted = EmulatedBackend().converted_layers(ns["model"])
+    assert converted == {n: p for n, p in layer_table(policy, N).items() if p.is_fp8}
+    assert ns["accelerator"].kwargs == {"mixed_precision": "bf16"}
+    assert ns["policy"].provenance == {"trial": 5}
+
+
+def test_bf16_policy_snippet(monkeypatch):
+    rendered = render("accelerate", Policy(clip_grad=0.5), N, {})
+    assert rendered.warnings == [] and "clip_grad_norm_(model.parameters(), 0.5)" in rendered.files[FILE]
+    assert _run(rendered.files[FILE], monkeypatch)["accelerator"].kwargs == {"mixed_precision": "bf16"}

@@ -1,0 +1,306 @@
+"""Megatron export: name mapping, flags, the precision config file, and what cannot be expressed.
+
+When megatron-core is importable (``pip install megatron-core``: 0.16.1 installs on
+CPU), the generated YAML is loaded with Megatron's own parser
+(``megatron/core/quantization/quant_config.py::RecipeConfig.from_yaml_file``), every
+matched config is parsed by ``TEQuantizationParams.parse_from_config``, the layer's
+effective precision is decided by Megatron's ``_get_should_context_be_quantized_params``
+(``megatron/core/extensions/transformer_engine.py``), and the flags are turned into a
+``TransformerConfig``, whose ``__post_init__`` checks them. Without it, the structure
+is checked against what that source reads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from precsearch.export.formats import render
+from precsearch.export.megatron import (
+    ARGS_FILE,
+    CONFIG_FILE,
+    MODULES,
+    hf_to_megatron,
+    megatron_export,
+    megatron_name,
+    megatron_table,
+)
+from precsearch.policy import Policy, Rule
+from precsearch.precision import LayerRecipe, Precision
+
+P = Precision
+N = 6
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:megatron.*")
+EDGES = Rule("edges", ("*",), P.BF16, first=1, last=1)
+
+#: Every flag the exporter may write, checked in NVIDIA/Megatron-LM megatron/training/arguments.py:
+#: add_argument('--clip-grad'), ('--te-precision-config-file'); the rest are generated there by
+#: ArgumentGroupFactory(TransformerConfig) from megatron/core/transformer/transformer_config.py fields
+#: (fp8 -> --fp8-format, fp4 -> --fp4-format via argparse_meta; fp8_output_proj since core_v0.18.0).
+VERIFIED_FLAGS = {
+    "--bf16", "--fp8-format", "--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
+    "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16",
+    "--fp8-output-proj", "--fp4-format", "--fp4-recipe", "--clip-grad", "--te-precision-config-file",
+}
+_FIELD = {"--bf16": "bf16", "--fp8-format": "fp8", "--fp8-recipe": "fp8_recipe", "--fp8-margin": "fp8_margin",
+          "--fp8-amax-history-len": "fp8_amax_history_len", "--fp8-amax-compute-algo": "fp8_amax_compute_algo",
+          "--first-last-layers-bf16": "first_last_layers_bf16",
+          "--num-layers-at-start-in-bf16": "num_layers_at_start_in_bf16",
+          "--num-layers-at-end-in-bf16": "num_layers_at_end_in_bf16", "--fp8-output-proj": "fp8_output_proj",
+          "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe"}
+_RECIPE = {"delayed": P.FP8_DELAYED, "tensorwise": P.FP8_CURRENT, "blockwise": P.FP8_BLOCK, "mxfp8": P.MXFP8}
+
+POLICIES = {
+    "edges": Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_CURRENT),
+                           Rule("mlp", ("*.mlp.*",), P.FP8_BLOCK)), warmup_steps=3, clip_grad=1.0),
+    "per_block": Policy(rules=(Rule("b2", ("*",), P.BF16, indices=(2,)), Rule("fc2", ("*.down_proj",), P.MXFP8,
+                                                                             last=2),
+                               Rule("rest", ("model.*",), P.FP8_CURRENT)), clip_grad=1.0),
+    "delayed_edges": Policy(rules=(Rule("first", ("*",), P.BF16, first=1), Rule("all", ("model.*",), P.FP8_DELAYED)),
+                            recipe=LayerRecipe(amax_history_len=16, amax_compute_algo="most_recent", margin=1)),
+    "delayed_minority": Policy(rules=(Rule("a", ("*.self_attn.*",), P.FP8_DELAYED, first=2),
+                                      Rule("b", ("*.self_attn.*",), P.BF16, last=1),
+                                      Rule("rest", ("model.*",), P.FP8_CURRENT))),
+    "fused_conflict": Policy(rules=(Rule("q", ("*.q_proj", "*.up_proj"), P.BF16, first=2),
+                                    Rule("rest", ("model.*",), P.FP8_CURRENT))),
+    "mxfp8_head": Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")),
+    "nvfp4": Policy(rules=(EDGES, Rule("mlp", ("*.mlp.*",), P.NVFP4), Rule("attn", ("*.self_attn.*",), P.FP8_BLOCK))),
+    "bf16": Policy(clip_grad=0.5),
+}
+
+
+def _megatron():
+    """Megatron's own parser and decision functions, or None (megatron-core not installed)."""
+    try:
+        from megatron.core.extensions.transformer_engine import (
+            TEQuantizationParams,
+            _get_should_context_be_quantized_params,
+        )
+        from megatron.core.quantization.quant_config import RecipeConfig
+        from megatron.core.quantization.utils import get_quant_config_or_none
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:
+        return None
+    return RecipeConfig, get_quant_config_or_none, TEQuantizationParams, _get_should_context_be_quantized_params, \
+        TransformerConfig
+
+
+def _flag_dict(flags: list[str]) -> dict[str, str | None]:
+    out, i = {}, 0
+    while i < len(flags):
+        value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        out[flags[i]] = value
+        i += 2 if value is not None else 1
+    return out
+
+
+def _recipe_precision(training_recipe) -> Precision:
+    """Precision a per-module TEQuantizationRecipe (parsed by Megatron) selects."""
+    if training_recipe.fp4_quantization_recipe is not None:
+        return P.NVFP4
+    if training_recipe.fp8_quantization_recipe is None:
+        return P.BF16
+    return _RECIPE[str(getattr(training_recipe.fp8_quantization_recipe, "value",
+                                training_recipe.fp8_quantization_recipe))]
+
+
+def _effective(flags: list[str], config: dict | None, tmp_path: Path, n_layers: int) -> dict:
+    """(block, module) -> precision Megatron would run, decided by Megatron's own code when installed."""
+    args = _flag_dict(flags)
+    glob = P.NVFP4 if "--fp4-recipe" in args else _RECIPE.get(args.get("--fp8-recipe"))
+    edges = "--first-last-layers-bf16" in args
+    start = int(args["--num-layers-at-start-in-bf16"]) if edges else 0
+    end = int(args["--num-layers-at-end-in-bf16"]) if edges else 0
+    mc = _megatron()
+    recipe = None
+    if config is not None:
+        assert args["--te-precision-config-file"] == CONFIG_FILE
+        path = tmp_path / CONFIG_FILE
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        recipe = mc[0].from_yaml_file(str(path)) if mc else None
+    out = {}
+    for b in range(n_layers):
+        for module in MODULES:
+            ctx_quantized = glob is not None and start <= b < n_layers - end
+            name = megatron_name(b, module)
+            if mc is None:
+                out[b, module] = _effective_from_structure(name, config, ctx_quantized, glob)
+                continue
+            qc = mc[1](name, recipe)
+            params = mc[2].parse_from_config(qc) if qc is not None else None  # raises on a bad config
+            if not mc[3](params, True, ctx_quantized):
+                out[b, module] = P.BF16
+            elif params is not None and (params.training_recipe.override_quantized_autocast if ctx_quantized
+                                         else params.training_recipe.override_nonquantized_autocast):
+                out[b, module] = _recipe_precision(params.training_recipe)
+            else:
+                out[b, module] = glob
+    return out
+
+
+_RECIPE_KEYS = {"fp8_quantization_recipe", "fp4_quantization_recipe", "custom_recipe_factory", "fp8_format",
+                "override_quantized_autocast", "override_nonquantized_autocast", "tp_only_amax_red"}
+
+
+def _effective_from_structure(name: str, config: dict | None, ctx_quantized: bool, glob: Precision | None):
+    """The same decision read off the structure Megatron's source parses: the first enabled glob
+    matcher picks a config; overrides act only inside a quantized context
+    (override_nonquantized_autocast defaults to False); an empty training_recipe is BF16."""
+    import fnmatch
+
+    if not ctx_quantized:
+        return P.BF16
+    matchers = (config or {}).get("matchers", {})
+    key = next((m["config"] for m in matchers.values()
+                if m["enabled"] and m["type"] == "glob" and fnmatch.fnmatch(name, m["pattern"])), None)
+    if key is None:
+        return glob
+    entry = config["configs"][key]
+    assert set(entry) == {"transformer_engine_config_type", "training_recipe"}
+    assert entry["transformer_engine_config_type"] == "TEQuantizationParams"
+    tr = entry["training_recipe"]
+    assert set(tr) <= _RECIPE_KEYS and tr.get("fp8_quantization_recipe") != "delayed"
+    if not tr:
+        return P.BF16
+    return P.NVFP4 if "fp4_quantization_recipe" in tr else _RECIPE[tr["fp8_quantization_recipe"]]
+
+
+def _check_transformer_config(flags: list[str], n_layers: int) -> None:
+    mc = _megatron()
+    if mc is None:
+        return
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(mc[4])}
+    kwargs = {}
+    for flag, value in _flag_dict(flags).items():
+        name = _FIELD.get(flag)
+        if name is None or name not in fields:  # --clip-grad, the config file; fp8_output_proj after 0.16
+            continue
+        kwargs[name] = True if value is None else int(value) if value.isdigit() else value
+    mc[4](num_layers=n_layers, hidden_size=64, num_attention_heads=4, **kwargs)  # raises if Megatron refuses
+
+
+def test_hf_names_map_to_megatron_modules():
+    assert hf_to_megatron("model.layers.3.self_attn.q_proj") == "decoder.layers.3.self_attention.linear_qkv"
+    assert hf_to_megatron("model.layers.3.self_attn.v_proj") == "decoder.layers.3.self_attention.linear_qkv"
+    assert hf_to_megatron("model.layers.0.self_attn.o_proj") == "decoder.layers.0.self_attention.linear_proj"
+    assert hf_to_megatron("model.layers.1.mlp.gate_proj") == "decoder.layers.1.mlp.linear_fc1"
+    assert hf_to_megatron("model.layers.1.mlp.up_proj") == "decoder.layers.1.mlp.linear_fc1"
+    assert hf_to_megatron("model.layers.12.mlp.down_proj") == "decoder.layers.12.mlp.linear_fc2"
+    assert hf_to_megatron("lm_head") == "output_layer"
+    assert hf_to_megatron("model.embed_tokens") is None
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_megatron_runs_what_the_policy_says(name, tmp_path):
+    """Every flag is a real Megatron flag, Megatron accepts the combination, and each module runs
+    the precision the policy (fused modules resolved) gives it."""
+    policy = POLICIES[name]
+    flags, config, warnings = megatron_export(policy, N)
+    assert {f for f in flags if f.startswith("--")} <= VERIFIED_FLAGS
+    _check_transformer_config(flags, N)
+    table, _ = megatron_table(policy, N)
+    assert _effective(flags, config, tmp_path, N) == table
+
+
+def test_edges_use_first_last_flags_and_a_config_only_for_what_differs():
+    flags, config, warnings = megatron_export(POLICIES["edges"], N)
+    args = _flag_dict(flags)
+    assert args["--fp8-recipe"] == "tensorwise" and args["--fp8-format"] == "hybrid"
+    assert "--first-last-layers-bf16" in args
+    assert args["--num-layers-at-start-in-bf16"] == "1" and args["--num-layers-at-end-in-bf16"] == "1"
+    assert "--fp8-amax-history-len" not in args  # delayed-scaling knobs only with delayed scaling
+    assert list(config["matchers"].values()) == [
+        {"config": "fp8_blockwise", "type": "glob", "pattern": "decoder.layers.*.mlp.linear_fc1", "enabled": True},
+        {"config": "fp8_blockwise", "type": "glob", "pattern": "decoder.layers.*.mlp.linear_fc2", "enabled": True},
+    ]
+    assert config["configs"] == {"fp8_blockwise": {
+        "transformer_engine_config_type": "TEQuantizationParams",
+        "training_recipe": {"fp8_quantization_recipe": "blockwise", "fp8_format": "hybrid"}}}
+    assert args["--clip-grad"] == "1.0"
+    assert any("no FP8 warm-up flag" in w and "first 3 steps" in w for w in warnings)
+
+
+def test_delayed_scaling_never_gets_first_last_flags_or_a_per_module_config():
+    flags, config, warnings = megatron_export(POLICIES["delayed_edges"], N)
+    args = _flag_dict(flags)
+    assert args["--fp8-recipe"] == "delayed" and "--first-last-layers-bf16" not in args
+    assert (args["--fp8-amax-history-len"], args["--fp8-amax-compute-algo"], args["--fp8-margin"]) == (
+        "16", "most_recent", "1")
+    assert any("refuses --first-last-layers-bf16 with --fp8-recipe delayed" in w for w in warnings)
+    assert {m["pattern"] for m in config["matchers"].values()} == {megatron_name(0, m) for m in MODULES}
+    assert all(c["training_recipe"].get("fp8_quantization_recipe") != "delayed" for c in config["configs"].values())
+    mc = _megatron()
+    if mc is not None:  # what the warning is about: Megatron's own check
+        with pytest.raises(ValueError, match="Delayed scaling does not support first / last layer in BF16"):
+            mc[4](num_layers=N, hidden_size=64, num_attention_heads=4, fp8="hybrid", fp8_recipe="delayed",
+                  first_last_layers_bf16=True)
+
+
+def test_delayed_in_a_minority_still_becomes_the_global_recipe():
+    flags, config, _ = megatron_export(POLICIES["delayed_minority"], N)
+    assert _flag_dict(flags)["--fp8-recipe"] == "delayed"
+    recipes = {c["training_recipe"].get("fp8_quantization_recipe") for c in config["configs"].values()}
+    assert "delayed" not in recipes and "tensorwise" in recipes
+
+
+def test_fused_parts_that_differ_run_bf16_with_a_warning():
+    table, warnings = megatron_table(POLICIES["fused_conflict"], N)
+    assert table[0, "self_attention.linear_qkv"] is P.BF16 and table[1, "mlp.linear_fc1"] is P.BF16
+    assert table[2, "self_attention.linear_qkv"] is P.FP8_CURRENT
+    assert table[0, "self_attention.linear_proj"] is P.FP8_CURRENT
+    assert any(w.startswith("blocks 0-1: q_proj=bf16, k_proj=fp8_current, v_proj=fp8_current differ") for w in warnings)
+    assert any("gate_proj=fp8_current, up_proj=bf16" in w and "linear_fc1" in w for w in warnings)
+
+
+def test_single_block_matchers_warn_about_pipeline_parallelism():
+    flags, config, warnings = megatron_export(POLICIES["per_block"], N)
+    patterns = [m["pattern"] for m in config["matchers"].values()]
+    assert "decoder.layers.2.self_attention.linear_qkv" in patterns
+    assert any("--pipeline-model-parallel-size 1" in w for w in warnings)
+    _, _, edge_warnings = megatron_export(POLICIES["edges"], N)
+    assert not any("pipeline" in w for w in edge_warnings)
+
+
+def test_output_layer():
+    flags, _, warnings = megatron_export(POLICIES["mxfp8_head"], N)
+    assert "--fp8-output-proj" in flags and not any("lm_head" in w for w in warnings)
+    policy = Policy(default=P.FP8_CURRENT)
+    flags, _, warnings = megatron_export(policy, N)
+    assert "--fp8-output-proj" not in flags
+    assert any(w.startswith("lm_head is fp8_current") and "kept BF16" in w for w in warnings)
+
+
+def test_bf16_policy_writes_only_bf16_and_clip():
+    rendered = render("megatron", POLICIES["bf16"], N, {})
+    assert list(rendered.files) == [ARGS_FILE] and rendered.warnings == []
+    flags, config, _ = megatron_export(POLICIES["bf16"], N)
+    assert flags == ["--bf16", "--clip-grad", "0.5"] and config is None
+    flags, _, _ = megatron_export(Policy(default=P.FP8_CURRENT, clip_grad=None), N)
+    assert _flag_dict(flags)["--clip-grad"] == "0.0"  # Megatron's default 1.0 would clip
+
+
+def test_files_source_in_bash_and_parse_as_yaml(tmp_path):
+    rendered = render("megatron", POLICIES["edges"], N, {"study": "s", "trial": 4})
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    assert rendered.files[CONFIG_FILE].startswith("# Megatron-LM --te-precision-config-file")
+    assert "WARNING: Megatron has no FP8 warm-up flag" in rendered.files[ARGS_FILE]
+    assert "study 's', trial 4" in rendered.files[ARGS_FILE]
+    flags, config, _ = megatron_export(POLICIES["edges"], N)
+    assert yaml.safe_load(rendered.files[CONFIG_FILE]) == config
+    out = subprocess.run(["bash", "-c", f'source "{tmp_path / ARGS_FILE}" && printf "%s\\n" '
+                                        '"${PRECSEARCH_MEGATRON_ARGS[@]}"'],
+                         capture_output=True, text=True, check=True, cwd="/").stdout.splitlines()
+    expected = [str(tmp_path / CONFIG_FILE) if f == CONFIG_FILE else f for f in flags]
+    assert out == expected
+    mc = _megatron()
+    if mc is not None:
+        recipe = mc[0].from_yaml_file(out[out.index("--te-precision-config-file") + 1])
+        qc = mc[1]("decoder.layers.3.mlp.linear_fc2", recipe)
+        assert qc.config_key == "fp8_blockwise"
+        assert mc[1]("decoder.layers.3.self_attention.linear_qkv", recipe) is None

@@ -1,0 +1,193 @@
+"""A whole study on a tiny space, through the CLI: Optuna storage, MLflow runs, front, export, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from _spaces import tiny_space_dict, write_space
+from precsearch import load_policy
+from precsearch.cli import main
+from precsearch.search.front import trial_rows
+from precsearch.search.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory) -> Workspace:
+    tmp = tmp_path_factory.mktemp("study")
+    space = write_space(tmp, tiny_space_dict())
+    assert main(["run", str(space), "--output-dir", str(tmp / "out"), "--no-progress"]) == 0
+    return Workspace.load(tmp / "out")
+
+
+def _study(ws: Workspace) -> optuna.Study:
+    return optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+
+
+def _runs(ws: Workspace):
+    client = MlflowClient(ws.tracking_uri)
+    exp = client.get_experiment_by_name(ws.experiment)
+    return client, client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_mlflow_has_one_parent_and_one_child_per_finished_trial(finished_study):
+    study = _study(finished_study)
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    assert len(complete) == 4
+    client, runs = _runs(finished_study)
+    parents = [r for r in runs if r.data.tags.get("precsearch.role") == "study"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1
+    assert len(children) == len(complete)
+    child = children[0]
+    assert {"memory_saved", "instability", "tokens_per_s", "peak_memory_mib"} <= set(child.data.metrics)
+    history = client.get_metric_history(child.info.run_id, "train_loss")
+    assert len(history) == 12  # one point per probe step
+    assert any(k.startswith("precision.") for k in child.data.params)
+    assert "policy.yaml" in {a.path for a in client.list_artifacts(child.info.run_id)}
+
+
+def test_pareto_tags_match_the_front(finished_study):
+    study = _study(finished_study)
+    rows = trial_rows(study, study.user_attrs["objectives"])
+    front = {r["trial"] for r in rows if r["pareto"]}
+    assert front, "a study with feasible trials has a non-empty front"
+    _, runs = _runs(finished_study)
+    tagged = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("pareto") == "true"}
+    assert tagged == front
+
+
+def test_front_artifacts_on_parent(finished_study):
+    client, runs = _runs(finished_study)
+    parent = next(r for r in runs if r.data.tags.get("precsearch.role") == "study")
+    files = {a.path for a in client.list_artifacts(parent.info.run_id, "front")}
+    assert files == {"front/front.csv", "front/front.json", "front/front.png", "front/front.html"}
+    local = client.download_artifacts(parent.info.run_id, "front/front.json")
+    study = _study(finished_study)
+    rows = trial_rows(study, study.user_attrs["objectives"])
+    assert sorted(r["trial"] for r in json.loads(Path(local).read_text())) == sorted(
+        r["trial"] for r in rows if r["pareto"])
+
+
+def test_front_command_prints_the_same_front(finished_study, capsys):
+    assert main(["front", "--output-dir", str(finished_study.output_dir)]) == 0
+    out = capsys.readouterr().out
+    study = _study(finished_study)
+    rows = trial_rows(study, study.user_attrs["objectives"])
+    printed = {int(line.split()[0]) for line in out.splitlines()[2:]}
+    assert printed == {r["trial"] for r in rows if r["pareto"]}
+
+
+def test_export_writes_a_loadable_policy(finished_study, tmp_path, capsys):
+    study = _study(finished_study)
+    trial = next(t for t in study.trials if t.state is TrialState.COMPLETE)
+    out = tmp_path / "policy.yaml"
+    assert main(["export", "--output-dir", str(finished_study.output_dir), "--trial", str(trial.number),
+                 "-o", str(out)]) == 0
+    policy = load_policy(out)
+    assert policy.to_dict() == trial.user_attrs["policy"]
+
+
+def test_rerun_of_a_finished_study_runs_nothing_new(finished_study, capsys):
+    space = finished_study.output_dir.parent / "space.yaml"
+    before = len(_study(finished_study).trials)
+    assert main(["run", str(space), "--output-dir", str(finished_study.output_dir), "--no-progress"]) == 0
+    assert len(_study(finished_study).trials) == before
+    assert "4 of 4 trials already finished" in capsys.readouterr().out
+
+
+def _complete(ws_dir: Path, name: str) -> list:
+    storage = f"sqlite:///{ws_dir / 'optuna.db'}"
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except Exception:  # the run has not created the study yet
+        return []
+    return [t for t in study.trials if t.state is TrialState.COMPLETE]
+
+
+def test_killed_run_resumes_without_repeating_finished_trials(tmp_path):
+    """SIGKILL mid-study, re-run the same command: finished trials are kept, the study completes."""
+    data = tiny_space_dict(**{"study.n_trials": 5, "probe.steps": 30})
+    space = write_space(tmp_path, data)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while len(_complete(out, "tiny")) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = {t.number: t.datetime_complete for t in _complete(out, "tiny")}
+    assert 2 <= len(first) < 5, "the kill must land mid-study"
+
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    after = _complete(out, "tiny")
+    assert len(after) == 5
+    assert {t.number: t.datetime_complete for t in after if t.number in first} == first  # not re-run
+    ws = Workspace.load(out)
+    _, runs = _runs(ws)
+    finished = [r for r in runs if r.data.tags.get("precsearch.role") == "trial" and r.info.status == "FINISHED"]
+    assert len(finished) == 5
+
+
+def test_ui_serves_the_study_on_loopback(finished_study):
+    """`precsearch ui` starts MLflow's server on 127.0.0.1 and it lists the study's experiment."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "precsearch", "ui", "--output-dir", str(finished_study.output_dir),
+                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name={finished_study.experiment}"
+    body, deadline = None, time.time() + 90
+    try:
+        while body is None and time.time() < deadline and proc.poll() is None:
+            try:
+                body = json.loads(urllib.request.urlopen(url, timeout=2).read())
+            except OSError:
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert body is not None, "the MLflow UI did not answer within 90 s"
+    assert body["experiment"]["name"] == finished_study.experiment
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
+    """SIGINT mid-study: exit 130, a resume hint, the trial in flight re-queued, finished ones kept."""
+    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 6, "probe.steps": 40}))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while len(_complete(out, "tiny")) < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+    time.sleep(1.0)  # let the next trial start
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Re-run the same command to resume" in err
+    assert "Traceback" not in err
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
+    assert not [t for t in study.trials if t.state is TrialState.RUNNING]
+    interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
+    waiting = [t for t in study.trials if t.state is TrialState.WAITING]
+    assert len(interrupted) <= 1 and len(waiting) == len(interrupted)
