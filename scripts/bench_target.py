@@ -21,7 +21,7 @@ import torch
 
 from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
-from precsearch.policy import Policy
+from precsearch.policy import MemoryKnobs, Policy
 from precsearch.precision import Precision
 from precsearch.probe.runner import run_probe
 from precsearch.search.study import load_batches
@@ -41,8 +41,8 @@ def _front_policies(study_dir: Path, top: int) -> dict[str, Policy]:
     return {f"trial {r['trial']}": Policy.from_dict(trials[r["trial"]].user_attrs["policy"]) for r in rows[:top]}
 
 
-def _uniform(precision: Precision, clip: float | None) -> Policy:
-    return Policy(default=precision, clip_grad=clip)
+def _uniform(precision: Precision, clip: float | None, memory: MemoryKnobs) -> Policy:
+    return Policy(default=precision, clip_grad=clip, memory=memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(probe.device)
     backend = get_backend(space.backend.value, device)
     clip = space.search.clip_grad.options()[0]
-    policies = {"BF16": _uniform(Precision.BF16, clip)}
+    baseline = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
+    policies = {"BF16": _uniform(Precision.BF16, clip, baseline)}
     for p in (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK):
         if backend.supported_precisions(device).get(p) is None:
-            policies[f"{p.value} on every Linear"] = _uniform(p, clip)
+            policies[f"{p.value} on every Linear"] = _uniform(p, clip, baseline)
     if args.study_dir:
         policies |= _front_policies(args.study_dir, args.top)
     data = load_batches(space.model_copy(update={"probe": probe}))

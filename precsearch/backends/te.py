@@ -398,9 +398,9 @@ class TEBackend(Backend):
         if knobs.is_default:
             return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
         param_dtype = next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
-        moments = param_dtype if knobs.moment_dtype == "param" else knobs.moment_dtype
+        moments = knobs.moments("fp32" if param_dtype == torch.float32 else "bf16")
         opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
-                              master_weights=knobs.master_weights or knobs.fp8_weights,
+                              master_weights=knobs.uses_master_weights,
                               exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
         if knobs.fp8_weights:
             seed_master_weights(opt)

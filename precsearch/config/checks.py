@@ -95,6 +95,10 @@ def _check_backend(space: Space) -> None:
 
 
 def _check_memory_knobs(space: Space, backend, device) -> None:
+    baseline = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
+    problem = backend.memory_knob_problem(baseline, device)
+    if problem:
+        raise UserError(problem, field="objectives.baseline_memory")
     mem = space.search.memory
     for name in ("master_weights", "moment_dtype", "fp8_weights"):
         for value in getattr(mem, name).options():

@@ -207,6 +207,13 @@ class SearchSection(Section):
         return groups
 
 
+class BaselineMemory(Section):
+    """How the BF16 reference run keeps its training state (what "memory saved" is measured against)."""
+
+    master_weights: bool = False
+    moment_dtype: Literal["param", "fp32", "bf16"] = "param"
+
+
 class ObjectivesSection(Section):
     """What a trial is scored on."""
 
@@ -216,6 +223,7 @@ class ObjectivesSection(Section):
     stability_limit: float = Field(0.01, gt=0, description="feasible if instability <= this")
     spike_threshold: float = Field(0.25, gt=0, description="a step whose loss jumps this far above its running mean is a spike")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per spike")
+    baseline_memory: BaselineMemory = BaselineMemory()
 
     @model_validator(mode="after")
     def _at_least_two(self) -> "ObjectivesSection":

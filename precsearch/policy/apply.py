@@ -132,10 +132,26 @@ class PolicyRuntime:
         """
         fp8 = {n: r for n, r in self.plan(model, name_map, n_layers).items() if r.precision.is_fp8}
         chosen = backend if isinstance(backend, Backend) else get_backend(backend, _device_of(model))
+        problem = chosen.memory_knob_problem(self.policy.memory, _device_of(model))
+        if problem:
+            raise PolicyError(f"the policy's memory settings cannot be applied: {problem}")
+        chosen = chosen.for_memory(self.policy.memory)
         chosen.check_supported(fp8, _device_of(model))
         chosen.convert(model, fp8)
         _CONVERTED[model] = chosen
         return model
+
+    def build_optimizer(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = (0.9, 0.95),
+                        weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        """The AdamW the policy's memory settings ask for (master weights, moment dtype, FP8 weights).
+
+        Default settings give ``torch.optim.AdamW``; others give Transformer Engine's
+        ``FusedAdam``. Call it after :meth:`apply`.
+        """
+        backend = _backend_of(model)
+        if backend is None:
+            return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        return backend.build_optimizer(model, self.policy.memory, lr=lr, betas=betas, weight_decay=weight_decay)
 
     def fp8_enabled(self, step: int) -> bool:
         """Whether FP8 runs at ``step`` (0-based): off for the first ``warmup_steps`` steps."""

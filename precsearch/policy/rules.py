@@ -89,7 +89,8 @@ class MemoryKnobs:
             ``torch.optim.AdamW``), ``fp32`` or ``bf16`` (TE ``FusedAdam``
             ``exp_avg_dtype``/``exp_avg_sq_dtype``).
         fp8_weights: FP8 layers keep their weights only in FP8
-            (``te.quantized_model_init``); implies master weights.
+            (``te.quantized_model_init``); implies FP32 master weights and FP32
+            moments (TE's FP8-parameter Adam kernel takes FP32 moments only).
     """
 
     master_weights: bool = False
@@ -103,6 +104,16 @@ class MemoryKnobs:
     @property
     def is_default(self) -> bool:
         return self == MemoryKnobs()
+
+    @property
+    def uses_master_weights(self) -> bool:
+        return self.master_weights or self.fp8_weights
+
+    def moments(self, param_dtype: str) -> str:
+        """The AdamW moment dtype (``fp32`` or ``bf16``) for parameters of ``param_dtype``."""
+        if self.fp8_weights:
+            return "fp32"
+        return param_dtype if self.moment_dtype == "param" else self.moment_dtype
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +181,6 @@ class Policy:
         )
 
     @classmethod
-    def bf16(cls, clip_grad: float | None = None) -> "Policy":
+    def bf16(cls, clip_grad: float | None = None, memory: MemoryKnobs | None = None) -> "Policy":
         """The all-BF16 reference policy."""
-        return cls(clip_grad=clip_grad)
+        return cls(clip_grad=clip_grad, memory=memory or MemoryKnobs())

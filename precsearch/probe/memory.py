@@ -98,8 +98,8 @@ def predict_peak(
         else:
             copies += fan_in * fan_out * (2 * _FP8 if fp8 else bf16_copy)
         inputs += tokens * fan_in * (_FP8 if fp8 else _BF16)
-    moment = {"param": width, "fp32": _FP32, "bf16": _BF16}[memory.moment_dtype]
-    master = _FP32 if (memory.master_weights or memory.fp8_weights) and width != _FP32 else 0
+    moment = {"fp32": _FP32, "bf16": _BF16}[memory.moments(param_dtype)]
+    master = _FP32 if memory.uses_master_weights and width != _FP32 else 0
     return MemoryBreakdown(
         params=(n_params - fp8_stored) * width + fp8_stored * 2 * _FP8,
         grads=n_params * width,

@@ -1,7 +1,8 @@
 """The BF16 reference probe, run once per fingerprint and cached on disk.
 
 A trial is compared with a BF16 probe of the same model, data order, init
-seed, steps and gradient-clipping threshold, so the loss gap isolates what
+seed, steps and gradient-clipping threshold (and the baseline's optimizer
+memory settings, ``objectives.baseline_memory``), so the loss gap isolates what
 the precision changed. The reference depends on nothing else, so it is run
 once per distinct key and read back from ``<output>/references/<key>.json``.
 """
@@ -31,6 +32,7 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device) -
         "data": space.data.model_dump(mode="json"),
         "probe": space.probe.model_dump(mode="json", exclude={"device"}),
         "clip_grad": clip_grad,
+        "baseline_memory": space.objectives.baseline_memory.model_dump(mode="json"),
         "device": device.type,
         "torch": torch.__version__,
         "runner": RUNNER_VERSION,

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from precsearch.backends import Backend, BackendUnavailable, get_backend, resolve_device
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.policy import Policy
+from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import TokenBatches, load_tokens
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
@@ -188,7 +188,9 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
 
 def _reference(ctx: StudyRun, policy: Policy) -> ProbeResult:
     key = reference_key(ctx.space, policy.clip_grad, ctx.device)
-    return ctx.references.get(key, lambda: _probe(ctx, Policy.bf16(policy.clip_grad), "BF16 reference"))
+    baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
+    reference = Policy.bf16(policy.clip_grad, baseline)
+    return ctx.references.get(key, lambda: _probe(ctx, reference, "BF16 reference"))
 
 
 def _probe(ctx: StudyRun, policy: Policy, label: str) -> ProbeResult:

@@ -57,3 +57,29 @@ def test_fp8_raises_memory_at_llama3_8b_shape_with_bf16_params():
     bf16 = predict_peak(cfg, {}, seq_len=4096, micro_batch=1, param_dtype="bf16").total
     fp8_total = predict_peak(cfg, fp8, seq_len=4096, micro_batch=1, param_dtype="bf16").total
     assert 1.05 < fp8_total / bf16 < 1.30
+
+
+def test_memory_knobs_move_the_optimizer_and_weight_bytes():
+    """Master weights add 4 B/param; BF16 moments halve the moments; FP8 weights drop the per-step copy."""
+    from precsearch.policy import MemoryKnobs
+
+    cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
+    fp8 = {n: Precision.FP8_CURRENT for n in linear_layer_names(cfg) if n != "lm_head"}
+    kw = dict(seq_len=1024, micro_batch=1, param_dtype="bf16")
+    n = cfg.num_params()
+    plain = predict_peak(cfg, fp8, **kw)
+    master = predict_peak(cfg, fp8, memory=MemoryKnobs(master_weights=True, moment_dtype="fp32"), **kw)
+    assert master.optimizer == n * (8 + 4)
+    lean = predict_peak(cfg, fp8, memory=MemoryKnobs(master_weights=True, moment_dtype="bf16"), **kw)
+    assert lean.optimizer == n * (4 + 4)
+    stored = predict_peak(cfg, fp8, memory=MemoryKnobs(master_weights=True, moment_dtype="bf16", fp8_weights=True), **kw)
+    assert stored.weight_copies == 0 < plain.weight_copies
+    assert stored.optimizer == n * (8 + 4)  # FP8 weights force FP32 moments (TE's kernel)
+
+
+def test_fp8_weights_imply_master_weights_and_fp32_moments():
+    from precsearch.policy import MemoryKnobs
+
+    knobs = MemoryKnobs(moment_dtype="bf16", fp8_weights=True)
+    assert knobs.uses_master_weights and knobs.moments("bf16") == "fp32"
+    assert MemoryKnobs(moment_dtype="param").moments("bf16") == "bf16"
