@@ -12,6 +12,7 @@ against BF16, all from this one run. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import platform
 import sys
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--layers", type=int, help="override the target's depth (default: the preset's)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--precision-only", action="store_true",
+                    help="run every policy with the default memory settings (BF16 params, torch AdamW): "
+                         "compares precision assignments where the baseline's optimizer state would not fit")
     args = ap.parse_args(argv)
 
     space = load_space(args.space)
@@ -63,19 +67,27 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(probe.device)
     backend = get_backend(space.backend.value, device)
     clip = space.search.clip_grad.options()[0]
-    baseline = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
+    baseline = MemoryKnobs() if args.precision_only else MemoryKnobs(**space.objectives.baseline_memory.model_dump())
     policies = {"BF16": _uniform(Precision.BF16, clip, baseline)}
     for p in (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK):
         if backend.supported_precisions(device).get(p) is None:
             policies[f"{p.value} on every Linear"] = _uniform(p, clip, baseline)
     if args.study_dir:
-        policies |= _front_policies(args.study_dir, args.top)
+        front = _front_policies(args.study_dir, args.top)
+        policies |= {k: replace(p, memory=baseline) if args.precision_only else p for k, p in front.items()}
     data = load_batches(space.model_copy(update={"probe": probe}))
     rows = []
     for name, policy in policies.items():
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        r = run_probe(target, probe, policy, data, backend, device)
+        try:
+            r = run_probe(target, probe, policy, data, backend, device)
+        except torch.OutOfMemoryError:
+            print(f"done: {name}: out of memory", file=sys.stderr, flush=True)
+            rows.append({"policy": name, "peak_gib": float("nan"), "memory_source": "OOM", "tokens_per_s": 0.0,
+                         "eval_loss": float("nan"), "diverged": False, "predicted_gib": float("nan"),
+                         "detail": policy.to_dict()})
+            continue
         rows.append({"policy": name, "peak_gib": r.peak_memory_bytes / 2**30, "memory_source": r.memory_source,
                      "tokens_per_s": r.tokens_per_s, "eval_loss": r.eval_loss, "diverged": r.diverged,
                      "predicted_gib": r.predicted_memory["total"] / 2**30, "detail": policy.to_dict()})

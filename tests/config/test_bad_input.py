@@ -107,3 +107,10 @@ def test_unreachable_tracking_uri(tmp_path, capsys):
 def test_commands_on_a_directory_without_a_study(tmp_path, capsys, command):
     code, err = _run(capsys, *command.split(), "--output-dir", tmp_path)
     _assert_user_error(code, err, "precsearch.json", "--output-dir")
+
+
+def test_memory_knobs_need_the_te_backend(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["memory"] = {"fp8_weights": {"choices": [False, True]}}
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.memory.fp8_weights", "backend 'te'")
