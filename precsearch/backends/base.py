@@ -112,3 +112,51 @@ class Backend(ABC):
         finally:
             for m, prev in zip(modules, previous):
                 m.fp8_enabled = prev
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without any)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def linear_modules(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:
+    """The Linear module for each name; ValueError naming the first that is not one."""
+    modules = dict(model.named_modules())
+    found: dict[str, nn.Linear] = {}
+    for name in names:
+        if name == "":
+            raise ValueError("cannot convert the root module in place; name a child Linear")
+        module = modules.get(name)
+        if module is None:
+            raise ValueError(f"layer {name!r} is not a module of the model")
+        if not isinstance(module, nn.Linear):
+            raise ValueError(f"layer {name!r} is a {type(module).__name__}, not an nn.Linear")
+        found[name] = module
+    return found
+
+
+class WrappedLinear(nn.Module):
+    """Base of a backend's converted layer: wraps a library Linear and exposes its shape and Parameters.
+
+    Subclasses set ``self.linear`` (the library module that owns ``weight``/``bias``),
+    ``self.recipe`` and ``self.fp8_enabled``, and implement ``forward``.
+    """
+
+    linear: nn.Module
+
+    @property
+    def in_features(self) -> int:
+        return self.linear.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.linear.bias

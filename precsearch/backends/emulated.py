@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from precsearch.backends.base import Backend
+from precsearch.backends.base import Backend, linear_modules, model_device
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
 
@@ -168,28 +168,6 @@ class EmulatedFP8Linear(nn.Module):
         )
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (CPU for a model without any)."""
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-def _check_linear_names(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:
-    """The Linear module for each name; ValueError naming the first that is not one."""
-    modules = dict(model.named_modules())
-    found: dict[str, nn.Linear] = {}
-    for name in names:
-        if name == "":
-            raise ValueError("cannot convert the root module in place; name a child Linear")
-        module = modules.get(name)
-        if module is None:
-            raise ValueError(f"layer {name!r} is not a module of the model")
-        if not isinstance(module, nn.Linear):
-            raise ValueError(f"layer {name!r} is a {type(module).__name__}, not an nn.Linear")
-        found[name] = module
-    return found
-
-
 class EmulatedBackend(Backend):
     """Emulated FP8 (delayed, current, block, MXFP8) on any device, in plain PyTorch."""
 
@@ -207,8 +185,8 @@ class EmulatedBackend(Backend):
                 every name before anything changes).
             UnsupportedRecipe: A recipe this backend cannot run (NVFP4).
         """
-        linears = _check_linear_names(model, list(recipes))
-        self.check_supported(recipes, _model_device(model))
+        linears = linear_modules(model, list(recipes))
+        self.check_supported(recipes, model_device(model))
         for name, recipe in recipes.items():
             if recipe.precision is Precision.BF16:
                 continue

@@ -127,9 +127,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from precsearch.backends.base import Backend, BackendUnavailable, UnsupportedRecipe
+from precsearch.backends.base import (
+    Backend,
+    BackendUnavailable,
+    UnsupportedRecipe,
+    WrappedLinear,
+    linear_modules,
+    model_device,
+)
 from precsearch.backends.capability import te_import_error, te_support
-from precsearch.backends.emulated import _check_linear_names, _model_device
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
 
@@ -207,7 +213,7 @@ def make_te_recipe(recipe: LayerRecipe) -> Any:
     raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
 
 
-class TEPrecisionLinear(nn.Module):
+class TEPrecisionLinear(WrappedLinear):
     """A ``te.Linear`` that always runs under its own recipe (or BF16 when FP8 is off).
 
     Attributes:
@@ -228,19 +234,6 @@ class TEPrecisionLinear(nn.Module):
         from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 
         self._te_state = FP8GlobalStateManager
-
-    @property
-    def in_features(self) -> int:
-        return self.linear.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.linear.out_features
-
-    @property
-    def weight(self) -> Tensor:
-        """The layer's weight Parameter (owned by the ``te.Linear``)."""
-        return self.linear.weight
 
     @property
     def bias(self) -> Tensor | None:
@@ -422,8 +415,8 @@ class TEBackend(Backend):
                 GEMM cannot take, or delayed-scaling layers TE cannot keep apart.
             BackendUnavailable: Transformer Engine does not import.
         """
-        linears = _check_linear_names(model, list(recipes))
-        self.check_supported(recipes, _model_device(model))
+        linears = linear_modules(model, list(recipes))
+        self.check_supported(recipes, model_device(model))
         problems = _dim_problems(linears, recipes)
         if problems:
             listed = "; ".join(f"{n}: {why}" for n, why in problems.items())

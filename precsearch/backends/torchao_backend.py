@@ -58,9 +58,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from precsearch.backends.base import Backend, BackendUnavailable, UnsupportedRecipe
+from precsearch.backends.base import (
+    Backend,
+    BackendUnavailable,
+    UnsupportedRecipe,
+    WrappedLinear,
+    linear_modules,
+    model_device,
+)
 from precsearch.backends.capability import TORCHAO_NEVER, torchao_import_error, torchao_support
-from precsearch.backends.emulated import _check_linear_names, _model_device
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
 
 #: precsearch precision -> torchao ``Float8LinearRecipeName`` value. torchao's ``rowwise``
@@ -103,7 +109,7 @@ def make_config(recipe: LayerRecipe, emulate: bool = False) -> Any:
     return dataclasses.replace(config, emulate=emulate) if emulate else config
 
 
-class TorchaoPrecisionLinear(nn.Module):
+class TorchaoPrecisionLinear(WrappedLinear):
     """A torchao ``Float8Linear`` with an FP8 on/off switch.
 
     Attributes:
@@ -117,22 +123,6 @@ class TorchaoPrecisionLinear(nn.Module):
         self.linear = linear
         self.recipe = recipe
         self.fp8_enabled = True
-
-    @property
-    def in_features(self) -> int:
-        return self.linear.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.linear.out_features
-
-    @property
-    def weight(self) -> Tensor:
-        return self.linear.weight
-
-    @property
-    def bias(self) -> Tensor | None:
-        return self.linear.bias
 
     def forward(self, x: Tensor) -> Tensor:
         """FP8 through torchao when enabled, else the plain Linear on the same Parameters."""
@@ -150,7 +140,7 @@ def unsupported_layers(model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> 
     Raises:
         ValueError: A name is not an ``nn.Linear`` of ``model``.
     """
-    linears = _check_linear_names(model, list(recipes))
+    linears = linear_modules(model, list(recipes))
     problems = {}
     for name, recipe in recipes.items():
         lin = linears[name]
@@ -212,8 +202,8 @@ class TorchaoBackend(Backend):
                 feature dims are not multiples of 16 (all named at once).
             BackendUnavailable: torchao does not import.
         """
-        linears = _check_linear_names(model, list(recipes))
-        self.check_supported(recipes, _model_device(model))
+        linears = linear_modules(model, list(recipes))
+        self.check_supported(recipes, model_device(model))
         problems = unsupported_layers(model, recipes)
         if problems:
             listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
