@@ -72,6 +72,7 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *,
         raise
     finally:
         bar.close()
+    _update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
     ctx.tracker.close("FINISHED")
     return trial_rows(ctx.study, objective_names(space.objectives))
 
@@ -128,6 +129,7 @@ def _recover_interrupted(ctx: StudyRun) -> None:
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t.params)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
+    ctx.tracker.close_orphans(set(ctx.run_ids.values()))
 
 
 def load_batches(space: Space) -> TokenBatches:
@@ -215,7 +217,9 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
                        ("reason", result.reason), ("probe_result", result.to_dict())):
         trial.set_user_attr(key, value)
     trial.set_constraint("stability", constraint_value(s, objectives))
-    ctx.study.tell(trial, objective_values(s, objectives))
+    # MLflow first, Optuna second: a kill in between leaves the trial RUNNING in Optuna, which the
+    # next run marks interrupted (and its MLflow run KILLED); the other order would leave a
+    # COMPLETE trial whose MLflow run never finished.
     ctx.tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms})
     ctx.tracker.finish_trial(
         run_id,
@@ -224,11 +228,13 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
                  "peak_memory_mib": result.peak_memory_bytes / 2**20, "eval_loss": result.eval_loss,
                  "reference_eval_loss": reference.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged)},
-        tags={"trial_state": "COMPLETE", "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
-              "memory_source": result.memory_source, "divergence_reason": result.reason or "-"},
+        tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
+              "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
+              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-"))},
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)},
     )
+    ctx.study.tell(trial, objective_values(s, objectives))
     _update_front(ctx)
     verdict = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
     _say(ctx, f"trial {trial.number}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
@@ -241,7 +247,6 @@ def _update_front(ctx: StudyRun) -> None:
     ctx.tracker.set_pareto({r["trial"]: ctx.run_ids[r["trial"]] for r in rows if r["trial"] in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
     ctx.tracker.log_front(files)
-
 
 
 def _say(ctx: StudyRun, message: str) -> None:

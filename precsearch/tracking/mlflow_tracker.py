@@ -97,6 +97,19 @@ class Tracker:
         self.client.set_tag(run_id, "fail_reason", reason[:5000])
         self.client.set_terminated(run_id, status)
 
+    def close_orphans(self, known: set[str]) -> int:
+        """Mark KILLED the trial runs still RUNNING that no trial points to (a kill between run and trial).
+
+        Only safe while one process runs the study (it would close another worker's fresh run).
+        """
+        query = (f"tags.`precsearch.role` = 'trial' AND tags.`precsearch.study` = '{self.study_name}' "
+                 "AND attributes.status = 'RUNNING'")
+        orphans = [r.info.run_id for r in self.client.search_runs([self.experiment_id], query, max_results=1000)
+                   if r.info.run_id not in known]
+        for run_id in orphans:
+            self.fail_trial(run_id, "interrupted before its trial was recorded", "KILLED")
+        return len(orphans)
+
     def set_pareto(self, run_ids: dict[int, str], front: set[int]) -> None:
         """Tag every trial run ``pareto=true`` or ``false``; only changed tags are written."""
         for number, run_id in run_ids.items():

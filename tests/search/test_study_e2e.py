@@ -108,12 +108,22 @@ def test_rerun_of_a_finished_study_runs_nothing_new(finished_study, capsys):
     assert "4 of 4 trials already finished" in capsys.readouterr().out
 
 
-def _complete(ws_dir: Path, name: str) -> list:
-    storage = f"sqlite:///{ws_dir / 'optuna.db'}"
+def _complete_count(ws_dir: Path) -> int:
+    """COMPLETE trials while a run is live, read-only: an Optuna storage here would race the run's table creation."""
+    import sqlite3
+
+    db = ws_dir / "optuna.db"
+    if not db.exists():
+        return 0
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
-    except Exception:  # the run has not created the study yet
-        return []
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:  # tables not created yet
+        return 0
+
+
+def _complete(ws_dir: Path, name: str) -> list:
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{ws_dir / 'optuna.db'}")
     return [t for t in study.trials if t.state is TrialState.COMPLETE]
 
 
@@ -126,7 +136,7 @@ def test_killed_run_resumes_without_repeating_finished_trials(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while len(_complete(out, "tiny")) < 2 and time.time() < deadline and proc.poll() is None:
+    while _complete_count(out) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -178,7 +188,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while len(_complete(out, "tiny")) < 1 and time.time() < deadline and proc.poll() is None:
+    while _complete_count(out) < 1 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.3)
     time.sleep(1.0)  # let the next trial start
     proc.send_signal(signal.SIGINT)
