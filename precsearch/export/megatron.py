@@ -53,7 +53,7 @@ from precsearch.export.formats import (
     layer_table,
     warning_lines,
 )
-from precsearch.policy.rules import Policy
+from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
 
 #: Megatron module under ``decoder.layers.N`` -> the Hugging Face projections it computes.
@@ -254,9 +254,26 @@ def megatron_export(policy: Policy, n_layers: int) -> tuple[list[str], dict[str,
     elif lm_head.is_fp8:
         warnings.append(f"lm_head is {lm_head.value} but no decoder layer is FP8; Megatron cannot run only the "
                         "output layer in FP8; kept BF16")
+    mem_flags, mem_warnings = _memory_flags(policy.memory)
+    flags += mem_flags
+    warnings += mem_warnings
     # Megatron's default is 1.0 and it clips only when clip_grad > 0
     flags += ["--clip-grad", repr(float(policy.clip_grad)) if policy.clip_grad is not None else "0.0"]
     return flags, config, warnings
+
+
+def _memory_flags(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
+    """Megatron's flags for the policy's training-state settings (it trains BF16 with FP32 main params)."""
+    flags: list[str] = []
+    warnings: list[str] = []
+    if memory.fp8_weights:
+        flags.append("--fp8-param-gather")  # FP8 primary weights (with FP32 main params in the optimizer)
+    if memory.moments("fp32") == "bf16":  # an explicit bf16 choice ("param" follows Megatron's FP32 default)
+        flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    if not memory.uses_master_weights and memory.moment_dtype != "param":
+        warnings.append("the policy trained without FP32 master weights; Megatron keeps FP32 main parameters "
+                        "in BF16 training, so it will use more memory than the probe measured")
+    return flags, warnings
 
 
 def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:

@@ -304,3 +304,15 @@ def test_files_source_in_bash_and_parse_as_yaml(tmp_path):
         qc = mc[1]("decoder.layers.3.mlp.linear_fc2", recipe)
         assert qc.config_key == "fp8_blockwise"
         assert mc[1]("decoder.layers.3.self_attention.linear_qkv", recipe) is None
+
+
+def test_memory_knobs_become_megatron_optimizer_flags():
+    """FP8 weights -> --fp8-param-gather; BF16 moments -> the precision-aware optimizer with bf16 states."""
+    from precsearch.export.megatron import _memory_flags
+    from precsearch.policy import MemoryKnobs
+
+    flags, _ = _memory_flags(MemoryKnobs(master_weights=True, moment_dtype="bf16"))
+    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    flags, _ = _memory_flags(MemoryKnobs(fp8_weights=True, moment_dtype="bf16"))
+    assert flags == ["--fp8-param-gather"]  # FP8 weights force FP32 moments
+    assert _memory_flags(MemoryKnobs()) == ([], [])
