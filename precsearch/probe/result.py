@@ -24,6 +24,8 @@ class ProbeResult:
         predicted_memory: The memory model's breakdown (always present).
         wall_s: Wall time of the whole probe, build included.
         device: Where it ran.
+        phase_s: Seconds spent per phase: build (model, conversion, optimizer), bf16_steps or
+            warmup_steps and fp8_steps (the training loop), eval.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -39,6 +41,7 @@ class ProbeResult:
     predicted_memory: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = "cpu"
+    phase_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -77,6 +77,7 @@ def run_probe(
                                   weight_decay=probe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
     result = ProbeResult(device=str(device))
+    result.phase_s["build"] = time.perf_counter() - start
     step_times: list[float] = []
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
     for step in range(probe.steps):
@@ -84,6 +85,8 @@ def run_probe(
         t0 = time.perf_counter()
         loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device)
         sched.step()
+        phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
+        result.phase_s[phase] = result.phase_s.get(phase, 0.0) + time.perf_counter() - t0
         if step > final_regime:  # the regime's first step pays one-off costs (allocations, scales)
             step_times.append(time.perf_counter() - t0)
         result.losses.append(loss)
@@ -93,8 +96,10 @@ def run_probe(
             on_step(step, loss, grad_norm)
         if _diverged(result, probe.divergence_factor, step):
             break
+    t0 = time.perf_counter()
     if not result.diverged:
         result.eval_loss = evaluate(model, data, backend, device, fp8_on=policy.uses_fp8)
+    result.phase_s["eval"] = time.perf_counter() - t0
     _measure(result, cfg, probe, policy, model, device, step_times, start)
     return result
 
