@@ -16,7 +16,8 @@ strictly better on one. Prints tables and writes JSON.
 
 Hand-set rows clip gradients at 1.0 and keep the space's baseline optimizer
 state (``objectives.baseline_memory``); front rows run exactly as the study
-found them. On the target shape every row runs with BF16 parameters and torch
+found them. Each row's loss gap is against the BF16 row with the same gradient
+clipping (as the study pairs its references). On the target shape every row runs with BF16 parameters and torch
 AdamW (``--precision-only`` semantics of bench_target.py) so that the 8B model
 fits one GPU.
 """
@@ -105,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = space.model.probe()
     baseline = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
     hand = hand_set(cfg, baseline, args.small)
-    policies = {"BF16": Policy(clip_grad=1.0, memory=baseline)} | hand | front_policies(args.study_dir)
+    front = front_policies(args.study_dir)
+    clips = {p.clip_grad for p in front.values()} - {1.0}
+    policies = ({"BF16": Policy(clip_grad=1.0, memory=baseline)}
+                | {f"BF16 (clip {c})": Policy(clip_grad=c, memory=baseline) for c in clips} | hand | front)
     data = load_batches(space)
     shapes = [_run_shape("probe", cfg, space.probe, policies, data, backend, device, list(hand))]
     if not args.skip_target:

@@ -354,6 +354,7 @@ def overhead_at(totals: dict[str, float], n_run: int, n_target: int) -> float:
 
 def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.device) -> dict[str, Any]:
     """Run the study, time a start-up-only process, and split the mean trial's wall time."""
+    work.mkdir(parents=True, exist_ok=True)
     space_path = work / "space.yaml"
     space_path.write_text(yaml.safe_dump(space_data, sort_keys=False))
     out_dir = work / "study"

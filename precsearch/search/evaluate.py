@@ -43,13 +43,17 @@ def evaluate_policies(cfg: ModelConfig, probe: ProbeSection, policies: dict[str,
                       backend: Backend, device: torch.device, baseline: str = "BF16") -> list[dict[str, Any]]:
     """Run each policy's probe on ``cfg``; rows carry peak memory, tokens/s, held-out loss and ratios.
 
-    Ratios (``memory_saved``, ``loss_gap``, ``speedup``) are against the row named ``baseline``.
+    ``memory_saved`` and ``speedup`` are against the row named ``baseline``. ``loss_gap`` is against
+    the BF16 row with the same gradient clipping (as the study pairs its references): a row named
+    ``f"{baseline} (clip {c})"`` for each other clip value ``c`` must be among ``policies``.
     """
     rows = [_evaluate(name, cfg, probe, policy, data, backend, device) for name, policy in policies.items()]
     base = next(r for r in rows if r["policy"] == baseline)
+    paired = {r["detail"]["clip_grad"]: r for r in rows
+              if r["policy"] == baseline or r["policy"].startswith(f"{baseline} (clip ")}
     for row in rows:
         row["memory_saved"] = 1 - row["peak_gib"] / base["peak_gib"]
-        row["loss_gap"] = row["eval_loss"] / base["eval_loss"] - 1
+        row["loss_gap"] = row["eval_loss"] / paired[row["detail"]["clip_grad"]]["eval_loss"] - 1
         row["instability"] = DIVERGED if row["diverged"] else max(row["loss_gap"], 0.0)
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
     return rows
