@@ -25,6 +25,7 @@ fits one GPU.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import sys
@@ -39,7 +40,7 @@ from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.memory import linear_shapes
 from precsearch.probe.model import ModelConfig
-from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies
+from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.search.pareto import dominates
 from precsearch.search.study import load_batches
 
@@ -90,6 +91,7 @@ def _run_shape(label: str, cfg: ModelConfig, probe, policies: dict[str, Policy],
     return result
 
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("space", type=Path)
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes.append(_run_shape("target", space.model.target(), probe, lean, data, backend, device, list(hand)))
     if args.json:
         meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-                "torch": torch.__version__, "space": str(args.space), "study_dir": str(args.study_dir)}
+                "torch": torch.__version__, "transformer_engine": te_version(),
+                "date": datetime.date.today().isoformat(), "space": str(args.space), "study_dir": str(args.study_dir)}
         args.json.write_text(json.dumps({"meta": meta, "shapes": shapes}, indent=1, default=str))
     return 0
 

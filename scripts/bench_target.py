@@ -12,6 +12,7 @@ against BF16, all from this one run. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import datetime
 from dataclasses import replace
 import json
 import platform
@@ -24,26 +25,15 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.precision import Precision
-from precsearch.probe.runner import run_probe
+from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.search.study import load_batches
 
 
-def _front_policies(study_dir: Path, top: int) -> dict[str, Policy]:
-    import optuna
-
-    from precsearch.search.front import trial_rows
-    from precsearch.search.workspace import Workspace
-
-    ws = Workspace.load(study_dir)
-    study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
-    rows = [r for r in trial_rows(study, study.user_attrs["objectives"]) if r["pareto"]]
-    rows.sort(key=lambda r: -r["memory_saved"])
-    trials = {t.number: t for t in study.trials}
-    return {f"trial {r['trial']}": Policy.from_dict(trials[r["trial"]].user_attrs["policy"]) for r in rows[:top]}
 
 
 def _uniform(precision: Precision, clip: float | None, memory: MemoryKnobs) -> Policy:
     return Policy(default=precision, clip_grad=clip, memory=memory)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,40 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         if backend.supported_precisions(device).get(p) is None:
             policies[f"{p.value} on every Linear"] = _uniform(p, clip, baseline)
     if args.study_dir:
-        front = _front_policies(args.study_dir, args.top)
+        front = front_policies(args.study_dir, args.top)
         policies |= {k: replace(p, memory=baseline) if args.precision_only else p for k, p in front.items()}
+    clips = {p.clip_grad for p in policies.values()} - {clip}
+    policies |= {f"BF16 (clip {c})": _uniform(Precision.BF16, c, baseline) for c in clips}
     data = load_batches(space.model_copy(update={"probe": probe}))
-    rows = []
-    for name, policy in policies.items():
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        try:
-            r = run_probe(target, probe, policy, data, backend, device)
-        except torch.OutOfMemoryError:
-            print(f"done: {name}: out of memory", file=sys.stderr, flush=True)
-            rows.append({"policy": name, "peak_gib": float("nan"), "memory_source": "OOM", "tokens_per_s": 0.0,
-                         "eval_loss": float("nan"), "diverged": False, "predicted_gib": float("nan"),
-                         "detail": policy.to_dict()})
-            continue
-        rows.append({"policy": name, "peak_gib": r.peak_memory_bytes / 2**30, "memory_source": r.memory_source,
-                     "tokens_per_s": r.tokens_per_s, "eval_loss": r.eval_loss, "diverged": r.diverged,
-                     "predicted_gib": r.predicted_memory["total"] / 2**30, "detail": policy.to_dict()})
-        print(f"done: {name}: peak {rows[-1]['peak_gib']:.2f} GiB, {r.tokens_per_s:.0f} tok/s, "
-              f"eval loss {r.eval_loss:.4f}", file=sys.stderr, flush=True)
-    base = rows[0]
-    for row in rows:
-        row["memory_vs_bf16"] = row["peak_gib"] / base["peak_gib"] - 1
-        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
-        row["loss_gap"] = row["eval_loss"] / base["eval_loss"] - 1
+    rows = evaluate_policies(target, probe, policies, data, backend, device)
     print(f"\ntarget: {target.n_layers} layers, dim {target.dim}, seq {probe.seq_len}, micro-batch "
           f"{probe.micro_batch}, {probe.steps} steps, backend {backend.name} on {device}")
-    print(f"{'policy':34s} {'peak GiB':>9} {'vs BF16':>8} {'pred GiB':>9} {'tok/s':>8} {'speedup':>7} {'loss gap':>8}")
-    for r in rows:
-        print(f"{r['policy']:34s} {r['peak_gib']:9.2f} {100 * r['memory_vs_bf16']:+7.1f}% {r['predicted_gib']:9.2f} "
-              f"{r['tokens_per_s']:8.0f} {r['speedup']:6.2f}x {100 * r['loss_gap']:+7.2f}%")
+    print(format_rows(rows))
     if args.json:
         meta = {"gpu": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
-                "torch": torch.__version__, "target": target.__dict__ | {"rope_scaling": str(target.rope_scaling)},
+                "torch": torch.__version__, "transformer_engine": te_version(),
+                "date": datetime.date.today().isoformat(), "target": target.__dict__ | {"rope_scaling": str(target.rope_scaling)},
                 "probe": probe.model_dump(mode="json")}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     return 0

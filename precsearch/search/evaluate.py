@@ -82,6 +82,16 @@ def _evaluate(name: str, cfg: ModelConfig, probe: ProbeSection, policy: Policy, 
     return row
 
 
+def te_version() -> str | None:
+    """The installed Transformer Engine version, or None (for benchmark metadata)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("transformer_engine")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of :func:`evaluate_policies` rows."""
     lines = [f"{'policy':44s} {'peak GiB':>9} {'saved':>7} {'pred GiB':>9} {'tok/s':>8} {'speedup':>7} "
