@@ -91,23 +91,10 @@ def free_memory(device: torch.device) -> None:
 # ---------------------------------------------------------------- spaces
 
 def smoke_space_dict() -> dict:
-    """A 2-layer, 64-wide CPU space (emulated backend) that a 2-trial study runs in seconds."""
-    return {
-        "model": {"preset": "tiny", "dim": 64, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128, "n_layers": 2},
-        "data": {"source": "stdlib", "max_tokens": 200_000, "eval_batches": 2},
-        "probe": {"steps": 12, "micro_batch": 4, "seq_len": 32, "lr": 3e-3, "device": "cpu", "lr_warmup_steps": 2},
-        "backend": "emulated",
-        "search": {
-            "groups": [
-                {"name": "attention", "modules": ["*.self_attn.*"],
-                 "precision": {"choices": ["bf16", "fp8_current", "fp8_delayed"]}},
-                {"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": ["bf16", "fp8_block"]}},
-            ],
-            "warmup_steps": {"choices": [0, 4]},
-            "clip_grad": 1.0,
-        },
-        "study": {"name": "bench-probe-smoke", "n_trials": 2, "sampler": "random", "seed": 1},
-    }
+    """``search_spaces/cpu_smoke.yaml``: a 2-layer, 64-wide CPU space that a 2-trial study runs in seconds."""
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "search_spaces" / "cpu_smoke.yaml").read_text())
+    data["study"] |= {"name": "bench-probe-smoke", "n_trials": 2}
+    return data
 
 
 def with_steps(data: dict, steps: int | None) -> dict:
