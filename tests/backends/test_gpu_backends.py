@@ -281,7 +281,7 @@ def test_te_bias_and_weights_copied():
     [("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "fp32"), ("fp8", "fp32"), ("fp8", "fp8")],
 )
 def test_fused_adam_knobs_build_and_step(exp_avg, exp_avg_sq):
-    from precsearch.backends.te import OPTIMIZER_STATE_DTYPES, build_optimizer
+    from precsearch.backends.te_optimizer import OPTIMIZER_STATE_DTYPES, build_optimizer
 
     torch.manual_seed(0)
     params = [nn.Parameter(torch.randn(64, 64, device=DEV) * 0.02) for _ in range(2)]
@@ -314,7 +314,7 @@ def test_te_fp8_weights_train_with_master_weights():
     """Experimental: FP8 primary weights need FusedAdam master weights seeded from FP32 values."""
     import transformer_engine.pytorch as te
 
-    from precsearch.backends.te import build_optimizer, seed_master_weights
+    from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 
     fp8 = {"model.layers.0.mlp.down_proj": Precision.FP8_CURRENT, "lm_head": Precision.FP8_CURRENT}
     backend, model = te_model(fp8, fp8_weights=True)
