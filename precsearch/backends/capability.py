@@ -33,6 +33,7 @@ import functools
 
 import torch
 
+from precsearch.backends.base import BackendUnavailable
 from precsearch.precision import Precision
 
 Capability = tuple[int, int]
@@ -248,3 +249,13 @@ def torchao_support(device: torch.device | str) -> dict[Precision, str | None]:
     if error is None:
         return table
     return {p: (r if r is not None or p is Precision.BF16 else error) for p, r in table.items()}
+
+
+def require_te():
+    """``transformer_engine.pytorch``, or :class:`BackendUnavailable` saying why it does not import."""
+    error = te_import_error()
+    if error is not None:
+        raise BackendUnavailable(f"backend 'te': {error}")
+    import transformer_engine.pytorch as te
+
+    return te

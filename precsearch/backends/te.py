@@ -129,13 +129,12 @@ from torch import Tensor, nn
 
 from precsearch.backends.base import (
     Backend,
-    BackendUnavailable,
     UnsupportedRecipe,
     WrappedLinear,
     linear_modules,
     model_device,
 )
-from precsearch.backends.capability import te_import_error, te_support
+from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
@@ -149,15 +148,6 @@ MXFP8_DIM_MULTIPLE = 32
 FWD_SLOTS = ("input", "weight", "output")
 BWD_SLOTS = ("grad_output", "grad_input")
 
-
-def _te() -> Any:
-    """``transformer_engine.pytorch``, or :class:`BackendUnavailable` saying why not."""
-    error = te_import_error()
-    if error is not None:
-        raise BackendUnavailable(f"backend 'te': {error}")
-    import transformer_engine.pytorch as te
-
-    return te
 
 
 def _te_format(fmt: Fp8Format) -> Any:
@@ -223,7 +213,7 @@ class TEPrecisionLinear(WrappedLinear):
         self.recipe = recipe
         self.te_recipe = te_recipe
         self.fp8_enabled = True
-        self._autocast = _te().autocast
+        self._autocast = require_te().autocast
         from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 
         self._te_state = FP8GlobalStateManager
@@ -315,7 +305,7 @@ def _check_delayed_keys(recipes: Mapping[str, LayerRecipe]) -> None:
 
 def _new_te_linear(name: str, linear: nn.Linear, te_recipe: Any, fp8_weights: bool) -> nn.Module:
     """A ``te.Linear`` with ``linear``'s shape, dtype, device, values and train mode."""
-    te = _te()
+    te = require_te()
     # TE keeps init_method (in param_init_meta); hold the source weakly enough to drop it after
     # init, or every converted layer would keep its old float32 weight alive.
     source = [linear.weight.detach()]
@@ -447,7 +437,7 @@ class TEBackend(Backend):
             if not (enabled and layers):
                 yield
                 return
-            with _te().autocast(enabled=True, recipe=layers[0].te_recipe):
+            with require_te().autocast(enabled=True, recipe=layers[0].te_recipe):
                 yield
 
     def fp8_metadata(self, model: nn.Module) -> dict[str, dict[str, Any]]:

@@ -11,8 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from precsearch.backends.base import BackendUnavailable
-from precsearch.backends.capability import te_import_error
+from precsearch.backends.capability import require_te
 
 #: Optimizer-state dtypes FusedAdam accepts, by the names a space file may use.
 OPTIMIZER_STATE_DTYPES: dict[str, torch.dtype] = {
@@ -22,10 +21,6 @@ OPTIMIZER_STATE_DTYPES: dict[str, torch.dtype] = {
     "fp8": torch.uint8,  # FusedAdam's spelling of an FP8 (E4M3, scaled) state
 }
 
-
-def _require_te() -> None:
-    if (error := te_import_error()) is not None:
-        raise BackendUnavailable(f"backend 'te': {error}")
 
 
 def _state_dtype(value: torch.dtype | str) -> torch.dtype:
@@ -75,7 +70,7 @@ def build_optimizer(
         BackendUnavailable: Transformer Engine does not import.
         ValueError: An unknown state dtype name.
     """
-    _require_te()
+    require_te()
     from transformer_engine.pytorch.optimizers import FusedAdam
 
     return FusedAdam(

@@ -21,6 +21,7 @@ from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.runner import run_probe
+from precsearch.search.scoring import DIVERGED_INSTABILITY
 
 
 def front_policies(study_dir: Path, top: int | None = None) -> dict[str, Policy]:
@@ -54,13 +55,9 @@ def evaluate_policies(cfg: ModelConfig, probe: ProbeSection, policies: dict[str,
     for row in rows:
         row["memory_saved"] = 1 - row["peak_gib"] / base["peak_gib"]
         row["loss_gap"] = row["eval_loss"] / paired[row["detail"]["clip_grad"]]["eval_loss"] - 1
-        row["instability"] = DIVERGED if row["diverged"] else max(row["loss_gap"], 0.0)
+        row["instability"] = DIVERGED_INSTABILITY if row["diverged"] else max(row["loss_gap"], 0.0)
         row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else 0.0
     return rows
-
-
-#: Instability of a diverged or out-of-memory row (as the study scores divergence).
-DIVERGED = 1.0
 
 
 def _evaluate(name: str, cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenBatches,

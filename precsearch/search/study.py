@@ -31,7 +31,7 @@ from precsearch.search import stores
 from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.reference import ReferenceCache, reference_key
 from precsearch.search.sampling import suggest_policy
-from precsearch.search.scoring import constraint_value, objective_names, objective_values, score
+from precsearch.search.scoring import DIRECTIONS, constraint_value, objective_names, objective_values, score
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
 from precsearch.tracking.front_report import write_front
@@ -101,8 +101,7 @@ def _open(space: Space, space_text: str, output_dir: Path | None, progress: bool
 
 def _open_study(space: Space, storage: optuna.storages.BaseStorage) -> optuna.Study:
     names = objective_names(space.objectives)
-    directions = [{"memory_saved": "maximize", "instability": "minimize", "tokens_per_s": "maximize"}[n]
-                  for n in names]
+    directions = [DIRECTIONS[n] for n in names]
     study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
                                 sampler=stores.make_sampler(space.study), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
