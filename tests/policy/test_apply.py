@@ -165,8 +165,11 @@ def test_autocast_before_apply_is_refused():
 
 
 def test_bf16_policy_needs_no_apply_for_autocast():
-    with PolicyRuntime(Policy.bf16()).autocast(build_model(CFG, seed=0), 0):
-        pass
+    """A BF16 policy runs an unconverted model under its autocast (BF16 compute), without PolicyError."""
+    model = build_model(CFG, seed=0)
+    with PolicyRuntime(Policy.bf16()).autocast(model, 0):
+        logits = model(torch.zeros(1, 8, dtype=torch.long))
+    assert logits.dtype == torch.bfloat16
 
 
 def test_clip_gradients_clips_to_the_policy_and_returns_the_norm():
