@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from precsearch.backends import Backend, BackendUnavailable, get_backend, resolve_device
-from precsearch.config.space import Space
+from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import TokenBatches, load_tokens
@@ -194,15 +194,17 @@ def _reference(ctx: StudyRun, policy: Policy) -> ProbeResult:
     return ctx.references.get(key, lambda: _probe(ctx, reference, "BF16 reference"))
 
 
-def _probe(ctx: StudyRun, policy: Policy, label: str) -> ProbeResult:
-    steps = tqdm(total=ctx.space.probe.steps, desc=label, unit="step", leave=False, disable=not ctx.progress)
+def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None) -> ProbeResult:
+    """Run one probe of ``policy``; ``probe`` overrides the space's probe section (another seed, a stress lr)."""
+    probe = probe or ctx.space.probe
+    steps = tqdm(total=probe.steps, desc=label, unit="step", leave=False, disable=not ctx.progress)
 
     def on_step(step: int, loss: float, grad_norm: float) -> None:
         steps.update(1)
         steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     try:
-        return run_probe(ctx.cfg, ctx.space.probe, policy, ctx.data, ctx.backend, ctx.device, on_step)
+        return run_probe(ctx.cfg, probe, policy, ctx.data, ctx.backend, ctx.device, on_step)
     finally:
         steps.close()
 
