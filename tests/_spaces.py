@@ -18,7 +18,7 @@ def tiny_space_dict(**overrides) -> dict:
         node = space
         *parents, last = dotted.split(".")
         for key in parents:
-            node = node[key]
+            node = node.setdefault(key, {})
         node[last] = value
     return space
 

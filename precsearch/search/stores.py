@@ -9,26 +9,49 @@ import optuna
 
 from precsearch.config.space import Sampler, StudySection
 from precsearch.errors import UserError
+from precsearch.redact import redact_text, redact_url
 from precsearch.search.workspace import Workspace
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """The Optuna storage at ``url``; unreachable or malformed URLs are user errors."""
+def open_storage(url: str, study: StudySection | None = None) -> optuna.storages.BaseStorage:
+    """The Optuna storage at ``url``; unreachable or malformed URLs are user errors.
+
+    With ``study``, RDB storages get heartbeats: a trial whose worker stops beating for
+    ``study.stale_after_s`` is failed, its MLflow run closed, and its params queued again (up to
+    ``study.max_retries`` times). Journal storages have no heartbeats.
+    """
     try:
         if url.startswith(("sqlite:", "postgresql", "mysql")):
-            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(study))
         if url.startswith("journal:"):
             backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
             return optuna.storages.JournalStorage(backend)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"storage '{redact_url(url)}' needs the Python package '{exc.name}'; for PostgreSQL: "
+                        "pip install 'precsearch[postgres]'", field="study.storage") from None
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean "cannot use this storage"
-        raise UserError(f"cannot open Optuna storage '{url}': {_first_line(exc)}", field="study.storage") from None
-    raise UserError(f"unsupported storage URL '{url}'; valid: sqlite:///PATH, postgresql://…, journal:PATH",
-                    field="study.storage")
+        raise UserError(f"cannot open Optuna storage '{redact_url(url)}': {_first_line(exc)}",
+                        field="study.storage") from None
+    raise UserError(f"unsupported storage URL '{redact_url(url)}'; valid: sqlite:///PATH, postgresql://…, "
+                    "journal:PATH", field="study.storage")
+
+
+def _heartbeat_kwargs(study: StudySection | None) -> dict:
+    if study is None:
+        return {}
+    from precsearch.search.liveness import StaleTrialHandler
+
+    grace = study.stale_after_s or 3 * study.heartbeat_s
+    handler = StaleTrialHandler(study.max_retries, study.heartbeat_s, grace)
+    return {"heartbeat_interval": study.heartbeat_s, "grace_period": grace,
+            "heartbeat_stale_trial_callback": handler}
 
 
 def _engine_kwargs(url: str) -> dict:
     if url.startswith("postgresql"):
-        return {"connect_args": {"connect_timeout": 5}}
+        return {"connect_args": {"connect_timeout": 5}, "pool_pre_ping": True}
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}  # several local workers share the file: wait for the lock
     return {}
 
 
@@ -48,30 +71,32 @@ def _fail_fast_http():
                 os.environ[k] = v
 
 
-def open_tracker(ws: Workspace):
-    """The study's MLflow tracker; an unreachable tracking URI is a user error."""
+def open_tracker(ws: Workspace, parent_id: str | None = None, retry_s: float = 0.0):
+    """The study's MLflow tracker; an unreachable tracking URI is a user error (in seconds, no retries)."""
     from precsearch.tracking import Tracker
 
     try:
         with _fail_fast_http():
-            return Tracker(ws.tracking_uri, ws.experiment, ws.artifact_dir, ws.study_name)
+            tracker = Tracker(ws.tracking_uri, ws.experiment, ws.artifact_dir, ws.study_name, parent_id=parent_id)
     except Exception as exc:  # MLflow raises MlflowException, requests' errors, SQLAlchemy's errors
-        raise UserError(f"cannot use MLflow tracking URI '{ws.tracking_uri}': {_first_line(exc)}",
+        raise UserError(f"cannot use MLflow tracking URI '{redact_url(ws.tracking_uri)}': {_first_line(exc)}",
                         field="tracking.uri") from None
+    return tracker.with_retries(retry_s)
 
 
-def make_sampler(study: StudySection) -> optuna.samplers.BaseSampler:
-    """The sampler a space names, seeded."""
+def make_sampler(study: StudySection, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler a space names, seeded (``seed_offset`` gives parallel workers different streams)."""
+    seed = study.seed + seed_offset
     if study.sampler is Sampler.TPE:
-        return optuna.samplers.TPESampler(seed=study.seed, n_startup_trials=min(10, max(4, study.n_trials // 3)),
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(4, study.n_trials // 3)),
                                           multivariate=True)
     if study.sampler is Sampler.NSGA2:
-        return optuna.samplers.NSGAIISampler(seed=study.seed, population_size=max(4, min(50, study.n_trials // 3)))
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, study.n_trials // 3)))
     if study.sampler is Sampler.GP:
-        return optuna.samplers.GPSampler(seed=study.seed)
-    return optuna.samplers.RandomSampler(seed=study.seed)
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)
 
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    return redact_text(text[0][:300]) if text else type(exc).__name__

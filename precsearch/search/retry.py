@@ -1,0 +1,66 @@
+"""Retrying calls to the study's stores (Optuna's database, the MLflow server) with backoff.
+
+A store that drops out mid-study (a restarted Postgres, an MLflow server
+that is redeployed) should cost a pause, not the study. Calls are retried
+with exponential backoff for up to ``budget_s`` seconds; then
+:class:`StoreUnavailable` says which store, what failed and how to resume.
+Callers make each retried call safe to repeat (see ``Tracker.start_trial``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from precsearch.errors import UserError
+from precsearch.redact import redact_text
+
+T = TypeVar("T")
+
+
+class StoreUnavailable(UserError):
+    """A store stayed unreachable for the whole retry budget."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """Connection-level failures are worth retrying; programming errors are not."""
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        return True
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if module.startswith(("sqlalchemy", "psycopg", "requests", "urllib3")):
+        return name not in ("IntegrityError", "ProgrammingError", "ArgumentError")
+    if name == "MlflowException":
+        text = str(exc)
+        return any(s in text for s in ("Connection", "connect", "timed out", "Max retries", "503", "502", "504",
+                                       "API request", "database is locked"))
+    return False
+
+
+def with_retry(call: Callable[[], T], what: str, *, budget_s: float = 60.0, first_delay_s: float = 0.5,
+               say: Callable[[str], None] | None = None) -> T:
+    """``call()``, retried on connection errors with doubling delays for up to ``budget_s`` seconds."""
+    deadline = time.monotonic() + budget_s
+    delay, attempt = first_delay_s, 1
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - filtered by _transient
+            if not _transient(exc):
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreUnavailable(
+                    f"{what} failed {attempt} times over {budget_s:.0f} s: {_first_line(exc)}. "
+                    "Finished trials are kept; re-run the same command once the store is back"
+                ) from None
+            if say and attempt == 1:
+                say(f"{what} failed ({_first_line(exc)}); retrying for up to {budget_s:.0f} s")
+            time.sleep(min(delay, left))
+            delay, attempt = delay * 2, attempt + 1
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return redact_text(lines[0][:300] if lines else type(exc).__name__)

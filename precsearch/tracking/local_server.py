@@ -1,0 +1,83 @@
+"""A local ``mlflow server`` for the duration of a parallel run.
+
+Several worker processes must not write one sqlite file through MLflow at
+once; they log over HTTP to one tracking server instead. When a study's
+tracking store is a local sqlite file, ``precsearch run --workers N`` starts
+this server on the loopback interface and a free port, on that file, and
+stops it when the run ends. The server dies with the run (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from precsearch.errors import UserError
+from precsearch.tracking.server import LOOPBACK, mlflow_server_command
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> bool:
+    """True once ``url``/health answers 200; False after ``timeout_s`` or if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+class LocalTrackingServer:
+    """``with LocalTrackingServer(store_uri, log_path) as url:`` serves ``store_uri`` at ``url``."""
+
+    def __init__(self, store_uri: str, log_path: Path, start_timeout_s: float = 90.0):
+        self.store_uri, self.log_path, self.start_timeout_s = store_uri, Path(log_path), start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> str:
+        from precsearch.search.executor import die_with_parent
+
+        port = free_port()
+        self.url = f"http://{LOOPBACK}:{port}"
+        cmd = mlflow_server_command(self.store_uri, host=LOOPBACK, port=port, workers=1)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = os.environ | {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=die_with_parent)
+        log.close()
+        if not wait_until_up(self.url, self.start_timeout_s, self.proc):
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-800:]
+            raise UserError(f"the local MLflow server did not start within {self.start_timeout_s:.0f} s; "
+                            f"its log ({self.log_path}) ends:\n{tail}", field="tracking.uri")
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None

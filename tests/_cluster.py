@@ -1,0 +1,84 @@
+"""Real servers for the distributed tests: the PostgreSQL that scripts/test_postgres.sh starts, and
+``mlflow server`` processes on loopback (imported by tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from precsearch.tracking.local_server import free_port, wait_until_up
+from precsearch.tracking.server import mlflow_server_command
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def postgres_url() -> str:
+    """The test PostgreSQL; skipped without one, failed when CI says it must be there."""
+    url = os.environ.get("PRECSEARCH_TEST_POSTGRES")
+    if not url:
+        if os.environ.get("PRECSEARCH_REQUIRE_POSTGRES"):
+            pytest.fail("PRECSEARCH_REQUIRE_POSTGRES is set but PRECSEARCH_TEST_POSTGRES is not")
+        pytest.skip("no test PostgreSQL: eval \"$(bash scripts/test_postgres.sh)\" starts one")
+    return url
+
+
+def unique_study() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on loopback with its own sqlite store; restartable on the same port."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "MlflowServer":
+        cmd = mlflow_server_command(f"sqlite:///{self.root / 'mlflow.db'}", self.root / "artifacts",
+                                    port=self.port, workers=1)
+        log = open(self.root / "server.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        assert wait_until_up(self.url, 120, self.proc), (self.root / "server.log").read_text()[-2000:]
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def trial_runs(self, experiment: str) -> list:
+        client = MlflowClient(self.url)
+        exp = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([exp.experiment_id], max_results=5000)
+        return [r for r in runs if r.data.tags.get("precsearch.role") == "trial"]
+
+
+def precsearch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "precsearch", *args], env=full_env, text=True, **popen)
+
+
+def load(name: str, url: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.3) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except KeyError:  # the study is not created yet
+            pass
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
