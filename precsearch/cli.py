@@ -13,6 +13,7 @@ from precsearch import __version__
 from precsearch.errors import UserError
 
 EXIT_USER_ERROR = 2
+RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
 
 
 def _load_checked_space(path: Path):
@@ -35,17 +36,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from precsearch.search.front import format_table
+    from precsearch.search.launcher import parse_gpus
     from precsearch.search.study import run_study
 
     space = _load_checked_space(args.space)
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1 (got {args.workers})", field="--workers")
+    gpus = parse_gpus(args.gpus)
     try:
         rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, workers=args.workers, gpus=gpus)
     except KeyboardInterrupt:
-        print("\nstopped. Re-run the same command to resume: finished trials are kept.", file=sys.stderr)
+        print(f"\n{RESUME_HINT}", file=sys.stderr)
         return 130
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     print(format_table([r for r in rows if r["pareto"]]))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from precsearch.search.worker import run_worker
+
+    try:
+        done = run_worker(args.study, args.storage, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
+                          n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\n{RESUME_HINT}", file=sys.stderr)
+        return 130
+    print(f"worker done: the study has {done} finished trials")
     return 0
 
 
@@ -81,10 +99,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.search.workspace import Workspace
+    from precsearch.tracking.server import mlflow_server_command
 
     ws = Workspace.load(args.output_dir)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", ws.tracking_uri,
-           "--host", args.host, "--port", str(args.port)]
+    try:
+        cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
+    except ValueError as exc:
+        raise UserError(str(exc), field="--host/--port") from None
     print(f"MLflow UI for study '{ws.study_name}' at http://{args.host}:{args.port} (Ctrl-C to stop)")
     return subprocess.call(cmd)
 
@@ -99,7 +120,10 @@ def _open_study(output_dir: Path):
     try:
         return optuna.load_study(study_name=ws.study_name, storage=open_storage(ws.storage_url)), ws
     except KeyError:
-        raise UserError(f"study '{ws.study_name}' not found in {ws.storage_url}", field="study.name") from None
+        from precsearch.redact import redact_url
+
+        raise UserError(f"study '{ws.study_name}' not found in {redact_url(ws.storage_url)}",
+                        field="study.name") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +137,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-trials", type=int, help="total trials to finish (default: study.n_trials)")
     p.add_argument("--output-dir", type=Path, help=out_help)
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run trials in N worker processes at once (CPU; default 1)")
+    p.add_argument("--gpus", metavar="LIST",
+                   help="one worker per GPU (per probe.nproc GPUs): 'all' or indices such as 0,1,2,3")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("worker", help="join a study from this process or machine (the study's storage "
+                                      "must be reachable: PostgreSQL for several machines)")
+    p.add_argument("--study", required=True, help="the study name")
+    p.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db "
+                                     "(default: $PRECSEARCH_STORAGE; keeps the password out of ps)")
+    p.add_argument("--tracking-uri", help="the study's MLflow tracking server, e.g. http://host:5000 "
+                                          "(default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--output-dir", type=Path, help="local files: references, logs "
+                                                   "(default: precsearch-runs/<study>)")
+    p.add_argument("--n-trials", type=int, help="stop when the study has this many finished trials "
+                                                "(default: the space's study.n_trials)")
+    p.add_argument("--name", default="", help="a label for this worker's messages")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of progress bars")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("validate", help="check a space file without running anything")
     p.add_argument("space", type=Path)
@@ -155,10 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's own HTTP retries would wait minutes per call; precsearch retries with its own budget
+    # (study.store_retry_s) around each call instead.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line per run otherwise
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # precsearch drives heartbeats itself around ask/tell (precsearch.search.study._run_trial)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         return args.func(args)
     except UserError as exc:

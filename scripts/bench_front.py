@@ -43,7 +43,7 @@ from precsearch.probe.model import ModelConfig
 from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.search.pareto import dominates
 from precsearch.search.scoring import DIRECTIONS as SCORE_DIRECTIONS
-from precsearch.search.study import load_batches
+from precsearch.probe.data import load_batches
 
 OBJECTIVES = ("memory_saved", "instability", "tokens_per_s")
 DIRECTIONS = tuple(SCORE_DIRECTIONS[k] for k in OBJECTIVES)

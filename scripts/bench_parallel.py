@@ -10,7 +10,9 @@ MLflow run per trial).
     python scripts/bench_parallel.py SPACE --n-trials 8 --gpus 0 all --out results/   # GPU machine
     python scripts/bench_parallel.py search_spaces/cpu_smoke.yaml --n-trials 6 --workers 1 3   # CPU
 
-Prints a table and writes ``bench_parallel.json`` under ``--out``.
+Trials per hour are given twice: over the whole wall time, and "steady"
+(after each worker's first trial, which pays the imports and the BF16
+references). Prints a table and writes ``bench_parallel.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -60,11 +62,19 @@ def _check(out_dir: Path) -> dict:
                or (t.state.name == "FAIL" and "fail_reason" not in t.user_attrs
                    and not any(u.system_attrs.get("failed_trial") == t.number for u in study.trials)))
     probe_s = [t.user_attrs["probe_result"]["wall_s"] for t in study.trials if "probe_result" in t.user_attrs]
+    ends = sorted(t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete)
     return {"finished": finished_count(study), "states": dict(states), "lost": lost,
             "duplicated": sum(c - 1 for c in per_trial.values() if c > 1),
             "trials_without_run": sum(1 for t in study.trials if per_trial[t.number] == 0),
             "workers": len({json.dumps(t.user_attrs.get("worker", {}).get("pid")) for t in study.trials}),
-            "median_probe_s": sorted(probe_s)[len(probe_s) // 2] if probe_s else None}
+            "median_probe_s": sorted(probe_s)[len(probe_s) // 2] if probe_s else None, "completions": ends}
+
+
+def _steady_rate(ends: list[float], units: int) -> float | None:
+    """Trials per hour after each unit's first trial (start-up, imports and references excluded)."""
+    if len(ends) <= units:
+        return None
+    return (len(ends) - units) / (ends[-1] - ends[units - 1]) * 3600
 
 
 def main() -> int:
@@ -82,19 +92,22 @@ def main() -> int:
         cmd = [sys.executable, "-m", "precsearch", "run", str(args.space), "--n-trials", str(args.n_trials),
                "--output-dir", str(out_dir), "--no-progress", *extra]
         start = time.perf_counter()
-        code = subprocess.call(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        code = subprocess.call(cmd, env=dict(os.environ, PYTHONPATH=path))
         wall = time.perf_counter() - start
         row = {"config": label, "parallel": n, "exit": code, "wall_s": wall} | _check(out_dir)
         row["trials_per_hour"] = row["finished"] / wall * 3600
         row["trials_per_hour_per_unit"] = row["trials_per_hour"] / n
+        row["steady_trials_per_hour"] = _steady_rate(row["completions"], n)
         rows.append(row)
     base = rows[0]["trials_per_hour"]
     print(f"\n{'config':<12} {'units':>5} {'wall s':>8} {'trials':>6} {'trials/h':>9} {'per unit':>9} "
-          f"{'speedup':>8} {'lost':>5} {'dup':>4} {'no run':>6} {'probe s':>8}")
+          f"{'speedup':>8} {'steady/h':>9} {'lost':>5} {'dup':>4} {'no run':>6} {'probe s':>8}")
     for r in rows:
         print(f"{r['config']:<12} {r['parallel']:>5} {r['wall_s']:>8.1f} {r['finished']:>6} "
               f"{r['trials_per_hour']:>9.1f} {r['trials_per_hour_per_unit']:>9.1f} "
-              f"{r['trials_per_hour'] / base:>7.2f}x {r['lost']:>5} {r['duplicated']:>4} "
+              f"{r['trials_per_hour'] / base:>7.2f}x {r['steady_trials_per_hour'] or 0:>9.1f} "
+              f"{r['lost']:>5} {r['duplicated']:>4} "
               f"{r['trials_without_run']:>6} {r['median_probe_s'] or 0:>8.1f}")
     (args.out / "bench_parallel.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["exit"] == 0 and r["lost"] == 0 and r["duplicated"] == 0 for r in rows) else 1

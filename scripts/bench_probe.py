@@ -47,7 +47,7 @@ from precsearch.precision import Fp8Format, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model import Llama3, build_model, linear_layer_names
 from precsearch.probe.runner import PARAM_DTYPES, run_probe
-from precsearch.search.study import load_batches
+from precsearch.probe.data import load_batches
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_SPACE = Path("search_spaces/llama3_8b_h100.yaml")

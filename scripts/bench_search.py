@@ -53,7 +53,7 @@ from precsearch.search.reference import ReferenceCache, reference_key
 from precsearch.search.sampling import policy_from_params, suggest_policy
 from precsearch.search.scoring import DIVERGED_INSTABILITY, score
 from precsearch.search.stores import make_sampler
-from precsearch.search.study import load_batches
+from precsearch.probe.data import load_batches
 
 PRECISIONS = ["bf16", "fp8_current", "fp8_delayed"]
 OBJECTIVES = ("memory_saved", "instability")

@@ -26,7 +26,7 @@ from precsearch.config.loader import load_space
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.precision import Precision
 from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
-from precsearch.search.study import load_batches
+from precsearch.probe.data import load_batches
 
 
 

@@ -30,7 +30,7 @@ from precsearch.policy import Policy
 from precsearch.policy.apply import _backend_of
 from precsearch.probe.runner import _lr_lambda, build_probe, evaluate
 from precsearch.search.front import trial_rows
-from precsearch.search.study import load_batches
+from precsearch.probe.data import load_batches
 from precsearch.search.workspace import Workspace
 
 

@@ -18,6 +18,14 @@ Contract (checked for every backend by ``tests/backends/test_contract.py``):
   ``check_supported`` with :class:`UnsupportedRecipe`, naming the recipe, the
   device and what would be valid, before any work starts. It is never silently
   replaced by another recipe.
+* ``track_stats(model, True)`` makes the following forward/backward passes
+  compute FP8 statistics; ``layer_stats`` then returns, for every converted
+  layer that ran FP8 in the latest such pass, one
+  :class:`~precsearch.probe.diagnostics.TensorStats` per tensor role
+  (``input``, ``weight``, ``grad_output``: amax, per-tensor scale or None,
+  overflow and underflow shares in [0, 1], non-finite count). A backend that
+  cannot observe its FP8 casts returns ``{}`` (the default), never made-up
+  numbers.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from torch import nn
 
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.diagnostics import TensorStats
 
 
 class UnsupportedRecipe(Exception):
@@ -95,6 +104,22 @@ class Backend(ABC):
     @abstractmethod
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Fully qualified name -> precision, for every layer this backend converted."""
+
+    def track_stats(self, model: nn.Module, enabled: bool) -> None:
+        """Compute FP8 statistics in the following passes (or stop); default: nothing to switch.
+
+        They cost extra passes over every FP8 operand, so the probe switches them
+        on only for the steps it collects (:mod:`precsearch.probe.diagnostics`).
+        """
+
+    def layer_stats(self, model: nn.Module) -> dict[str, dict[str, TensorStats]]:
+        """Layer -> role -> FP8 statistics of the latest pass run with :meth:`track_stats` on.
+
+        Only layers that ran FP8 in that pass appear, each with every role of
+        :data:`~precsearch.fp8.scaling.ROLES` it quantized. Default: ``{}`` (this
+        backend cannot observe its FP8 casts).
+        """
+        return {}
 
     @contextlib.contextmanager
     def autocast(self, model: nn.Module, enabled: bool) -> Iterator[None]:

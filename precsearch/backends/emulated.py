@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from precsearch.backends.base import Backend, linear_modules, model_device
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.diagnostics import TensorStats
 
 _NVFP4_REASON = "NVFP4 emulation is not implemented yet"
 
@@ -63,6 +64,7 @@ def _forward_operands(
     qx, qx_col, x_stats = _quantize(layer.input_scaler, x2d, need_wgrad)
     qw, qw_dgrad, w_stats = _quantize(layer.weight_scaler, weight, need_dgrad)
     layer.last_stats.update(input=x_stats, weight=w_stats)
+    layer.last_numel.update(input=x2d.numel(), weight=weight.numel())
     return qx, qw, qx_col, qw_dgrad
 
 
@@ -100,6 +102,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             g = grad_out.reshape(-1, grad_out.shape[-1]).float()
             qg, qg_col, g_stats = _quantize(layer.grad_output_scaler, g, need_wgrad)
             layer.last_stats["grad_output"] = g_stats
+            layer.last_numel["grad_output"] = g.numel()
             dx = dw = db = None
             if need_dgrad:
                 dx = (qg @ qw_dgrad).reshape(ctx.x_shape).to(ctx.x_dtype)
@@ -122,7 +125,9 @@ class EmulatedFP8Linear(nn.Module):
         input_scaler, weight_scaler, grad_output_scaler: One scaler per role.
         last_stats: Role -> diagnostics of the latest forward/backward: ``amax``,
             ``saturated_frac``, ``underflow_frac``, ``nonfinite_frac`` and, for
-            per-tensor recipes, ``scale`` (all 0-d tensors).
+            per-tensor recipes, ``scale`` (all 0-d tensors); None for a role
+            quantized while :meth:`track_stats` was off.
+        last_numel: Role -> element count of the latest operand of that role.
     """
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: LayerRecipe):
@@ -139,6 +144,7 @@ class EmulatedFP8Linear(nn.Module):
         self.weight_scaler = make_scaler(recipe, "weight")
         self.grad_output_scaler = make_scaler(recipe, "grad_output")
         self.last_stats: dict[str, dict[str, Tensor] | None] = {}
+        self.last_numel: dict[str, int] = {}
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe) -> "EmulatedFP8Linear":
@@ -159,6 +165,25 @@ class EmulatedFP8Linear(nn.Module):
             out_dtype = x.dtype
         with torch.autocast(device_type, enabled=False):
             return _Fp8LinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+
+    def track_stats(self, enabled: bool) -> None:
+        """Compute ``last_stats`` in the following passes, or stop (they cost extra tensor passes).
+
+        Either way the statistics of earlier passes are dropped, so what
+        :meth:`layer_stats` reports always comes from passes made since.
+        """
+        for scaler in (self.input_scaler, self.weight_scaler, self.grad_output_scaler):
+            scaler.track_stats = enabled
+            scaler.last_stats = None
+        self.last_stats, self.last_numel = {}, {}
+
+    def layer_stats(self) -> dict[str, TensorStats]:
+        """Role -> :class:`TensorStats` for each role quantized, with statistics on, since the last toggle."""
+        return {
+            role: TensorStats.from_quantization(stats, self.last_numel[role])
+            for role, stats in self.last_stats.items()
+            if stats is not None
+        }
 
     def extra_repr(self) -> str:
         return (
@@ -197,8 +222,17 @@ class EmulatedBackend(Backend):
 
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Name -> precision of every :class:`EmulatedFP8Linear` in ``model``."""
-        return {
-            name: m.recipe.precision
-            for name, m in model.named_modules()
-            if isinstance(m, EmulatedFP8Linear)
-        }
+        return {name: m.recipe.precision for name, m in _fp8_layers(model)}
+
+    def track_stats(self, model: nn.Module, enabled: bool) -> None:
+        """Switch :meth:`EmulatedFP8Linear.track_stats` on every converted layer."""
+        for _, m in _fp8_layers(model):
+            m.track_stats(enabled)
+
+    def layer_stats(self, model: nn.Module) -> dict[str, dict[str, TensorStats]]:
+        """Name -> role -> statistics, straight from each layer's quantize path (exact scales)."""
+        return {name: stats for name, m in _fp8_layers(model) if (stats := m.layer_stats())}
+
+
+def _fp8_layers(model: nn.Module) -> list[tuple[str, EmulatedFP8Linear]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, EmulatedFP8Linear)]

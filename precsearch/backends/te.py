@@ -21,6 +21,9 @@ Contract (on top of :mod:`precsearch.backends.base`):
 * :meth:`TEBackend.fp8_metadata` reports, per converted layer, what TE holds
   after a forward (whether FP8 ran, the recipe state, quantizers, and for
   delayed scaling the scales and amax histories).
+* :meth:`TEBackend.track_stats` / :meth:`TEBackend.layer_stats`: per-layer FP8
+  statistics from the tensors each layer hands to TE, against TE's own scale
+  for delayed scaling (how, and why not TE's debug API: :mod:`precsearch.backends.te_stats`).
 
 Facts verified in Transformer Engine 2.20.2 (the wheel the H200 runs; paths in
 the NVIDIA/TransformerEngine repository):
@@ -136,8 +139,10 @@ from precsearch.backends.base import (
 )
 from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
+from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
+from precsearch.probe.diagnostics import TensorStats
 
 #: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
 FP8_DIM_MULTIPLE = 16
@@ -205,6 +210,10 @@ class TEPrecisionLinear(WrappedLinear):
         te_recipe: The TE recipe object the layer enters ``te.autocast`` with
             (shared by every layer of the same :func:`recipe_key`).
         fp8_enabled: When False the layer runs a BF16 GEMM (under torch autocast).
+        track_stats: Compute ``last_stats`` in FP8 forwards and their backward (off by default).
+        last_stats: Role -> :func:`~precsearch.backends.te_stats.operand_stats` of the latest
+            FP8 pass made with ``track_stats`` on (device tensors).
+        last_numel: Role -> element count of that operand.
     """
 
     def __init__(self, linear: nn.Module, recipe: LayerRecipe, te_recipe: Any):
@@ -213,6 +222,9 @@ class TEPrecisionLinear(WrappedLinear):
         self.recipe = recipe
         self.te_recipe = te_recipe
         self.fp8_enabled = True
+        self.track_stats = False
+        self.last_stats: dict[str, dict[str, Tensor]] = {}
+        self.last_numel: dict[str, int] = {}
         self._autocast = require_te().autocast
         from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 
@@ -232,7 +244,20 @@ class TEPrecisionLinear(WrappedLinear):
             # te.autocast.__exit__ restores is_first_fp8_module; keep it consumed, so that inside
             # an outer context only the step's first FP8 layer runs the backward scale update.
             self._te_state.quantization_state.is_first_fp8_module = False
+        if self.track_stats and self.fp8_enabled and observable(self.recipe):
+            self._observe("input", activation(x))
+            self._observe("weight", high_precision_weight(self.linear.weight))
+            if out.requires_grad:
+                out.register_hook(lambda grad: self._observe("grad_output", activation(grad)))
         return out
+
+    def _observe(self, role: str, t: Tensor) -> None:
+        self.last_stats[role] = operand_stats(self.recipe, role, t, self.linear.fp8_meta)
+        self.last_numel[role] = t.numel()
+
+    def layer_stats(self) -> dict[str, TensorStats]:
+        """Role -> :class:`TensorStats` of the operands observed since ``track_stats`` last changed."""
+        return {r: TensorStats.from_quantization(s, self.last_numel[r]) for r, s in self.last_stats.items()}
 
     def fp8_metadata(self) -> dict[str, Any]:
         """What TE holds for this layer after its latest forward (tensors are detached copies).
@@ -439,6 +464,17 @@ class TEBackend(Backend):
                 return
             with require_te().autocast(enabled=True, recipe=layers[0].te_recipe):
                 yield
+
+    def track_stats(self, model: nn.Module, enabled: bool) -> None:
+        """Switch statistics on or off on every converted layer, dropping those of earlier passes."""
+        for m in model.modules():
+            if isinstance(m, TEPrecisionLinear):
+                m.track_stats, m.last_stats, m.last_numel = enabled, {}, {}
+
+    def layer_stats(self, model: nn.Module) -> dict[str, dict[str, TensorStats]]:
+        """Name -> role -> statistics of every converted layer that ran FP8 with statistics on."""
+        found = ((n, m.layer_stats()) for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear))
+        return {name: stats for name, stats in found if stats}
 
     def fp8_metadata(self, model: nn.Module) -> dict[str, dict[str, Any]]:
         """Name -> :meth:`TEPrecisionLinear.fp8_metadata` for every converted layer."""

@@ -5,6 +5,8 @@ Each returns nothing and raises :class:`UserError` naming the field.
 
 from __future__ import annotations
 
+import torch
+
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.space import DataSource, Space
 from precsearch.errors import UserError
@@ -20,9 +22,9 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     files present, backend and GPU able to run each precision) are skipped, so
     a space written for another machine can be checked here.
     """
-    checks = [_check_model, _check_warmup, _check_groups]
+    checks = [_check_model, _check_warmup, _check_groups, _check_nproc]
     if environment:
-        checks += [_check_data, _check_backend]
+        checks += [_check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
         try:
             check(space)
@@ -106,3 +108,45 @@ def _check_memory_knobs(space: Space, backend, device) -> None:
             problem = backend.memory_knob_problem(knobs, device)
             if problem:
                 raise UserError(f"{name}={value}: {problem}", field=f"search.memory.{name}")
+
+
+def check_nproc(space: Space) -> None:
+    """The ``probe.nproc`` checks alone (for a probe launched on several processes)."""
+    _check_nproc(space)
+    _check_nproc_gpus(space)
+
+
+def _check_nproc(space: Space) -> None:
+    nproc, micro_batch = space.probe.nproc, space.probe.micro_batch
+    if nproc == 1:
+        return
+    if micro_batch % nproc:
+        raise UserError(
+            f"nproc {nproc} does not divide micro_batch {micro_batch}: a probe on several processes splits "
+            f"its batch evenly over them; valid: a divisor of micro_batch",
+            field="probe.nproc",
+        )
+    # FSDP2 with TE FusedAdam, FP32 masters or FP8 weights is not verified yet: refuse rather than guess
+    knobs = {f"search.memory.{n}": getattr(space.search.memory, n) for n in ("master_weights", "moment_dtype",
+                                                                               "fp8_weights")}
+    for field, knob in knobs.items():
+        if any(not MemoryKnobs(**{field.rsplit(".", 1)[1]: v}).is_default for v in knob.options()):
+            raise UserError(f"memory knobs are not supported on a probe with nproc {nproc} (FSDP2) yet; "
+                            f"valid: the default only, or nproc 1", field=field)
+    if not MemoryKnobs(**space.objectives.baseline_memory.model_dump()).is_default:
+        raise UserError(f"a non-default baseline memory is not supported with nproc {nproc} (FSDP2) yet; "
+                        f"valid: the defaults, or nproc 1", field="objectives.baseline_memory")
+
+
+def _check_nproc_gpus(space: Space) -> None:
+    nproc = space.probe.nproc
+    if nproc == 1:
+        return
+    try:
+        device = resolve_device(space.probe.device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="probe.device") from None
+    visible = torch.cuda.device_count() if device.type == "cuda" else None
+    if visible is not None and nproc > visible:
+        raise UserError(f"nproc {nproc} needs {nproc} GPUs (one process each) but {visible} visible; "
+                        f"valid: 1 to {visible}", field="probe.nproc")

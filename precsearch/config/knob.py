@@ -120,8 +120,8 @@ def _parse_range(raw: dict, adapter: TypeAdapter) -> Knob:
     if log and low <= 0:
         raise ValueError("a log range needs low > 0")
     step = raw.get("step")
-    if step is not None and (step <= 0 or log):
-        raise ValueError("'step' must be > 0 and cannot be combined with log")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or log):
+        raise ValueError(f"'step' must be a number > 0 and cannot be combined with log, got step={step!r}")
     return Knob(low=low, high=high, step=step, log=log)
 
 

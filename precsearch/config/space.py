@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,14 +36,16 @@ class ModelSection(Section):
     """
 
     preset: str | None = "tiny"
-    vocab_size: int | None = Field(None, gt=0)
-    dim: int | None = Field(None, gt=0)
-    n_layers: int | None = Field(None, gt=0)
-    n_heads: int | None = Field(None, gt=0)
-    n_kv_heads: int | None = Field(None, gt=0)
-    ffn_dim: int | None = Field(None, gt=0)
+    # upper bounds far above any Llama (405B: 126 layers, dim 16384, ffn 53248, vocab 128256) keep a typo
+    # from making `validate` enumerate a billion layer names
+    vocab_size: int | None = Field(None, gt=0, le=2**24)
+    dim: int | None = Field(None, gt=0, le=2**20)
+    n_layers: int | None = Field(None, gt=0, le=1024)
+    n_heads: int | None = Field(None, gt=0, le=2**16)
+    n_kv_heads: int | None = Field(None, gt=0, le=2**16)
+    ffn_dim: int | None = Field(None, gt=0, le=2**22)
     rope_theta: float | None = Field(None, gt=0)
-    probe_layers: int | None = Field(None, gt=0, description="layers in the probe (default: all)")
+    probe_layers: int | None = Field(None, gt=0, le=1024, description="layers in the probe (default: all)")
 
     @field_validator("preset")
     @classmethod
@@ -116,8 +118,18 @@ class ProbeSection(Section):
     )
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    nproc: int = Field(
+        1, ge=1, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
+        "with FSDP2 and micro_batch is the global batch, split evenly over them"
+    )
     divergence_factor: float = Field(
         3.0, gt=1, description="loss above this multiple of the first loss counts as divergence"
+    )
+    spike_threshold: float = Field(
+        0.25, gt=0, description="a step whose loss jumps this far (relative) above its running mean is a spike"
+    )
+    grad_blowup_factor: float = Field(
+        10.0, gt=1, description="a gradient norm above this multiple of the recent median is a blow-up"
     )
 
 
@@ -214,21 +226,64 @@ class BaselineMemory(Section):
     moment_dtype: Literal["param", "fp32", "bf16"] = "param"
 
 
+#: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
+NOISE_LIMIT = 2.0
+
+
+class StressSection(Section):
+    """An optional second probe per trial at a higher learning rate, to surface fragility in few steps."""
+
+    lr_multiplier: float | None = Field(None, gt=1, description="the stress probe's lr = probe.lr x this (off if unset)")
+    in_constraint: bool = Field(False, description="a trial must also pass under stress to be feasible")
+
+    @model_validator(mode="after")
+    def _needs_multiplier(self) -> "StressSection":
+        if self.in_constraint and self.lr_multiplier is None:
+            raise ValueError("in_constraint needs lr_multiplier (the stress probe's learning-rate multiple, > 1)")
+        return self
+
+
 class ObjectivesSection(Section):
     """What a trial is scored on."""
 
     memory: bool = Field(True, description="maximize memory saved vs BF16")
+    memory_basis: Literal["target", "probe"] = Field(
+        "target", description="memory saved on the target model (predicted, calibrated on a GPU) or on the probe"
+    )
     instability: bool = Field(True, description="minimize the loss gap vs BF16")
     throughput: bool = Field(False, description="maximize tokens/s")
-    stability_limit: float = Field(0.01, gt=0, description="feasible if instability <= this")
-    spike_threshold: float = Field(0.25, gt=0, description="a step whose loss jumps this far above its running mean is a spike")
-    spike_penalty: float = Field(0.002, ge=0, description="added to instability per spike")
+    stability_limit: float = Field(
+        0.01, gt=0, description="feasible if instability <= this, in stability_unit (default 0.01, or 2.0 for noise)"
+    )
+    stability_unit: Literal["relative", "noise"] = Field(
+        "relative", description="relative: a fraction of the BF16 loss; noise: multiples of the BF16 seed spread"
+    )
+    reference_seeds: int = Field(3, ge=1, description="BF16 reference seeds; their spread is the noise floor")
+    spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
+    stress: StressSection = StressSection()
     baseline_memory: BaselineMemory = BaselineMemory()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys_and_unit_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "spike_threshold" in data:
+            raise ValueError("spike_threshold moved to probe.spike_threshold (spikes are detected while the probe trains)")
+        if isinstance(data, dict) and data.get("stability_unit") == "noise" and "stability_limit" not in data:
+            data = {**data, "stability_limit": NOISE_LIMIT}
+        return data
 
     @model_validator(mode="after")
     def _at_least_two(self) -> "ObjectivesSection":
         if sum([self.memory, self.instability, self.throughput]) < 2:
             raise ValueError("enable at least two of memory, instability, throughput")
+        return self
+
+    @model_validator(mode="after")
+    def _noise_needs_seeds(self) -> "ObjectivesSection":
+        if self.stability_unit == "noise" and self.reference_seeds < 2:
+            raise ValueError(f"stability_unit 'noise' needs reference_seeds >= 2 (got {self.reference_seeds}): "
+                             f"one BF16 seed has no spread to measure; valid: reference_seeds >= 2, "
+                             f"or stability_unit 'relative'")
         return self
 
 
@@ -247,6 +302,18 @@ class StudySection(Section):
     sampler: Sampler = Sampler.TPE
     seed: int = 0
     storage: str | None = Field(None, description="Optuna storage URL (default: sqlite in the output dir)")
+    heartbeat_s: int = Field(
+        10, gt=0, description="each worker records a heartbeat for its running trial this often (RDB storages)"
+    )
+    stale_after_s: int | None = Field(
+        None, gt=0, description="a running trial without a heartbeat for this long is failed and retried "
+        "(default: 3 x heartbeat_s)"
+    )
+    max_retries: int = Field(2, ge=0, description="how many times a trial whose worker died is run again")
+    trial_timeout_s: float | None = Field(None, gt=0, description="kill a probe that runs longer (default: no limit)")
+    store_retry_s: float = Field(
+        60.0, ge=0, description="keep retrying an unreachable Optuna database or MLflow server this long"
+    )
 
 
 class TrackingSection(Section):

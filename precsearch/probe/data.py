@@ -26,7 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from typing import TYPE_CHECKING
+
 from precsearch.errors import DataError
+
+if TYPE_CHECKING:
+    from precsearch.config.space import Space
 
 SOURCES = ("stdlib", "synthetic", "tokens", "text")
 #: Cap on ``stdlib`` bytes when ``max_tokens`` is not given: enough text, loads in well under 1 s.
@@ -369,3 +374,12 @@ __all__ = [
     "synthetic_entropy_bound",
     "synthetic_tokens",
 ]
+
+
+def load_batches(space: "Space") -> TokenBatches:
+    """The space's token stream as deterministic training batches plus the fixed held-out set."""
+    d, p = space.data, space.probe
+    tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
+                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
+    return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
+                        eval_batches=d.eval_batches)

@@ -1,28 +1,46 @@
 """A model of peak training memory, for where it cannot be measured (CPU) or
 for shapes that were not run (the full-depth target).
 
-It counts the bytes alive at the start of the backward pass of one step of
-the probe's own set-up (parameters in fp32 or BF16, ``torch.autocast`` to
-BF16, torch AdamW whose moments take the parameters' dtype):
+It counts the bytes alive in one training step of the probe's own set-up
+(parameters in fp32 or BF16, ``torch.autocast`` to BF16, FP8 Linears as
+Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
 
-* parameters, gradients and two AdamW moments: 4 + 4 + 8 bytes/param in fp32,
-  2 + 2 + 4 in BF16; with the policy's memory knobs, FP32 master weights
-  (+4 bytes/param), moments in another dtype, and FP8 weights (an FP8 layer's
-  weight stored as FP8 data plus its transpose, 1 + 1 bytes/param, and no
-  per-step copy);
-* the low-precision weight copies a step keeps for its backward: with fp32
-  parameters, a BF16 cast (2 bytes/param) for a BF16 Linear (none with BF16
-  parameters); for an FP8 Linear, the FP8 weight and its
-  transpose (1 + 1 bytes/param; Hopper's FP8 GEMMs need both layouts, as in
-  Transformer Engine);
-* activations saved for the backward: each Linear's input at 2 bytes (BF16) or
-  1 byte (FP8) per element, plus the rest of each block (RMSNorm in fp32, the
-  attention's q/k/v/output, SwiGLU's gate/up/product) at fixed widths that FP8
-  does not change;
-* the logits (BF16) and their fp32 copy and gradient for the cross-entropy.
+* **backward**: the start of the backward pass, when the cross-entropy's
+  backward runs. Alive: the parameters and optimizer state (gradients were
+  freed by ``zero_grad(set_to_none=True)``), every tensor the forward saved for
+  the backward, the low-precision weight copies, and three logit-sized fp32
+  tensors (the log-softmax output, its gradient, and the gradient of its input);
+* **optimizer step**: parameters, gradients, optimizer state and the
+  optimizer's temporaries (``torch.optim.AdamW``'s foreach path allocates
+  ``sqrt(exp_avg_sq)`` for every parameter at once; TE ``FusedAdam`` does not).
 
-Every figure from this module is a prediction and is labelled so where it is
-reported. It is not calibrated against a GPU measurement yet.
+The peak is the larger of the two. What a step keeps:
+
+* parameters at 4 (fp32) or 2 (BF16) bytes; a layer under ``fp8_weights``
+  stores FP8 data and its transpose (2 bytes) instead; gradients in the
+  parameters' dtype; AdamW moments in :meth:`MemoryKnobs.moments`' dtype;
+  FP32 master weights (4 bytes) when the knobs ask for them;
+* weight copies saved for the backward: with fp32 parameters, autocast's BF16
+  cast of each BF16 Linear's weight (2 bytes/param; none with BF16
+  parameters); for an FP8 Linear, the FP8 weight and its transpose (2 bytes/param,
+  both layouts are needed by Hopper's FP8 GEMMs), none under ``fp8_weights``;
+* Linear inputs saved for the backward: q/k/v read one tensor, as do
+  gate/up. BF16 Linears share it when it is already BF16 (BF16 parameters);
+  with fp32 parameters each casts its own BF16 copy. Each FP8 Linear saves its
+  own quantized copy (1 byte/element, plus block scales for the block
+  recipes). o_proj reads the attention output, which attention saves anyway;
+* the rest of each block: each RMSNorm saves its fp32 input and its
+  normalised output (in the residual stream's dtype), attention saves q, k, v
+  (after RoPE), its output and an fp32 log-sum-exp per head, SwiGLU saves the
+  gate, silu(gate) and up projections (BF16); FP8 does not change these.
+
+Checked against the H200 (Llama-3-8B shape, 32 layers, seq 4096, micro-batch
+1, BF16 parameters, torch AdamW, TE 2.20.2): predicted 75.39 GiB for BF16 where
+75.45 GiB was measured, 88.60 GiB for FP8 on every Linear where 88.70 GiB was.
+On the CPU, :func:`activation_bytes` equals what autograd saves for BF16
+layers (``tests/probe/test_memory.py``). Figures from this module are labelled
+"predicted"; :mod:`precsearch.probe.calibration` corrects them from GPU
+measurements.
 """
 
 from __future__ import annotations
@@ -33,27 +51,73 @@ from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.probe.model import ModelConfig
 
-_FP32, _BF16, _FP8 = 4, 2, 1
+_FP32, _BF16 = 4, 2
+#: Logit-sized fp32 tensors alive when the log-softmax backward runs (its output, gradient in and out).
+_LOGIT_FP32_TENSORS = 3
+
+#: Bytes per element of a saved activation (a Linear's input), scales included.
+ELEMENT_BYTES: dict[Precision, float] = {
+    Precision.BF16: 2.0,
+    Precision.FP8_DELAYED: 1.0,  # one scale per tensor
+    Precision.FP8_CURRENT: 1.0,
+    Precision.FP8_BLOCK: 1.0 + 4 / 128,  # an fp32 scale per 1x128 block
+    Precision.MXFP8: 1.0 + 1 / 32,  # an E8M0 scale per 32 elements
+    Precision.NVFP4: 0.5 + 1 / 16,  # FP4 data, an E4M3 scale per 16 elements
+}
+#: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks).
+WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2}
+
+#: Linear inputs of one block: (suffixes reading one tensor, does that tensor arrive in BF16, saved anyway).
+_INPUT_GROUPS = (
+    (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), False, False),
+    (("self_attn.o_proj",), True, True),  # the attention output, which attention saves
+    (("mlp.gate_proj", "mlp.up_proj"), False, False),
+    (("mlp.down_proj",), True, False),  # silu(gate) * up, saved only by down_proj
+)
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Predicted bytes by component; ``total`` is the predicted peak."""
+    """Predicted bytes by component; ``total`` is the predicted peak.
+
+    Attributes:
+        params: Stored parameters (fp32, BF16, or FP8 under ``fp8_weights``).
+        grads: Gradients (alive at the optimizer step, not at the start of the backward).
+        optimizer: AdamW moments plus FP32 master weights.
+        optimizer_temp: Temporaries of the optimizer step (torch AdamW's ``sqrt(exp_avg_sq)``).
+        weight_copies: Low-precision weight copies saved for the backward.
+        linear_inputs: Linear inputs saved for the backward, BF16 or quantized.
+        other_activations: Norm, attention and SwiGLU tensors saved for the backward.
+        logits: The cross-entropy's logit-sized tensors at its backward.
+    """
 
     params: int
     grads: int
     optimizer: int
+    optimizer_temp: int
     weight_copies: int
     linear_inputs: int
     other_activations: int
     logits: int
 
     @property
+    def backward_peak(self) -> int:
+        """Bytes alive when the backward starts."""
+        return (self.params + self.optimizer + self.weight_copies + self.linear_inputs
+                + self.other_activations + self.logits)
+
+    @property
+    def step_peak(self) -> int:
+        """Bytes alive during the optimizer step."""
+        return self.params + self.grads + self.optimizer + self.optimizer_temp
+
+    @property
     def total(self) -> int:
-        return sum(asdict(self).values())
+        return max(self.backward_peak, self.step_peak)
 
     def to_dict(self) -> dict[str, int]:
-        return asdict(self) | {"total": self.total}
+        return asdict(self) | {"backward_peak": self.backward_peak, "step_peak": self.step_peak,
+                               "total": self.total}
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -89,32 +153,71 @@ def predict_peak(
     tokens = seq_len * micro_batch
     n_params = cfg.num_params()
     width = _FP32 if param_dtype == "fp32" else _BF16
-    bf16_copy = _BF16 if param_dtype == "fp32" else 0  # autocast casts fp32 weights; BF16 ones are used as-is
-    copies = inputs = fp8_stored = 0
+    copies = fp8_stored = stored_bytes = 0.0
     for name, (fan_in, fan_out) in _layers(cfg).items():
-        fp8 = precisions.get(name, Precision.BF16).is_fp8
-        if fp8 and memory.fp8_weights:
-            fp8_stored += fan_in * fan_out  # the weight lives as FP8 + transpose: no per-step copy
-        else:
-            copies += fan_in * fan_out * (2 * _FP8 if fp8 else bf16_copy)
-        inputs += tokens * fan_in * (_FP8 if fp8 else _BF16)
+        p = precisions.get(name, Precision.BF16)
+        n = fan_in * fan_out
+        weight = 2 * WEIGHT_BYTES[p]  # FP8 data + its transpose
+        if p.is_fp8 and memory.fp8_weights:
+            fp8_stored, stored_bytes = fp8_stored + n, stored_bytes + n * weight
+        elif p.is_fp8:
+            copies += n * weight
+        elif param_dtype == "fp32":
+            copies += n * _BF16  # autocast's cached BF16 cast
     moment = {"fp32": _FP32, "bf16": _BF16}[memory.moments(param_dtype)]
     master = _FP32 if memory.uses_master_weights and width != _FP32 else 0
     return MemoryBreakdown(
-        params=(n_params - fp8_stored) * width + fp8_stored * 2 * _FP8,
+        params=int((n_params - fp8_stored) * width + stored_bytes),
         grads=n_params * width,
         optimizer=n_params * (2 * moment + master),
-        weight_copies=copies,
-        linear_inputs=inputs,
-        other_activations=_other_activations(cfg, tokens),
-        logits=tokens * cfg.vocab_size * (_BF16 + 2 * _FP32),
+        optimizer_temp=0 if not memory.is_default else n_params * moment,  # FusedAdam for any knob
+        weight_copies=int(copies),
+        linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, param_dtype)),
+        other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
+                                                 param_dtype=param_dtype),
+        logits=tokens * cfg.vocab_size * _LOGIT_FP32_TENSORS * _FP32,
     )
 
 
-def _other_activations(cfg: ModelConfig, tokens: int) -> int:
+def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str) -> float:
+    """Bytes per token of Linear inputs saved for the backward, over all blocks and ``lm_head``."""
+    widths = {suffix: fan_in for suffix, (fan_in, _) in linear_shapes(cfg).items()}
+    total = 0.0
+    for i in range(cfg.n_layers):
+        for suffixes, arrives_bf16, saved_anyway in _INPUT_GROUPS:
+            group = [precisions.get(f"model.layers.{i}.{s}", Precision.BF16) for s in suffixes]
+            total += _group_input_bytes(group, widths[suffixes[0]], arrives_bf16, saved_anyway, param_dtype)
+    head = [precisions.get("lm_head", Precision.BF16)]
+    return total + _group_input_bytes(head, cfg.dim, False, False, param_dtype)
+
+
+def _group_input_bytes(group: list[Precision], width: int, arrives_bf16: bool, saved_anyway: bool,
+                       param_dtype: str) -> float:
+    """Bytes per token saved by Linears reading one tensor of ``width`` features."""
+    quantized = sum(width * ELEMENT_BYTES[p] for p in group if p.is_fp8)
+    n_bf16 = sum(1 for p in group if not p.is_fp8)
+    if n_bf16 == 0 or saved_anyway:
+        return quantized
+    shared = arrives_bf16 or param_dtype == "bf16"  # autocast casts an fp32 input once per Linear
+    return quantized + width * _BF16 * (1 if shared else n_bf16)
+
+
+def other_activation_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, param_dtype: str) -> int:
+    """Bytes saved for the backward by everything but the Linear inputs and the logits."""
+    residual = _FP32 if param_dtype == "fp32" else _BF16
     kv = cfg.n_kv_heads * cfg.head_dim
-    norms = 2 * tokens * cfg.dim * _FP32  # two RMSNorm inputs per block, fp32 residual
-    attention = tokens * (2 * cfg.dim + 2 * kv) * _BF16 + tokens * cfg.n_heads * _FP32  # q,k,v,out + lse
-    swiglu = 3 * tokens * cfg.ffn_dim * _BF16  # gate, up, silu(gate)
-    embed_and_final = tokens * cfg.dim * (_FP32 + _FP32)  # embedding output, final norm input
-    return cfg.n_layers * (norms + attention + swiglu) + embed_and_final
+    norm = cfg.dim * (_FP32 + residual) + _FP32  # fp32 input, normalised output, 1/rms
+    attention = (2 * cfg.dim + 2 * kv) * _BF16 + cfg.n_heads * _FP32  # q, k, v, output; log-sum-exp
+    swiglu = 3 * cfg.ffn_dim * _BF16  # gate, silu(gate), up
+    per_token = cfg.n_layers * (2 * norm + attention + swiglu) + norm + 8  # + the final norm, the token ids
+    # RoPE's cos/sin tables (BF16): one pair, or one cast per block from fp32 ones.
+    rope = 2 * seq_len * cfg.head_dim * _BF16 * (cfg.n_layers if param_dtype == "fp32" else 1)
+    return seq_len * micro_batch * per_token + rope
+
+
+def activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
+                     param_dtype: str = "fp32") -> int:
+    """Bytes the forward saves for the backward, weights and logits excluded (what autograd holds)."""
+    inputs = seq_len * micro_batch * saved_linear_input_bytes(cfg, precisions, param_dtype)
+    return int(inputs) + other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
+                                                param_dtype=param_dtype)

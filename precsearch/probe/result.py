@@ -17,13 +17,28 @@ class ProbeResult:
         eval_loss: Mean loss on the fixed held-out batches after training (NaN if diverged).
         diverged: The probe stopped early: a non-finite loss/gradient or a loss blow-up.
         diverged_step: The step it stopped at, if it did.
+        events: Unusual steps as ``{step, kind, value, baseline}`` dicts, in step order: loss
+            spikes, gradient-norm blow-ups and non-finite values (see :mod:`precsearch.probe.events`).
         reason: Why it stopped, in words ("" if it did not).
         tokens_per_s: Training throughput over the FP8 steps (median step time).
-        peak_memory_bytes: Peak training memory.
+        peak_memory_bytes: Peak training memory (of the busiest process when the probe spans several).
+        per_rank_peak_bytes: Peak memory of each process of a probe that spans several (FSDP2),
+            in rank order, measured or predicted as ``memory_source`` says; empty for one process.
         memory_source: "measured" (torch.cuda.max_memory_allocated) or "predicted" (memory model).
         predicted_memory: The memory model's breakdown (always present).
+        target_memory_bytes: Peak memory of the *target* model (``target_layers`` blocks, the
+            probe's sequence length, micro-batch and policy) from the memory model, corrected by
+            this probe's own measurement when it ran on a GPU (:mod:`precsearch.probe.calibration`).
+        target_memory_source: "calibrated" (corrected by a measurement) or "predicted".
+        target_layers: Blocks of the model ``target_memory_bytes`` is for.
+        memory_calibration: The correction applied (:class:`~precsearch.probe.calibration.Calibration`).
         wall_s: Wall time of the whole probe, build included.
         device: Where it ran.
+        layer_stats: Per-layer FP8 statistics, one ``{step, layer, role, precision, amax, scale,
+            overflow, underflow, nonfinite}`` dict per FP8 layer and tensor role at each
+            collection step (see :mod:`precsearch.probe.diagnostics`).
+        first_bad: For a diverged probe, the first layer that went bad as ``{step, layer, tensor,
+            kind, value}`` (:class:`~precsearch.probe.diagnostics.FirstBad`), or None.
         phase_s: Seconds spent per phase: build (model, conversion, optimizer), bf16_steps or
             warmup_steps and fp8_steps (the training loop), eval.
     """
@@ -34,14 +49,22 @@ class ProbeResult:
     eval_loss: float = float("nan")
     diverged: bool = False
     diverged_step: int | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
     tokens_per_s: float = 0.0
     peak_memory_bytes: int = 0
+    per_rank_peak_bytes: list[int] = field(default_factory=list)
     memory_source: str = "predicted"
     predicted_memory: dict[str, int] = field(default_factory=dict)
+    target_memory_bytes: int = 0
+    target_memory_source: str = "predicted"
+    target_layers: int = 0
+    memory_calibration: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = "cpu"
     phase_s: dict[str, float] = field(default_factory=dict)
+    layer_stats: list[dict[str, Any]] = field(default_factory=list)
+    first_bad: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,13 +13,17 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
+from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches
+from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
+from precsearch.probe.events import StepMonitor
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.result import ProbeResult
@@ -28,6 +32,24 @@ StepCallback = Callable[[int, float, float], None]
 
 
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a probe's training spans processes; the default is one process and changes nothing.
+
+    Attributes:
+        shard: Called on the converted model before the optimizer is built (FSDP2 wraps it here,
+            see :mod:`precsearch.probe.distributed`).
+        mean: The mean over processes of a per-process scalar (each process's loss on its rows).
+    """
+
+    shard: Callable[[torch.nn.Module], None] = lambda model: None
+    mean: Callable[[float], float] = lambda value: value
+
+
+ONE_PROCESS = Parallel()
+EVERY_10_STEPS = DiagnosticsConfig()  # per-layer FP8 statistics every 10 steps and at the last
 
 
 def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
@@ -63,27 +85,44 @@ def run_probe(
     backend: Backend,
     device: torch.device,
     on_step: StepCallback | None = None,
+    parallel: Parallel = ONE_PROCESS,
+    diagnostics: DiagnosticsConfig = EVERY_10_STEPS,
+    target: ModelConfig | None = None,
 ) -> ProbeResult:
-    """Train the probe under ``policy`` for ``probe.steps`` steps and measure it."""
+    """Train the probe under ``policy`` for ``probe.steps`` steps and measure it.
+
+    ``target`` is the full model the policy is meant for (default: ``cfg``); its peak memory
+    is predicted, and calibrated by this probe's measurement on a GPU
+    (:mod:`precsearch.probe.calibration`).
+
+    ``diagnostics`` sets how often per-layer FP8 statistics are collected; a
+    diverged probe names its first bad layer (:mod:`precsearch.probe.diagnostics`).
+    """
     start = time.perf_counter()
     if device.type == "cuda":
+        torch.empty(0, device=device)  # initialise CUDA in this process: the reset below needs a context
         torch.cuda.reset_peak_memory_stats(device)
     problem = backend.memory_knob_problem(policy.memory, device)
     if problem:
         raise UnsupportedRecipe(problem)
     backend = backend.for_memory(policy.memory)
     model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype)
+    parallel.shard(model)
     opt = backend.build_optimizer(model, policy.memory, lr=probe.lr, betas=probe.betas,
                                   weight_decay=probe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
     result = ProbeResult(device=str(device))
+    monitor = StepMonitor(probe.spike_threshold, probe.grad_blowup_factor)
     result.phase_s["build"] = time.perf_counter() - start
     step_times: list[float] = []
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
+    watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
     for step in range(probe.steps):
         fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
         t0 = time.perf_counter()
+        watch.begin_step(step)
         loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device)
+        loss = parallel.mean(loss)
         sched.step()
         phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
         result.phase_s[phase] = result.phase_s.get(phase, 0.0) + time.perf_counter() - t0
@@ -92,15 +131,21 @@ def run_probe(
         result.losses.append(loss)
         result.grad_norms.append(grad_norm)
         result.fp8_steps.append(fp8_on)
+        watch.end_step(result.layer_stats, step)
+        result.events.extend(e.to_dict() for e in monitor.observe(step, loss, grad_norm))
         if on_step:
             on_step(step, loss, grad_norm)
         if _diverged(result, probe.divergence_factor, step):
+            if (bad := watch.explain(step, result.layer_stats)) is not None:
+                result.first_bad = bad.to_dict()
+                result.reason += f"; {bad.describe()}"
             break
+    watch.close()
     t0 = time.perf_counter()
     if not result.diverged:
-        result.eval_loss = evaluate(model, data, backend, device, fp8_on=policy.uses_fp8)
+        result.eval_loss = parallel.mean(evaluate(model, data, backend, device, fp8_on=policy.uses_fp8))
     result.phase_s["eval"] = time.perf_counter() - t0
-    _measure(result, cfg, probe, policy, model, device, step_times, start)
+    _measure(result, cfg, probe, policy, model, device, step_times, start, target=target)
     return result
 
 
@@ -143,7 +188,7 @@ def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.
     return sum(losses) / len(losses)
 
 
-def _measure(result, cfg, probe, policy, model, device, step_times, start) -> None:
+def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None) -> None:
     tokens = probe.seq_len * probe.micro_batch
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
@@ -158,7 +203,26 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start) -> No
     else:
         result.peak_memory_bytes = predicted.total
         result.memory_source = "predicted"
+    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total)
     result.wall_s = time.perf_counter() - start
+
+
+#: Steps a probe must run for its peak to include the optimizer state (created by the first step).
+_STEPS_TO_PEAK = 2
+
+
+def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, probe: ProbeSection,
+                    policy: Policy, predicted_bytes: int) -> None:
+    """Fill the target's predicted peak, corrected by this probe's measurement when there is one."""
+    calibration = Calibration()
+    if result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
+        calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_bytes, result.peak_memory_bytes)])
+    prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
+                                micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory)
+    result.target_memory_bytes = prediction.bytes
+    result.target_memory_source = prediction.source
+    result.target_layers = target.n_layers
+    result.memory_calibration = calibration.to_dict()
 
 
 def backend_precisions(policy: Policy, cfg: ModelConfig) -> dict:

@@ -48,6 +48,7 @@ class ProbeExecutor:
     """
 
     def __init__(self, space: Space, timeout_s: float | None = None):
+        self._space = space
         self._space_json = space.model_dump(mode="json")
         self.timeout_s = timeout_s
         self._ctx = mp.get_context("spawn")
@@ -56,7 +57,15 @@ class ProbeExecutor:
 
     def run(self, probe: ProbeSection, policy: Policy, label: str, on_step: StepCallback | None = None,
             trial: int | None = None) -> ProbeResult:
-        """Run one probe; raises ProbeFailed or ProbeCrashed when it does not produce a result."""
+        """Run one probe; raises ProbeFailed or ProbeCrashed when it does not produce a result.
+
+        A probe of ``probe.nproc`` > 1 processes is launched with torchrun instead (its own processes
+        give the same isolation).
+        """
+        if getattr(probe, "nproc", 1) > 1:
+            from precsearch.probe.distributed import run_distributed_probe
+
+            return run_distributed_probe(self._space, probe, policy, label, on_step=on_step, timeout=self.timeout_s)
         self._ensure_child()
         self._conn.send({"probe": probe.model_dump(mode="json"), "policy": policy.to_dict(), "label": label,
                          "trial": trial})
@@ -135,6 +144,20 @@ class ProbeExecutor:
             self._proc.kill()
             self._proc.join(timeout=10)
         self._proc = None
+
+
+#: Run a Python module in a child that Linux sends SIGTERM when its parent dies, even by SIGKILL. Set in
+#: the child itself rather than in a ``preexec_fn``, which is unsafe when the parent runs threads.
+_DYING_WITH_PARENT = ("import ctypes, runpy, signal, sys; "
+                      "sys.platform.startswith('linux') and ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+                      "sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+
+
+def dying_with_parent(cmd: list[str]) -> list[str]:
+    """``[python, -m, module, *args]`` rewritten so the child stops (SIGTERM) when this process dies."""
+    if len(cmd) < 3 or cmd[1] != "-m":
+        raise ValueError(f"expected [python, -m, module, ...], got {cmd[:3]}")
+    return [cmd[0], "-c", _DYING_WITH_PARENT.format(module=cmd[2]), *cmd[3:]]
 
 
 def die_with_parent() -> None:

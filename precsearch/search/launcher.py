@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.search.executor import die_with_parent
+from precsearch.search.executor import dying_with_parent
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.study import _say, _update_front, finished_count, open_run, recover_dead_trials
@@ -45,7 +45,7 @@ def gpu_slices(gpus: list[int], per_worker: int) -> list[list[int]]:
 def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, workers: int,
                  gpus: list[int] | None, progress: bool) -> list[dict]:
     """Run the study in parallel worker processes; return the final trial rows."""
-    slices = gpu_slices(gpus, getattr(space.probe, "nproc", 1)) if gpus else [None] * workers
+    slices = gpu_slices(gpus, space.probe.nproc) if gpus else [None] * workers
     with open_run(space, ws, progress, space_text=space_text, probes=False) as ctx:
         recover_dead_trials(ctx)
         _say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
@@ -79,7 +79,7 @@ def _start_worker(ws: Workspace, tracking_uri: str, target: int, index: int,
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     cmd = [sys.executable, "-m", "precsearch", "worker", "--study", ws.study_name, "--output-dir",
            str(ws.output_dir), "--n-trials", str(target), "--name", f"w{index}", "--no-progress"]
-    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen(dying_with_parent(cmd), env=env, start_new_session=True)
 
 
 def _watch(ctx, procs: list[subprocess.Popen], target: int, progress: bool) -> list[int]:

@@ -20,6 +20,7 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.space import ProbeSection, Space
 from precsearch.policy import Policy
 from precsearch.probe import runner
+from precsearch.probe.data import load_batches
 from precsearch.probe.result import ProbeResult
 
 FAULTS_ENV = "PRECSEARCH_FAULTS"
@@ -30,8 +31,6 @@ class ProbeHost:
     """A space's probe set-up: device, backend, data and probe model shape."""
 
     def __init__(self, space: Space):
-        from precsearch.search.study import load_batches
-
         self.space = space
         self.device = resolve_device(space.probe.device)
         self.backend = get_backend(space.backend.value, self.device)
@@ -42,7 +41,8 @@ class ProbeHost:
         probe = ProbeSection.model_validate(request["probe"])
         policy = Policy.from_dict(request["policy"])
         with _injected(fault_for(request.get("trial"))):
-            return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step)
+            return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
+                                    target=self.space.model.target())
 
 
 def fault_for(trial: int | None) -> str | None:

@@ -1,19 +1,39 @@
-"""Scoring a probe against its paired BF16 reference.
+"""Scoring a probe against its paired BF16 reference, in units of the BF16 seed noise.
 
-* memory saved = 1 - peak(policy) / peak(BF16 reference);
+* memory saved = 1 - peak(policy) / peak(BF16 reference), on the probe (measured
+  on a GPU) and on the target model (predicted, calibrated by the probe on a
+  GPU); ``objectives.memory_basis`` picks the one optimised;
 * loss gap = (eval loss(policy) - eval loss(reference)) / eval loss(reference),
-  on the fixed held-out batches, not the noisy training batches;
-* instability = max(loss gap, 0) + spike_penalty x (spikes beyond the
-  reference's); a diverged probe scores :data:`DIVERGED_INSTABILITY`;
-* feasible = not diverged and instability <= the stability limit.
+  on the fixed held-out batches, not the noisy training batches; the reference
+  is the BF16 probe of the same seed (paired);
+* noise floor = the spread of the BF16 references over ``reference_seeds``
+  seeds: sample standard deviation of their held-out losses / their mean
+  (NaN, unknown, with one seed); gap in noise = loss gap / noise floor;
+* instability = max(loss gap, 0) + spike_penalty x (loss spikes and gradient
+  blow-ups beyond the reference's, from the probe's per-step events); a
+  diverged probe scores :data:`DIVERGED_INSTABILITY`;
+* stable = not diverged and instability <= the stability limit, read in
+  ``stability_unit``: ``relative`` compares instability itself, ``noise``
+  compares instability / noise floor;
+* under stress (``objectives.stress``), the same figures for the policy and
+  the BF16 reference both run at a higher learning rate; the stressed gap is
+  read against the noise floor measured at the base learning rate;
+* feasible = stable, and also stable under stress when ``stress.in_constraint``.
+
+Instability stays in relative units whatever ``stability_unit`` is: it is an
+Optuna objective, and the noise floor differs between references (one per
+gradient-clipping value), so noise units would not compare across trials.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from precsearch.config.space import ObjectivesSection
+from precsearch.probe.events import count_events
 from precsearch.probe.result import ProbeResult
 
 #: Instability given to a diverged probe: far outside any sensible stability limit.
@@ -22,55 +42,133 @@ DIVERGED_INSTABILITY = 1.0
 
 @dataclass(frozen=True)
 class Score:
-    """A trial's objectives and the figures behind them."""
+    """A trial's objectives and the figures behind them.
+
+    ``stress_*`` and ``stable_under_stress`` are None when no stress probe ran.
+    ``constraint`` is Optuna's constraint value: <= 0 exactly when ``feasible``.
+    ``memory_saved`` is ``memory_saved_target`` or ``memory_saved_probe``, as
+    ``objectives.memory_basis`` says.
+    """
 
     memory_saved: float
+    memory_saved_probe: float
+    memory_saved_target: float
     loss_gap: float
     instability: float
     spikes: int
+    grad_blowups: int
     diverged: bool
     tokens_per_s: float
     speedup: float
+    noise_floor: float
+    gap_in_noise: float
+    stable: bool
+    stress_loss_gap: float | None
+    stress_instability: float | None
+    stress_diverged: bool | None
+    stable_under_stress: bool | None
     feasible: bool
+    constraint: float
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def count_spikes(losses: list[float], threshold: float, warmup: int = 3, alpha: float = 0.1) -> int:
-    """Steps whose loss jumps more than ``threshold`` (relative) above a running mean."""
-    spikes, mean = 0, None
-    for step, loss in enumerate(losses):
-        if not math.isfinite(loss):
-            break
-        if mean is not None and step >= warmup and loss > mean * (1 + threshold):
-            spikes += 1
-        mean = loss if mean is None else (1 - alpha) * mean + alpha * loss
-    return spikes
+@dataclass(frozen=True)
+class _Pair:
+    """A probe read against its BF16 reference: the stability figures of one learning rate."""
+
+    loss_gap: float
+    instability: float
+    spikes: int
+    grad_blowups: int
+    diverged: bool
+    constraint: float
 
 
-def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection) -> Score:
-    """Score ``result`` against the BF16 ``reference`` run on the same data, seed and steps."""
-    memory_saved = 1.0 - result.peak_memory_bytes / reference.peak_memory_bytes
-    speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
-    excess = max(0, count_spikes(result.losses, objectives.spike_threshold)
-                 - count_spikes(reference.losses, objectives.spike_threshold))
+def measure_noise_floor(references: Sequence[ProbeResult]) -> float:
+    """Seed-to-seed spread of BF16 held-out losses, relative to their mean; NaN with fewer than 2."""
+    losses = [r.eval_loss for r in references]
+    if len(losses) < 2:
+        return math.nan
+    return statistics.stdev(losses) / statistics.fmean(losses)
+
+
+def in_noise_units(value: float, floor: float) -> float:
+    """``value`` (a relative loss figure) in multiples of the noise floor; NaN if the floor is unknown or 0."""
+    return value / floor if floor > 0 else math.nan
+
+
+def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection, *,
+          noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None) -> Score:
+    """Score ``result`` against the BF16 ``reference`` run on the same data, seed and steps.
+
+    Args:
+        result: The policy's probe.
+        reference: The BF16 probe of the same seed.
+        objectives: The space's objectives (limit, unit, spike penalty, stress settings).
+        noise_floor: The BF16 seed spread (see :func:`measure_noise_floor`); NaN when unknown.
+        stress: ``(policy probe, BF16 probe)`` at the stress learning rate, if one ran.
+    """
+    base = _pair(result, reference, objectives, noise_floor)
+    pressed = _pair(*stress, objectives, noise_floor) if stress else None
+    counted = pressed is not None and objectives.stress.in_constraint
+    constraint = max(base.constraint, pressed.constraint) if counted else base.constraint
+    saved_probe, saved_target = memory_saved(result, reference)
+    if objectives.memory_basis == "target" and math.isnan(saved_target):
+        raise ValueError("a probe result has no target memory prediction (target_memory_bytes; it was stored "
+                         "before precsearch predicted one): run it again, or set objectives.memory_basis: probe")
+    return Score(
+        memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
+        memory_saved_probe=saved_probe,
+        memory_saved_target=saved_target,
+        loss_gap=base.loss_gap,
+        instability=base.instability,
+        spikes=base.spikes,
+        grad_blowups=base.grad_blowups,
+        diverged=base.diverged,
+        tokens_per_s=result.tokens_per_s,
+        speedup=result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0,
+        noise_floor=noise_floor,
+        gap_in_noise=in_noise_units(base.loss_gap, noise_floor),
+        stable=base.constraint <= 0,
+        stress_loss_gap=pressed.loss_gap if pressed else None,
+        stress_instability=pressed.instability if pressed else None,
+        stress_diverged=pressed.diverged if pressed else None,
+        stable_under_stress=pressed.constraint <= 0 if pressed else None,
+        feasible=constraint <= 0,
+        constraint=constraint,
+    )
+
+
+def memory_saved(result: ProbeResult, reference: ProbeResult) -> tuple[float, float]:
+    """``(on the probe, on the target)``: 1 - peak(policy) / peak(BF16 reference), for each model.
+
+    The target figure is NaN when either result has no target prediction (one
+    stored before precsearch predicted it).
+    """
+    probe = 1.0 - result.peak_memory_bytes / reference.peak_memory_bytes
+    if result.target_memory_bytes <= 0 or reference.target_memory_bytes <= 0:
+        return probe, math.nan
+    return probe, 1.0 - result.target_memory_bytes / reference.target_memory_bytes
+
+
+def _pair(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection, floor: float) -> _Pair:
+    spikes = _excess(result, reference, "loss_spike")
+    blowups = _excess(result, reference, "grad_blowup")
     diverged = result.diverged or not math.isfinite(result.eval_loss)
     if diverged:
-        gap, instability = math.nan, DIVERGED_INSTABILITY
-    else:
-        gap = (result.eval_loss - reference.eval_loss) / reference.eval_loss
-        instability = max(gap, 0.0) + objectives.spike_penalty * excess
-    return Score(
-        memory_saved=memory_saved,
-        loss_gap=gap,
-        instability=instability,
-        spikes=excess,
-        diverged=diverged,
-        tokens_per_s=result.tokens_per_s,
-        speedup=speedup,
-        feasible=not diverged and instability <= objectives.stability_limit,
-    )
+        return _Pair(math.nan, DIVERGED_INSTABILITY, spikes, blowups, True, DIVERGED_INSTABILITY)
+    gap = (result.eval_loss - reference.eval_loss) / reference.eval_loss
+    instability = max(gap, 0.0) + objectives.spike_penalty * (spikes + blowups)
+    measured = instability if objectives.stability_unit == "relative" else in_noise_units(instability, floor)
+    # An unknown floor cannot pass a limit set in noise units (the space check rules out one seed).
+    constraint = measured - objectives.stability_limit if math.isfinite(measured) else DIVERGED_INSTABILITY
+    return _Pair(gap, instability, spikes, blowups, False, constraint)
+
+
+def _excess(result: ProbeResult, reference: ProbeResult, kind: str) -> int:
+    return max(0, count_events(result.events, kind) - count_events(reference.events, kind))
 
 
 def objective_names(objectives: ObjectivesSection) -> list[str]:
@@ -88,8 +186,28 @@ def objective_values(s: Score, objectives: ObjectivesSection) -> list[float]:
     return [float(getattr(s, n)) for n in objective_names(objectives)]
 
 
-def constraint_value(s: Score, objectives: ObjectivesSection) -> float:
-    """<= 0 when feasible (Optuna's convention)."""
-    if s.diverged:
-        return DIVERGED_INSTABILITY
-    return s.instability - objectives.stability_limit
+def constraint_value(s: Score) -> float:
+    """<= 0 when feasible (Optuna's convention); positive for a diverged probe in any unit."""
+    return s.constraint
+
+
+def stability_metrics(s: Score) -> dict[str, float]:
+    """The noise and stress figures of ``s`` as MLflow metrics (stress ones only when a stress probe ran)."""
+    metrics = {"noise_floor": s.noise_floor, "gap_in_noise": s.gap_in_noise, "grad_blowups": s.grad_blowups,
+               "stable": float(s.stable), "constraint": s.constraint}
+    if s.stable_under_stress is not None:
+        metrics |= {"stress_loss_gap": s.stress_loss_gap, "stress_instability": s.stress_instability,
+                    "stress_diverged": float(s.stress_diverged), "stable_under_stress": float(s.stable_under_stress)}
+    return metrics
+
+
+def verdict(s: Score) -> str:
+    """The trial's verdict in words: ``feasible``, ``unstable`` or ``diverged``, with noise and stress."""
+    words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
+    if not s.diverged:
+        noise = f"{s.gap_in_noise:+.2f}x" if math.isfinite(s.gap_in_noise) else "unknown"
+        words += f"; gap in BF16 seed noise: {noise}"
+    if s.stable_under_stress is not None:
+        under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
+        words += f"; under stress: {under}"
+    return words

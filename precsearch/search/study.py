@@ -2,174 +2,255 @@
 
 It uses Optuna's ask-and-tell interface so that each trial is one plain loop
 iteration: the probe, the scoring, the MLflow run and the Pareto update stay
-readable in one place. A study is resumable: the same command finds the same
-study in its storage, marks trials a killed run left RUNNING as failed (and
-re-queues their params), and runs only the trials still missing.
+readable in one place. The same loop (:func:`work`) runs in ``precsearch run``
+(one worker, in-process), in each process of ``precsearch run --workers N`` /
+``--gpus``, and in ``precsearch worker`` on other machines; several loops
+share one study through its storage.
+
+Nothing finished is lost: a study is resumable (the same command continues
+it), a probe runs in a child process (:mod:`precsearch.search.executor`) so
+its crash is a failed trial, and trials whose worker died are failed and
+queued again (:mod:`precsearch.search.liveness`).
 """
 
 from __future__ import annotations
 
 import json
+import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 import torch
 import yaml
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from precsearch.backends import Backend, BackendUnavailable, get_backend, resolve_device
+from precsearch.backends import BackendUnavailable, resolve_device
 from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.policy import MemoryKnobs, Policy
-from precsearch.probe.data import TokenBatches, load_tokens
+from precsearch.probe.data import load_batches  # noqa: F401 - re-exported for scripts
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.runner import run_probe
 from precsearch.search import stores
+from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
-from precsearch.search.reference import ReferenceCache, reference_key
+from precsearch.search.liveness import WorkerId, trial_worker
+from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
+from precsearch.search.retry import with_retry
 from precsearch.search.sampling import suggest_policy
-from precsearch.search.scoring import DIRECTIONS, constraint_value, objective_names, objective_values, score
+from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
+                                       stability_metrics, verdict)
+from precsearch.search.stopping import StopRequest
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
+from precsearch.tracking.diagnostics_report import (diagnostics_artifacts, diagnostics_heatmap, diagnostics_metrics,
+                                                     diagnostics_tags)
 from precsearch.tracking.front_report import write_front
 
 
 @dataclass
 class StudyRun:
-    """Everything a trial needs, built once per ``precsearch run``."""
+    """Everything a worker's trials need, built once per process."""
 
     space: Space
     workspace: Workspace
     study: optuna.Study
     tracker: Tracker
-    backend: Backend
+    executor: ProbeExecutor | None
     device: torch.device
-    data: TokenBatches
     cfg: ModelConfig
     references: ReferenceCache
+    worker: WorkerId
+    stop: StopRequest
+    name: str = ""
     progress: bool = True
     run_ids: dict[int, str] = field(default_factory=dict)
 
 
-def run_study(space: Space, space_text: str, output_dir: Path | None = None, *,
-              n_trials: int | None = None, progress: bool = True) -> list[dict]:
-    """Run (or resume) the study a space file describes; return the final trial rows."""
-    ctx = _open(space, space_text, output_dir, progress)
-    target = n_trials or space.study.n_trials
-    todo = target - _finished_count(ctx.study)
-    _say(ctx, f"study '{space.study.name}': {target - todo} of {target} trials already finished; "
-              f"output in {ctx.workspace.output_dir}")
-    bar = tqdm(total=target, initial=target - todo, desc="trials", unit="trial", disable=not progress)
-    try:
-        for _ in range(max(0, todo)):
-            _run_trial(ctx)
-            bar.update(1)
-    except KeyboardInterrupt:
-        ctx.tracker.close("KILLED")
-        raise
-    finally:
-        bar.close()
-    _update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
-    ctx.tracker.close("FINISHED")
-    return trial_rows(ctx.study, objective_names(space.objectives))
+def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
+              progress: bool = True, workers: int = 1, gpus: list[int] | None = None) -> list[dict]:
+    """Run (or resume) the study a space file describes; return the final trial rows.
 
-
-def _open(space: Space, space_text: str, output_dir: Path | None, progress: bool) -> StudyRun:
+    With ``workers`` > 1 or ``gpus``, trials run in that many worker processes (one per GPU slice).
+    """
     ws = Workspace.for_space(space, output_dir)
     ws.save()
-    storage = stores.open_storage(ws.storage_url)
-    tracker = stores.open_tracker(ws)
-    study = _open_study(space, storage)
+    target = n_trials or space.study.n_trials
+    if workers > 1 or gpus:
+        from precsearch.search.launcher import run_parallel
+
+        return run_parallel(space, space_text, ws, target, workers=workers, gpus=gpus, progress=progress)
+    with open_run(space, ws, progress, space_text=space_text) as ctx:
+        recover_dead_trials(ctx)
+        _say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials already "
+                  f"finished; output in {ws.output_dir}")
+        try:
+            work(ctx, target)
+        except KeyboardInterrupt:
+            ctx.tracker.close("KILLED")
+            raise
+        _update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
+        if ctx.stop.requested:
+            ctx.tracker.close("KILLED")
+            raise KeyboardInterrupt
+        ctx.tracker.close("FINISHED")
+        return trial_rows(ctx.study, objective_names(space.objectives))
+
+
+@contextmanager
+def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | None = None,
+             parent_id: str | None = None, probes: bool = True, name: str = "", sampler_offset: int = 0):
+    """Open the study's storage, MLflow tracker and (with ``probes``) a probe process; close them after."""
+    storage = stores.open_storage(ws.storage_url, space.study)
+    tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
+    study = _open_study(space, storage, tracker, sampler_offset)
     try:
         device = resolve_device(space.probe.device)
-        backend = get_backend(space.backend.value, device)
     except BackendUnavailable as exc:
-        raise UserError(str(exc), field="backend") from None
-    ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, backend=backend, device=device,
-                   data=load_batches(space), cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
-                   progress=progress)
-    tracker.log_space(space_text, {"study": space.study.name, "backend": backend.name, "device": str(device),
-                                   "probe_layers": ctx.cfg.n_layers, "probe_steps": space.probe.steps})
-    ctx.run_ids = {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
-                   if "mlflow_run_id" in t.user_attrs}
-    _recover_interrupted(ctx)
-    return ctx
+        raise UserError(str(exc), field="probe.device") from None
+    executor = ProbeExecutor(space, space.study.trial_timeout_s) if probes else None
+    ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
+                   cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
+                   worker=WorkerId.current(), stop=StopRequest(), name=name, progress=progress)
+    ctx.stop._say = lambda message: _say(ctx, message)
+    stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+    if stale is not None:
+        stale.tracker, stale.say = tracker, (lambda message: _say(ctx, message))
+    if space_text is not None:
+        tracker.log_space(space_text, {"study": space.study.name, "backend": space.backend.value,
+                                       "device": str(device), "probe_layers": ctx.cfg.n_layers,
+                                       "probe_steps": space.probe.steps})
+    ctx.run_ids = _run_ids(study)
+    try:
+        with ctx.stop:
+            yield ctx
+    finally:
+        if executor is not None:
+            executor.close()
 
 
-def _open_study(space: Space, storage: optuna.storages.BaseStorage) -> optuna.Study:
+def _run_ids(study: optuna.Study) -> dict[int, str]:
+    return {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
+            if "mlflow_run_id" in t.user_attrs}
+
+
+def _open_study(space: Space, storage: optuna.storages.BaseStorage, tracker: Tracker,
+                sampler_offset: int = 0) -> optuna.Study:
     names = objective_names(space.objectives)
     directions = [DIRECTIONS[n] for n in names]
     study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
-                                sampler=stores.make_sampler(space.study), load_if_exists=True)
+                                sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
     if stored is None:
         study.set_user_attr("objectives", names)
         study.set_user_attr("space", space.model_dump(mode="json"))
+        study.set_user_attr("experiment", tracker.experiment_name)
+        study.set_user_attr("mlflow_parent_run_id", tracker.parent_id)
     elif stored != names:
         raise UserError(f"study '{space.study.name}' in this storage optimises {stored}, not {names}; "
                         f"use another study.name or --output-dir", field="study.name")
     return study
 
 
-def _finished_count(study: optuna.Study) -> int:
+def finished_count(study: optuna.Study) -> int:
+    """Trials that count towards ``n_trials``: complete, or failed by their own probe.
+
+    Trials failed because their run was interrupted or their worker died are not counted: their
+    params are queued again.
+    """
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if not t.user_attrs.get("interrupted"))
+               if t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs)
 
 
-def _recover_interrupted(ctx: StudyRun) -> None:
-    """Trials a killed run left RUNNING: mark failed, close their MLflow run, queue their params again."""
+def recover_dead_trials(ctx: StudyRun) -> None:
+    """RUNNING trials whose worker process on this host is gone: fail, close their MLflow run, queue again.
+
+    Trials of live workers, or of workers on other hosts, are left to the heartbeats.
+    """
     for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial_worker(t)
+        if worker is not None and not worker.is_dead():
+            continue
         ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if t.user_attrs.get("mlflow_run_id"):
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t.params)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
-    ctx.tracker.close_orphans(set(ctx.run_ids.values()))
+
+    def dead(tag: str) -> bool:
+        host, _, pid = tag.partition(":")
+        return bool(pid.isdigit()) and WorkerId(host, int(pid), 0).is_dead()
+
+    ctx.tracker.close_orphans(set(_run_ids(ctx.study).values()), dead)
 
 
-def load_batches(space: Space) -> TokenBatches:
-    """The space's token stream as deterministic training batches plus the fixed held-out set."""
-    d, p = space.data, space.probe
-    tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
-                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
-    return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
-                        eval_batches=d.eval_batches)
+def work(ctx: StudyRun, target: int) -> None:
+    """Run trials until the study has ``target`` finished ones (or a stop is asked for).
+
+    While the trials still needed are all running elsewhere, wait: one of them may go stale
+    (its worker died) and need running again.
+    """
+    while not ctx.stop.requested:
+        _fail_stale(ctx)
+        finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
+                              budget_s=ctx.space.study.store_retry_s)
+        if finished >= target:
+            return
+        running = len(ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        if finished + running >= target:
+            time.sleep(min(2.0, ctx.space.study.heartbeat_s))
+            continue
+        _run_trial(ctx)
+
+
+def _fail_stale(ctx: StudyRun) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with_retry(lambda: optuna.storages.fail_stale_trials(ctx.study), "checking heartbeats",
+                   budget_s=ctx.space.study.store_retry_s)
 
 
 def _run_trial(ctx: StudyRun) -> None:
-    trial = ctx.study.ask()
+    retry_s = ctx.space.study.store_retry_s
+    trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
+    trial.set_user_attr("worker", ctx.worker.to_dict())
     policy = suggest_policy(ctx.space, trial)
-    run_id = ctx.tracker.start_trial(trial.number, trial.params)
+    run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
-    try:
-        reference = _reference(ctx, policy)
-        twin = _finished_twin(ctx.study, trial.params)
-        if twin is not None:  # probes are seeded: the same params would give the same result again
-            trial.set_user_attr("duplicate_of", twin.number)
-            result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
-        else:
-            result = _probe(ctx, policy, f"trial {trial.number}")
-    except (UserError, KeyboardInterrupt):
-        _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
-        raise
-    except Exception as exc:  # a probe that crashes is a failed trial, not a failed study
-        reason = f"{type(exc).__name__}: {exc}"
-        trial.set_user_attr("fail_reason", reason)
-        ctx.study.tell(trial, state=TrialState.FAIL)
-        ctx.tracker.fail_trial(run_id, reason)
-        _say(ctx, f"trial {trial.number} failed: {reason}")
-        return
-    _record(ctx, trial, run_id, policy, result, reference)
+    with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+        try:
+            reference = _reference(ctx, policy)
+            twin = _finished_twin(ctx.study, trial.params)
+            if twin is not None:  # probes are seeded: the same params would give the same result again
+                trial.set_user_attr("duplicate_of", twin.number)
+                result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
+            else:
+                result = _probe(ctx, policy, f"trial {trial.number}", trial=trial.number)
+            stressed = _stressed_result(ctx, trial, policy)
+        except (UserError, KeyboardInterrupt):
+            _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
+            raise
+        except Exception as exc:  # a probe that crashes is a failed trial, not a failed study
+            reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("probe process") else str(exc)
+            trial.set_user_attr("fail_reason", reason)
+            ctx.tracker.fail_trial(run_id, reason)
+            with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
+            _say(ctx, f"trial {trial.number} failed: {reason}")
+            return
+        _record(ctx, trial, run_id, policy, result, reference, stressed)
 
 
 def _requeue(study: optuna.Study, params: dict) -> None:
     """Queue ``params`` to run again, once (Optuna's skip_if_exists would also skip it for the failed trial)."""
-    if not any(t.params == params for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    if not any(t.system_attrs.get("fixed_params") == params for t in waiting):  # a queued trial has no params yet
         study.enqueue_trial(params)
 
 
@@ -187,15 +268,31 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
     ctx.tracker.fail_trial(run_id, reason, "KILLED")
 
 
-def _reference(ctx: StudyRun, policy: Policy) -> ProbeResult:
-    key = reference_key(ctx.space, policy.clip_grad, ctx.device)
+def _reference(ctx: StudyRun, policy: Policy) -> References:
+    """The BF16 references (every seed, and the stress lr) for ``policy``'s gradient clipping."""
     baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
     reference = Policy.bf16(policy.clip_grad, baseline)
-    return ctx.references.get(key, lambda: _probe(ctx, reference, "BF16 reference"))
+    return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad,
+                             lambda probe, label: _probe(ctx, reference, label, probe))
 
 
-def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None) -> ProbeResult:
-    """Run one probe of ``policy``; ``probe`` overrides the space's probe section (another seed, a stress lr)."""
+def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy) -> ProbeResult | None:
+    """The policy's probe at the stress lr, or None without ``objectives.stress``; a duplicate reuses its twin's."""
+    probe = stress_probe(ctx.space)
+    if probe is None:
+        return None
+    twin = trial.user_attrs.get("duplicate_of")
+    if twin is not None:
+        stored = next(t for t in ctx.study.get_trials(deepcopy=False) if t.number == twin).user_attrs
+        if "stress_result" in stored:
+            return ProbeResult.from_dict(stored["stress_result"])
+    return _probe(ctx, policy, f"trial {trial.number} (stress)", probe)
+
+
+def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None,
+           trial: int | None = None) -> ProbeResult:
+    """Run one probe of ``policy`` in the probe process; ``probe`` overrides the space's probe section
+    (another seed, a stress lr). Raises ProbeFailed / ProbeCrashed when it produced no result."""
     probe = probe or ctx.space.probe
     steps = tqdm(total=probe.steps, desc=label, unit="step", leave=False, disable=not ctx.progress)
 
@@ -204,42 +301,53 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
         steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     try:
-        return run_probe(ctx.cfg, probe, policy, ctx.data, ctx.backend, ctx.device, on_step)
+        return ctx.executor.run(probe, policy, label, on_step, trial=trial)
     finally:
         steps.close()
 
 
 def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
-            result: ProbeResult, reference: ProbeResult) -> None:
+            result: ProbeResult, references: References, stressed: ProbeResult | None) -> None:
     objectives = ctx.space.objectives
-    s = score(result, reference, objectives)
+    s = score(result, references.paired, objectives, noise_floor=references.noise_floor,
+              stress=(stressed, references.stress) if stressed else None)
     for key, value in (("score", s.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
                        ("reason", result.reason), ("probe_result", result.to_dict())):
         trial.set_user_attr(key, value)
-    trial.set_constraint("stability", constraint_value(s, objectives))
+    if stressed:
+        trial.set_user_attr("stress_result", stressed.to_dict())
+    trial.set_constraint("stability", constraint_value(s))
     # MLflow first, Optuna second: a kill in between leaves the trial RUNNING in Optuna, which the
     # next run marks interrupted (and its MLflow run KILLED); the other order would leave a
     # COMPLETE trial whose MLflow run never finished.
-    ctx.tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms})
+    ctx.tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms}
+                          | ({"stress_train_loss": stressed.losses} if stressed else {}))
+    if (heatmap := diagnostics_heatmap(result)) is not None:
+        ctx.tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
     ctx.tracker.finish_trial(
         run_id,
-        metrics={"memory_saved": s.memory_saved, "instability": s.instability, "loss_gap": s.loss_gap,
+        metrics={"memory_saved": s.memory_saved, "memory_saved_probe": s.memory_saved_probe,
+                 "memory_saved_target": s.memory_saved_target, "instability": s.instability, "loss_gap": s.loss_gap,
                  "tokens_per_s": s.tokens_per_s, "speedup": s.speedup, "spikes": s.spikes,
                  "peak_memory_mib": result.peak_memory_bytes / 2**20, "eval_loss": result.eval_loss,
-                 "reference_eval_loss": reference.eval_loss, "wall_s": result.wall_s,
-                 "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged)},
+                 "reference_eval_loss": references.paired.eval_loss, "wall_s": result.wall_s,
+                 "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
+                 "reference_seeds": len(references.seeds)} | stability_metrics(s) | diagnostics_metrics(result),
         tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
-              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-"))},
+              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
+              "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),
+              "stability_unit": objectives.stability_unit} | diagnostics_tags(result),
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
-                   "probe_result.json": json.dumps(result.to_dict(), indent=1)},
+                   "probe_result.json": json.dumps(result.to_dict(), indent=1)}
+                  | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
+                  | diagnostics_artifacts(result),
     )
     ctx.study.tell(trial, objective_values(s, objectives))
     _update_front(ctx)
-    verdict = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
     _say(ctx, f"trial {trial.number}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
-              f"instability {100 * s.instability:.3f}% [{verdict}]  {policy_summary(trial.params)}")
+              f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
 
 
 def _update_front(ctx: StudyRun) -> None:
@@ -251,6 +359,8 @@ def _update_front(ctx: StudyRun) -> None:
 
 
 def _say(ctx: StudyRun, message: str) -> None:
+    if ctx.name:
+        message = f"[{ctx.name}] {message}"
     if ctx.progress:
         tqdm.write(message)
     else:

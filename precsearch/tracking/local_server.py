@@ -51,7 +51,7 @@ class LocalTrackingServer:
         self.url = ""
 
     def __enter__(self) -> str:
-        from precsearch.search.executor import die_with_parent
+        from precsearch.search.executor import dying_with_parent
 
         port = free_port()
         self.url = f"http://{LOOPBACK}:{port}"
@@ -59,8 +59,8 @@ class LocalTrackingServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         env = os.environ | {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(dying_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
         log.close()
         if not wait_until_up(self.url, self.start_timeout_s, self.proc):
             self.stop()

@@ -15,6 +15,8 @@ Re-running the same study re-opens its parent run instead of making another.
 from __future__ import annotations
 
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +26,61 @@ from mlflow.tracking import MlflowClient
 _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 
 
-class Tracker:
-    """One study's MLflow runs."""
+class _RetryingClient:
+    """An ``MlflowClient`` whose calls are retried with backoff while the tracking server is unreachable."""
 
-    def __init__(self, uri: str, experiment: str, artifact_dir: Path, study_name: str):
-        self.client = MlflowClient(tracking_uri=uri)
+    def __init__(self, client: MlflowClient, budget_s: float):
+        self._client, self._budget_s = client, budget_s
+
+    def __getattr__(self, name: str):
+        method = getattr(self._client, name)
+        if not callable(method):
+            return method
+
+        def call(*args, **kwargs):
+            from precsearch.search.retry import with_retry
+
+            return with_retry(lambda: method(*args, **kwargs), f"MLflow {name}", budget_s=self._budget_s)
+
+        return call
+
+
+class Tracker:
+    """One study's MLflow runs.
+
+    Args:
+        uri: The tracking URI (a local sqlite store, or an ``http://`` tracking server).
+        experiment: The experiment name (created if missing).
+        artifact_dir: Where a new experiment keeps artifacts when the store is local (a tracking
+            server uses its own artifact store).
+        study_name: The Optuna study, tagged on every run.
+        parent_id: The study's parent run, when a worker joins a study another process opened; by
+            default the parent run is found (or created) and marked RUNNING.
+        retry_s: How long each call keeps retrying while the server is unreachable.
+    """
+
+    def __init__(self, uri: str, experiment: str, artifact_dir: Path, study_name: str,
+                 parent_id: str | None = None, retry_s: float = 0.0):
+        self.raw_client = MlflowClient(tracking_uri=uri)
+        self.client = _RetryingClient(self.raw_client, retry_s) if retry_s > 0 else self.raw_client
         self.uri = uri
         self.study_name = study_name
+        self.experiment_name = experiment
+        self.retry_s = retry_s
         found = self.client.get_experiment_by_name(experiment)
         if found is None:
-            location = Path(artifact_dir).resolve().as_uri()
+            local = not uri.startswith(("http://", "https://", "databricks"))
+            location = Path(artifact_dir).resolve().as_uri() if local else None
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = found.experiment_id
-        self.parent_id = self._parent_run()
+        self.parent_id = parent_id or self._parent_run()
+
+    def with_retries(self, retry_s: float) -> "Tracker":
+        """From now on, retry each call for up to ``retry_s`` seconds while the store is unreachable."""
+        self.retry_s = retry_s
+        self.client = _RetryingClient(self.raw_client, retry_s) if retry_s > 0 else self.raw_client
+        return self
 
     def _parent_run(self) -> str:
         query = f"tags.`precsearch.role` = 'study' AND tags.`precsearch.study` = '{self.study_name}'"
@@ -49,27 +92,49 @@ class Tracker:
         return self.client.create_run(self.experiment_id, tags=tags, run_name=f"study-{self.study_name}").info.run_id
 
     def log_space(self, space_yaml: str, params: dict[str, Any]) -> None:
-        """The space file and its main settings on the parent run (once)."""
-        self.client.log_text(self.parent_id, space_yaml, "space.yaml")
+        """The space file and its main settings on the parent run (once); passwords in URLs are masked."""
+        from precsearch.redact import redact_text
+
+        self.client.log_text(self.parent_id, redact_text(space_yaml), "space.yaml")
         existing = self.client.get_run(self.parent_id).data.params
-        fresh = [Param(k, str(v)) for k, v in params.items() if k not in existing]
+        fresh = [Param(k, redact_text(str(v))) for k, v in params.items() if k not in existing]
         if fresh:
             self.client.log_batch(self.parent_id, params=fresh)
 
-    def start_trial(self, number: int, params: dict[str, Any]) -> str:
-        """A child run for trial ``number``; returns its run id."""
+    def start_trial(self, number: int, params: dict[str, Any], worker: str = "") -> str:
+        """A child run for trial ``number``; returns its run id.
+
+        Safe to retry: the run carries a one-off token, and a retry after a lost reply finds the run
+        the first attempt made instead of making a second one.
+        """
+        token = uuid.uuid4().hex
         tags = {
             "mlflow.parentRunId": self.parent_id,
             "precsearch.role": "trial",
             "precsearch.study": self.study_name,
+            "precsearch.worker": worker,
+            "precsearch.token": token,
             "trial_number": str(number),
             "trial_state": "RUNNING",
             "pareto": "false",
         }
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}")
+
+        def create() -> str:
+            found = self.raw_client.search_runs([self.experiment_id], f"tags.`precsearch.token` = '{token}'",
+                                                max_results=1)
+            if found:
+                return found[0].info.run_id
+            return self.raw_client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
+
+        if self.retry_s > 0:
+            from precsearch.search.retry import with_retry
+
+            run_id = with_retry(create, "MLflow create_run", budget_s=self.retry_s)
+        else:
+            run_id = create()
         if params:
-            self.client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        return run.info.run_id
+            self.client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        return run_id
 
     def log_steps(self, run_id: str, series: dict[str, list[float]]) -> None:
         """Per-step metrics, e.g. ``{"train_loss": [...], "grad_norm": [...]}``."""
@@ -91,21 +156,34 @@ class Tracker:
             self.client.log_text(run_id, text, name)
         self.client.set_terminated(run_id, "FINISHED")
 
+    def log_bytes(self, run_id: str, data: bytes, name: str) -> None:
+        """A binary artifact (e.g. a PNG) at ``name`` (``dir/file.png``) on a run."""
+        import tempfile
+
+        folder, _, filename = name.rpartition("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / filename
+            path.write_bytes(data)
+            self.client.log_artifact(run_id, str(path), artifact_path=folder or None)
+
     def fail_trial(self, run_id: str, reason: str, status: str = "FAILED") -> None:
         """Close a trial's run as FAILED (or KILLED) with the reason as a tag."""
         self.client.set_tag(run_id, "trial_state", "FAIL")
-        self.client.set_tag(run_id, "fail_reason", reason[:5000])
+        from precsearch.redact import redact_text
+
+        self.client.set_tag(run_id, "fail_reason", redact_text(reason)[:5000])
         self.client.set_terminated(run_id, status)
 
-    def close_orphans(self, known: set[str]) -> int:
-        """Mark KILLED the trial runs still RUNNING that no trial points to (a kill between run and trial).
+    def close_orphans(self, known: set[str], is_dead: Callable[[str], bool]) -> int:
+        """Mark KILLED the trial runs still RUNNING that no trial points to and whose worker is dead.
 
-        Only safe while one process runs the study (it would close another worker's fresh run).
+        Such a run is left by a kill between creating the run and recording it on the trial.
+        ``is_dead(worker_tag)`` must answer False for workers it cannot check (another host).
         """
         query = (f"tags.`precsearch.role` = 'trial' AND tags.`precsearch.study` = '{self.study_name}' "
                  "AND attributes.status = 'RUNNING'")
         orphans = [r.info.run_id for r in self.client.search_runs([self.experiment_id], query, max_results=1000)
-                   if r.info.run_id not in known]
+                   if r.info.run_id not in known and is_dead(r.data.tags.get("precsearch.worker", ""))]
         for run_id in orphans:
             self.fail_trial(run_id, "interrupted before its trial was recorded", "KILLED")
         return len(orphans)

@@ -53,6 +53,7 @@ from precsearch.backends.emulated import EmulatedBackend
 from precsearch.backends.te import TEBackend, _check_delayed_keys, recipe_key
 from precsearch.backends.torchao_backend import RECIPE_NAMES, TorchaoBackend
 from precsearch.config.space import ProbeSection
+from precsearch.fp8.scaling import ROLES
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
@@ -283,6 +284,31 @@ def test_short_probe_matches_the_emulated_backend(setup: Setup):
     assert all(math.isfinite(v) for v in losses)
     mean, ref_mean = sum(losses) / len(losses), sum(reference) / len(reference)
     assert abs(mean - ref_mean) <= PROBE_RTOL * ref_mean, (losses, reference)
+
+
+def test_layer_stats_cover_every_fp8_layer_and_role(setup: Setup):
+    """FP8 diagnostics: every FP8 layer and role with sane values, or ``{}`` from a backend that cannot see."""
+    _, conv = setup.models()
+    setup.backend.track_stats(conv, True)
+    with setup.backend.autocast(conv, enabled=True), bf16(setup.device):
+        loss = conv(tokens(setup.device)).float().logsumexp(-1).mean()
+    loss.backward()
+    stats = setup.backend.layer_stats(conv)
+    if type(setup.backend).layer_stats is Backend.layer_stats:
+        assert stats == {}
+        return
+    assert set(stats) == set(setup.fp8)
+    for name, roles in stats.items():
+        assert set(roles) == set(ROLES), name
+        per_tensor = setup.fp8[name] in (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
+        for role, s in roles.items():
+            assert s.amax > 0 and s.nonfinite == 0, (name, role, s)
+            assert 0 <= s.overflow <= 1 and 0 <= s.underflow <= 1, (name, role, s)
+            assert (s.scale is not None) == per_tensor, (name, role, s)  # block/MX scales vary per tile
+    setup.backend.track_stats(conv, False)
+    with setup.backend.autocast(conv, enabled=True), bf16(setup.device):
+        conv(tokens(setup.device)).float().sum().backward()
+    assert setup.backend.layer_stats(conv) == {}  # statistics off: nothing stale is reported
 
 
 # --- refusal ---------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Pareto dominance, spike counting and scoring against the BF16 reference."""
+"""Pareto dominance and scoring against the BF16 reference (noise floor and stress: test_noise_floor.py)."""
 
 import math
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.probe.result import ProbeResult
 from precsearch.search.pareto import dominates, pareto_indices
-from precsearch.search.scoring import DIVERGED_INSTABILITY, constraint_value, count_spikes, score
+from precsearch.search.scoring import DIVERGED_INSTABILITY, constraint_value, score
 
 DIRS = ["maximize", "minimize"]
 
@@ -22,15 +22,26 @@ def test_front_of_a_known_set():
     assert pareto_indices(points, DIRS) == [0, 1, 3]
 
 
-def test_spikes_counted_above_running_mean():
-    flat = [3.0, 2.9, 2.8, 2.7, 2.6, 2.5]
-    assert count_spikes(flat, 0.25) == 0
-    assert count_spikes(flat[:4] + [4.0] + flat[4:], 0.25) == 1
+def _event(step, kind):
+    return {"step": step, "kind": kind, "value": 9.0, "baseline": 3.0}
 
 
-def _result(eval_loss, peak, losses=None, diverged=False, tps=100.0):
+def _result(eval_loss, peak, losses=None, diverged=False, tps=100.0, events=()):
     return ProbeResult(losses=losses or [3.0, 2.5, 2.0], eval_loss=eval_loss, peak_memory_bytes=peak,
-                       diverged=diverged, tokens_per_s=tps)
+                       target_memory_bytes=peak,
+                       diverged=diverged, tokens_per_s=tps, events=list(events))
+
+
+def test_spikes_and_blowups_beyond_the_references_are_penalised():
+    """Only events the BF16 reference did not also have are the policy's fault; each costs spike_penalty."""
+    objectives = ObjectivesSection(spike_penalty=0.002)
+    ref = _result(2.0, 1000, events=[_event(5, "loss_spike")])
+    mine = _result(2.0, 900, events=[_event(5, "loss_spike"), _event(9, "loss_spike"), _event(9, "grad_blowup"),
+                                     _event(11, "grad_blowup")])
+    s = score(mine, ref, objectives)
+    assert (s.spikes, s.grad_blowups) == (1, 2)
+    assert math.isclose(s.instability, 3 * 0.002)
+    assert score(ref, mine, objectives).instability == 0.0  # fewer events than the reference is no credit
 
 
 def test_score_against_reference():
@@ -40,9 +51,9 @@ def test_score_against_reference():
     assert math.isclose(s.memory_saved, 0.1)
     assert math.isclose(s.loss_gap, 0.005)
     assert s.feasible and math.isclose(s.speedup, 1.5)
-    assert constraint_value(s, objectives) < 0
+    assert constraint_value(s) < 0 and s.stable
     worse = score(_result(2.1, 900), ref, objectives)
-    assert not worse.feasible and constraint_value(worse, objectives) > 0
+    assert not worse.feasible and constraint_value(worse) > 0
 
 
 def test_better_than_reference_is_not_negative_instability():
@@ -53,3 +64,4 @@ def test_better_than_reference_is_not_negative_instability():
 def test_divergence_is_infeasible():
     s = score(_result(float("nan"), 900, diverged=True), _result(2.0, 1000), ObjectivesSection())
     assert s.diverged and not s.feasible and s.instability == DIVERGED_INSTABILITY
+    assert constraint_value(s) > 0

@@ -108,7 +108,7 @@ def test_rerun_of_a_finished_study_runs_nothing_new(finished_study, capsys):
     assert "4 of 4 trials already finished" in capsys.readouterr().out
 
 
-def _complete_count(ws_dir: Path) -> int:
+def _complete_count(ws_dir: Path, state: str = "COMPLETE") -> int:
     """COMPLETE trials while a run is live, read-only: an Optuna storage here would race the run's table creation."""
     import sqlite3
 
@@ -117,7 +117,7 @@ def _complete_count(ws_dir: Path) -> int:
         return 0
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+            return conn.execute("SELECT count(*) FROM trials WHERE state = ?", (state,)).fetchone()[0]
     except sqlite3.Error:  # tables not created yet
         return 0
 
@@ -180,24 +180,42 @@ def test_ui_serves_the_study_on_loopback(finished_study):
     assert body["experiment"]["name"] == finished_study.experiment
 
 
-def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path):
-    """SIGINT mid-study: exit 130, a resume hint, the trial in flight re-queued, finished ones kept."""
-    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 6, "probe.steps": 40}))
+def _start_and_interrupt(tmp_path, presses: int):
+    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 6, "probe.steps": 40,
+                                                     "objectives.reference_seeds": 1}))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while _complete_count(out) < 1 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.3)
-    time.sleep(1.0)  # let the next trial start
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Re-run the same command to resume" in err
-    assert "Traceback" not in err
+    while not (_complete_count(out) >= 1 and _complete_count(out, "RUNNING") == 1) and time.time() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.2)  # a trial finished and the next one is in flight
+    for _ in range(presses):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    out_text, err = proc.communicate(timeout=300)
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
+    return proc.returncode, out_text, err, study
+
+
+def test_ctrl_c_finishes_the_current_trial_then_stops_and_says_how_to_resume(tmp_path):
+    """One SIGINT: the trial in flight is finished and recorded (nothing interrupted), exit 130, a hint."""
+    code, out, err, study = _start_and_interrupt(tmp_path, presses=1)
+    assert code == 130, err
+    assert "stopping after the current trial" in out
+    assert "Re-run the same command to resume" in err and "Traceback" not in err
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert not [t for t in study.trials if t.user_attrs.get("interrupted")]
+    assert 2 <= len([t for t in study.trials if t.state is TrialState.COMPLETE]) < 6
+
+
+def test_second_ctrl_c_stops_at_once_and_requeues_the_trial(tmp_path):
+    """Two SIGINTs: the trial in flight is closed as interrupted and its params queued again."""
+    code, out, err, study = _start_and_interrupt(tmp_path, presses=2)
+    assert code == 130, err
+    assert "Re-run the same command to resume" in err and "Traceback" not in err
     assert not [t for t in study.trials if t.state is TrialState.RUNNING]
     interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
     waiting = [t for t in study.trials if t.state is TrialState.WAITING]
-    assert len(interrupted) <= 1 and len(waiting) == len(interrupted)
+    assert len(interrupted) == 1 and [w.system_attrs['fixed_params'] for w in waiting] == [interrupted[0].params]

@@ -1,0 +1,45 @@
+"""The command line of a local MLflow server (the UI, or a tracking server for parallel workers).
+
+Every server precsearch starts is built here, so they all bind to the loopback
+interface unless the caller names another address: a study's store holds
+everything it logged, and nothing should expose it to the network by default.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_PORT = 5000
+
+
+def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *, host: str = LOOPBACK,
+                          port: int = DEFAULT_PORT, workers: int | None = None) -> list[str]:
+    """The argv that runs ``mlflow server`` on a study's store.
+
+    Args:
+        backend_uri: The MLflow backend store (e.g. ``sqlite:///out/mlflow.db``).
+        artifact_dir: Where experiments the server creates keep their artifacts (a local folder);
+            None leaves MLflow's default. Experiments precsearch creates name their own location.
+        host: The address to bind; loopback unless told otherwise.
+        port: The TCP port.
+        workers: Server worker processes (MLflow's default when None).
+
+    Returns:
+        The command, for :func:`subprocess.call` or :class:`subprocess.Popen`.
+
+    Raises:
+        ValueError: ``host`` is empty or ``port`` is outside 1..65535.
+    """
+    if not host:
+        raise ValueError("host must name an address to bind, e.g. 127.0.0.1")
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be within 1..65535, got {port}")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+           "--host", host, "--port", str(port)]
+    if artifact_dir is not None:
+        cmd += ["--default-artifact-root", Path(artifact_dir).resolve().as_uri()]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    return cmd

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 5 on a 2 x H200 machine, in one call (~8 min):
+#   GPU 0: scripts/bench_memory.py (memory model vs measured peak, Llama-3-8B shape at full depth)
+#   GPU 1: the GPU tests (scripts/gpu_check.sh), the diagnosis example, then scripts/bench_fidelity.py
+#   run(command="bash scripts/gpu_issue5.sh", kind="nvidia-h200-x2", carry=[".gpu"], timeout_s=600)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu_issue5_out}"
+SITE="${SITE:-/tmp/site}"
+mkdir -p "$OUT" "$SITE"
+[ -d "$SITE/transformer_engine" ] || tar xJf .gpu/site.tar.xz -C "$SITE" || exit 2
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 scripts/bench_memory.py --gpu 0 --budget-s "${MEM_BUDGET:-380}" --out "$OUT" > "$OUT/mem.log" 2>&1 &
+mem=$!
+(
+  export CUDA_VISIBLE_DEVICES=1
+  OUT="$OUT" bash scripts/gpu_check.sh > /dev/null 2>&1
+  python3 scripts/diagnose_example.py --out /tmp/diagnose > "$OUT/diagnose.log" 2>&1
+  tar czf "$OUT/diagnose.tgz" -C /tmp diagnose 2>/dev/null
+  timeout "${FID_TIMEOUT:-330}" python3 scripts/bench_fidelity.py --short "${SHORT:-50}" --long "${LONG:-500}" \
+      --out "$OUT" > "$OUT/fidelity.log" 2>&1
+  echo "fidelity exit $?" >> "$OUT/fidelity.log"
+) &
+rest=$!
+wait $mem; echo "bench_memory exit $?" >> "$OUT/mem.log"
+wait $rest
+tail -5 "$OUT/gpu_tests.log"; cat "$OUT/diagnose.log" | tail -15; tail -30 "$OUT/mem.log"; tail -30 "$OUT/fidelity.log"
+ls "$OUT"

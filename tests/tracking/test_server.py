@@ -1,0 +1,75 @@
+"""Servers precsearch starts bind to the loopback interface unless the user names another address.
+
+A failure means ``precsearch ui`` (or the local tracking server of a parallel run) would expose the
+study's MLflow store, and with it everything logged, to the network by default.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import precsearch
+from precsearch.cli import main
+from precsearch.search.workspace import Workspace
+from precsearch.tracking.server import LOOPBACK, mlflow_server_command
+
+
+def _option(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_server_command_binds_loopback_by_default():
+    cmd = mlflow_server_command("sqlite:///x/mlflow.db", port=5123)
+    assert cmd[1:4] == ["-m", "mlflow", "server"]
+    assert _option(cmd, "--host") == LOOPBACK == "127.0.0.1"
+    assert _option(cmd, "--port") == "5123"
+    assert _option(cmd, "--backend-store-uri") == "sqlite:///x/mlflow.db"
+
+
+def test_server_command_takes_an_explicit_host_workers_and_artifact_dir(tmp_path):
+    cmd = mlflow_server_command("sqlite:///x.db", tmp_path / "art", host="0.0.0.0", port=80, workers=1)
+    assert _option(cmd, "--host") == "0.0.0.0"
+    assert _option(cmd, "--workers") == "1"
+    assert _option(cmd, "--default-artifact-root") == (tmp_path / "art").resolve().as_uri()
+
+
+@pytest.mark.parametrize(("host", "port"), [("", 5000), (LOOPBACK, 0), (LOOPBACK, 70000)])
+def test_server_command_refuses_no_host_or_a_bad_port(host, port):
+    with pytest.raises(ValueError):
+        mlflow_server_command("sqlite:///x.db", host=host, port=port)
+
+
+@pytest.fixture
+def study_dir(tmp_path) -> Path:
+    Workspace(tmp_path, "s", "sqlite:///o.db", f"sqlite:///{tmp_path / 'mlflow.db'}", "s").save()
+    return tmp_path
+
+
+@pytest.mark.parametrize(("extra", "host"), [([], "127.0.0.1"), (["--host", "0.0.0.0"], "0.0.0.0")])
+def test_ui_binds_loopback_unless_told_otherwise(study_dir, monkeypatch, capsys, extra, host):
+    started = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: started.append(cmd) or 0)
+    assert main(["ui", "--output-dir", str(study_dir), *extra]) == 0
+    (cmd,) = started
+    assert _option(cmd, "--host") == host
+    assert f"http://{host}:5000" in capsys.readouterr().out
+
+
+def test_ui_with_a_bad_port_is_a_user_error(study_dir, capsys):
+    assert main(["ui", "--output-dir", str(study_dir), "--port", "0"]) == 2
+    assert "port" in capsys.readouterr().err
+
+
+def test_only_the_server_module_builds_an_mlflow_server_command():
+    """Another module assembling ``--backend-store-uri`` itself could start a server without the default."""
+    package = Path(precsearch.__file__).parent
+    builders = sorted(
+        str(path.relative_to(package)) for path in package.rglob("*.py")
+        if any(isinstance(node, ast.Constant) and node.value == "--backend-store-uri"
+               for node in ast.walk(ast.parse(path.read_text())))
+    )
+    assert builders == ["tracking/server.py"]
