@@ -11,20 +11,8 @@
 # e.g. `bash scripts/gpu_check.sh -k te_` or `-x`.
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_check_out}"
-SITE="${SITE:-/tmp/site}"
-mkdir -p "$OUT" "$SITE"
-
-if [ ! -d "$SITE/transformer_engine" ]; then
-    if [ ! -f .gpu/site.tar.xz ]; then
-        echo "no $SITE/transformer_engine and no .gpu/site.tar.xz: make the bundle and carry .gpu" >&2
-        exit 2
-    fi
-    tar xJf .gpu/site.tar.xz -C "$SITE" || exit 2
-fi
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
+DEFAULT_OUT=/tmp/gpu_check_out
+source "$(dirname "$0")/gpu_env.sh"
 
 LOG="$OUT/gpu_tests.log"
 {

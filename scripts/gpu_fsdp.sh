@@ -13,17 +13,8 @@
 #         imports and build + eval: ~70 s a probe.
 # all (default): both, in ~8 minutes. Logs and JSON land in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_fsdp_out}"
-SITE="${SITE:-/tmp/site}"
-mkdir -p "$OUT" "$SITE"
-if [ ! -d "$SITE/transformer_engine" ]; then
-    [ -f .gpu/site.tar.xz ] || { echo "no $SITE/transformer_engine and no .gpu/site.tar.xz: carry .gpu" >&2; exit 2; }
-    tar xJf .gpu/site.tar.xz -C "$SITE" || exit 2
-fi
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# NVLink multicast off, in this shell and every rank it starts (run_distributed_probe sets them too)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+DEFAULT_OUT=/tmp/gpu_fsdp_out
+source "$(dirname "$0")/gpu_env.sh"
 
 nvidia-smi --query-gpu=index,name,memory.total --format=csv 2>&1 | tee "$OUT/gpus.txt"
 status=0

@@ -4,13 +4,8 @@
 # over the two GPUs, and the corrected diagnostics GPU test.
 #   run(command="bash scripts/gpu_fsdp_fidelity.sh", kind="nvidia-h200-x2", carry=[".gpu"], timeout_s=590)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_final_out}"
-SITE="${SITE:-/tmp/site}"
-mkdir -p "$OUT" "$SITE"
-[ -d "$SITE/transformer_engine" ] || tar xJf .gpu/site.tar.xz -C "$SITE" || exit 2
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+DEFAULT_OUT=/tmp/gpu_final_out
+source "$(dirname "$0")/gpu_env.sh"
 timeout "${FSDP_TIMEOUT:-250}" python3 scripts/gpu_fsdp_trials.py search_spaces/llama3_70b_h200x2.yaml \
     --json "$OUT/fsdp_trials.json" --budget-s "${FSDP_BUDGET:-210}" --steps "${FSDP_STEPS:-12}" 2>&1 \
     | grep -v Warning | tee "$OUT/fsdp_trials.log"

@@ -4,13 +4,8 @@
 #   GPU 1: the GPU tests (scripts/gpu_check.sh), the diagnosis example, then scripts/bench_fidelity.py
 #   run(command="bash scripts/gpu_issue5.sh", kind="nvidia-h200-x2", carry=[".gpu"], timeout_s=600)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/gpu_issue5_out}"
-SITE="${SITE:-/tmp/site}"
-mkdir -p "$OUT" "$SITE"
-[ -d "$SITE/transformer_engine" ] || tar xJf .gpu/site.tar.xz -C "$SITE" || exit 2
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+DEFAULT_OUT=/tmp/gpu_issue5_out
+source "$(dirname "$0")/gpu_env.sh"
 python3 scripts/bench_memory.py --gpu 0 --budget-s "${MEM_BUDGET:-380}" --out "$OUT" > "$OUT/mem.log" 2>&1 &
 mem=$!
 (

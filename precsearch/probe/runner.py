@@ -145,7 +145,9 @@ def run_probe(
     if not result.diverged:
         result.eval_loss = parallel.mean(evaluate(model, data, backend, device, fp8_on=policy.uses_fp8))
     result.phase_s["eval"] = time.perf_counter() - t0
-    _measure(result, cfg, probe, policy, model, device, step_times, start, target=target)
+    # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
+    _measure(result, cfg, probe, policy, model, device, step_times, start, target=target,
+             calibrate=parallel is ONE_PROCESS)
     return result
 
 
@@ -188,7 +190,7 @@ def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.
     return sum(losses) / len(losses)
 
 
-def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None) -> None:
+def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True) -> None:
     tokens = probe.seq_len * probe.micro_batch
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
@@ -203,7 +205,7 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
     else:
         result.peak_memory_bytes = predicted.total
         result.memory_source = "predicted"
-    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total)
+    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total, calibrate)
     result.wall_s = time.perf_counter() - start
 
 
@@ -212,10 +214,10 @@ _STEPS_TO_PEAK = 2
 
 
 def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, probe: ProbeSection,
-                    policy: Policy, predicted_bytes: int) -> None:
+                    policy: Policy, predicted_bytes: int, calibrate: bool = True) -> None:
     """Fill the target's predicted peak, corrected by this probe's measurement when there is one."""
     calibration = Calibration()
-    if result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
+    if calibrate and result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
         calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_bytes, result.peak_memory_bytes)])
     prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
                                 micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory)

@@ -187,7 +187,7 @@ def recover_dead_trials(ctx: StudyRun) -> None:
         host, _, pid = tag.partition(":")
         return bool(pid.isdigit()) and WorkerId(host, int(pid), 0).is_dead()
 
-    ctx.tracker.close_orphans(set(_run_ids(ctx.study).values()), dead)
+    ctx.tracker.close_orphans(dead)
 
 
 def work(ctx: StudyRun, target: int) -> None:
@@ -262,10 +262,19 @@ def _finished_twin(study: optuna.Study, params: dict) -> optuna.trial.FrozenTria
 
 
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
+    """Close a trial the worker is stopping in (Ctrl-C twice, SIGTERM, a store gone): FAIL, queued again.
+
+    The MLflow run gets one attempt only: a worker told to stop must not wait out the retry budget.
+    If it fails, the next ``precsearch run`` closes the run (its worker is gone by then).
+    """
     trial.set_user_attr("interrupted", True)
     ctx.study.tell(trial, state=TrialState.FAIL)
     _requeue(ctx.study, trial.params)
-    ctx.tracker.fail_trial(run_id, reason, "KILLED")
+    try:
+        ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
+    except Exception as exc:  # noqa: BLE001 - best effort, see above
+        _say(ctx, f"trial {trial.number}: could not close its MLflow run now ({type(exc).__name__}); "
+                  "the next run will")
 
 
 def _reference(ctx: StudyRun, policy: Policy) -> References:

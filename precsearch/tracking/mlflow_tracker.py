@@ -166,26 +166,31 @@ class Tracker:
             path.write_bytes(data)
             self.client.log_artifact(run_id, str(path), artifact_path=folder or None)
 
-    def fail_trial(self, run_id: str, reason: str, status: str = "FAILED") -> None:
-        """Close a trial's run as FAILED (or KILLED) with the reason as a tag."""
-        self.client.set_tag(run_id, "trial_state", "FAIL")
+    def fail_trial(self, run_id: str, reason: str, status: str = "FAILED", retry: bool = True) -> None:
+        """Close a trial's run as FAILED (or KILLED) with the reason (passwords masked) as a tag.
+
+        ``retry=False`` makes one attempt (for a worker that is stopping now).
+        """
         from precsearch.redact import redact_text
 
-        self.client.set_tag(run_id, "fail_reason", redact_text(reason)[:5000])
-        self.client.set_terminated(run_id, status)
+        client = self.client if retry else self.raw_client
+        client.set_tag(run_id, "trial_state", "FAIL")
+        client.set_tag(run_id, "fail_reason", redact_text(reason)[:5000])
+        client.set_terminated(run_id, status)
 
-    def close_orphans(self, known: set[str], is_dead: Callable[[str], bool]) -> int:
-        """Mark KILLED the trial runs still RUNNING that no trial points to and whose worker is dead.
+    def close_orphans(self, is_dead: Callable[[str], bool]) -> int:
+        """Mark KILLED the trial runs still RUNNING whose worker process is dead.
 
-        Such a run is left by a kill between creating the run and recording it on the trial.
+        Such runs are left by a kill between creating the run and recording it on the trial, or by a
+        worker that closed its trial in Optuna but lost the MLflow server before closing the run.
         ``is_dead(worker_tag)`` must answer False for workers it cannot check (another host).
         """
         query = (f"tags.`precsearch.role` = 'trial' AND tags.`precsearch.study` = '{self.study_name}' "
                  "AND attributes.status = 'RUNNING'")
         orphans = [r.info.run_id for r in self.client.search_runs([self.experiment_id], query, max_results=1000)
-                   if r.info.run_id not in known and is_dead(r.data.tags.get("precsearch.worker", ""))]
+                   if is_dead(r.data.tags.get("precsearch.worker", ""))]
         for run_id in orphans:
-            self.fail_trial(run_id, "interrupted before its trial was recorded", "KILLED")
+            self.fail_trial(run_id, "interrupted: its worker process is gone", "KILLED")
         return len(orphans)
 
     def set_pareto(self, run_ids: dict[int, str], front: set[int]) -> None:
