@@ -188,3 +188,20 @@ def test_a_rank_predicts_its_share_of_the_70b_probe():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_study_with_nproc_2_runs_its_probes_through_torchrun(tmp_path):
+    """`precsearch run` on a space with probe.nproc 2: the reference and the trial are 2-rank probes."""
+    import optuna
+
+    from _spaces import write_space
+    from precsearch.cli import main
+
+    space = write_space(tmp_path, tiny_space_dict(**{"probe.nproc": 2, "probe.steps": 6, "study.n_trials": 1,
+                                                     "objectives.reference_seeds": 1}))
+    assert main(["run", str(space), "--output-dir", str(tmp_path / "out"), "--no-progress"]) == 0
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'out' / 'optuna.db'}")
+    (trial,) = study.trials
+    result = trial.user_attrs["probe_result"]
+    assert len(result["per_rank_peak_bytes"]) == 2 and "FSDP2" in result["device"]
+    assert trial.state.name == "COMPLETE" and len(result["losses"]) == 6
