@@ -83,6 +83,7 @@ from precsearch.config.space import ProbeSection, Space
 from precsearch.fp8.scaling import DelayedScaler
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches, load_batches
+from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration
 from precsearch.probe.memory import MemoryBreakdown, predict_peak
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
@@ -362,7 +363,25 @@ def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path
     dist.all_gather_object(peaks, int(result.peak_memory_bytes))
     result.per_rank_peak_bytes, result.peak_memory_bytes = peaks, max(peaks)
     result.device = f"{world} x {device.type} (FSDP2)"
+    _predict_target_per_rank(result, space, policy, own.total)
     return result
+
+
+def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, predicted_rank_bytes: int) -> None:
+    """The target's peak per GPU when trained like the probe (FSDP2 over ``probe.nproc`` GPUs).
+
+    Calibrated from this probe's largest per-rank measurement against the per-rank model (one depth:
+    a fixed offset, :mod:`precsearch.probe.calibration`); on CPU, the per-rank model as is.
+    """
+    cfg, target = space.model.probe(), space.model.target()
+    calibration = Calibration()
+    if result.memory_source == "measured" and len(result.losses) >= 2:
+        calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_rank_bytes, result.peak_memory_bytes)])
+    rank_target = predict_rank_peak(target, space.probe, policy)
+    result.target_memory_bytes = calibration.correct(rank_target.total, target.n_layers)
+    result.target_memory_source = calibration.source
+    result.target_layers = target.n_layers
+    result.memory_calibration = calibration.to_dict()
 
 
 def _progress_writer(path: Path) -> StepCallback:

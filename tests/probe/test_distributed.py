@@ -205,3 +205,8 @@ def test_a_study_with_nproc_2_runs_its_probes_through_torchrun(tmp_path):
     result = trial.user_attrs["probe_result"]
     assert len(result["per_rank_peak_bytes"]) == 2 and "FSDP2" in result["device"]
     assert trial.state.name == "COMPLETE" and len(result["losses"]) == 6
+    # the target's memory is predicted per GPU for the target sharded the same way (uncalibrated on CPU)
+    loaded = Space.model_validate(study.user_attrs["space"])
+    policy = policy_from_params(loaded, trial.params)
+    expected = predict_rank_peak(loaded.model.target(), loaded.probe, policy).total
+    assert result["target_memory_bytes"] == expected and result["target_layers"] == loaded.model.target().n_layers
