@@ -29,8 +29,10 @@ if ! as_pg "$BIN/pg_isready" -q -h 127.0.0.1 -p "$PORT"; then
   mkdir -p "$DIR"
   [ "$(id -u)" = 0 ] && chown postgres "$DIR"
   as_pg "$BIN/initdb" -D "$DIR" -A trust -U postgres >/dev/null
-  as_pg "$BIN/pg_ctl" -D "$DIR" -l "$DIR/server.log" -w \
-    -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200" start >&2
+  # in the cluster's config, so that a plain `pg_ctl start` (the outage test restarts it) comes back the same
+  printf "listen_addresses = '127.0.0.1'\nport = %s\nunix_socket_directories = '%s'\nmax_connections = 200\n" \
+    "$PORT" "$DIR" | as_pg tee -a "$DIR/postgresql.conf" >/dev/null
+  as_pg "$BIN/pg_ctl" -D "$DIR" -l "$DIR/server.log" -w start >&2
   as_pg "$BIN/psql" -q -h 127.0.0.1 -p "$PORT" -U postgres -c "CREATE ROLE precsearch LOGIN PASSWORD '$PASSWORD' CREATEDB" >&2
   as_pg "$BIN/psql" -q -h 127.0.0.1 -p "$PORT" -U postgres -c "CREATE DATABASE precsearch OWNER precsearch" >&2
 fi

@@ -82,3 +82,18 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.3) -> None:
             pass
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def postgres_ctl(action: str) -> None:
+    """Stop or start the test PostgreSQL (scripts/test_postgres.sh exports where it lives)."""
+    import shutil
+
+    pg_bin, pg_dir = os.environ.get("PRECSEARCH_PG_BIN"), os.environ.get("PRECSEARCH_PG_DIR")
+    if not (pg_bin and pg_dir):
+        pytest.skip("PRECSEARCH_PG_BIN/PRECSEARCH_PG_DIR unset: eval \"$(bash scripts/test_postgres.sh)\"")
+    cmd = [f"{pg_bin}/pg_ctl", "-D", pg_dir, "-w", "-l", f"{pg_dir}/server.log", action]
+    if action == "stop":
+        cmd += ["-m", "fast"]
+    if os.geteuid() == 0 and shutil.which("runuser"):
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)

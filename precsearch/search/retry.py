@@ -9,6 +9,7 @@ Callers make each retried call safe to repeat (see ``Tracker.start_trial``).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -29,6 +30,9 @@ def _transient(exc: BaseException) -> bool:
         return True
     name = type(exc).__name__
     module = type(exc).__module__ or ""
+    if name == "StorageInternalError" and exc.__cause__ is not None:  # Optuna's wrapper of a database error
+        cause = exc.__cause__
+        return type(cause).__name__ in ("OperationalError", "InterfaceError") or _transient(cause)
     if module.startswith(("sqlalchemy", "psycopg", "requests", "urllib3")):
         return name not in ("IntegrityError", "ProgrammingError", "ArgumentError")
     if name == "MlflowException":
@@ -38,9 +42,16 @@ def _transient(exc: BaseException) -> bool:
     return False
 
 
+def _to_stderr(message: str) -> None:
+    print(f"precsearch: {message}", file=sys.stderr, flush=True)
+
+
 def with_retry(call: Callable[[], T], what: str, *, budget_s: float = 60.0, first_delay_s: float = 0.5,
-               say: Callable[[str], None] | None = None) -> T:
-    """``call()``, retried on connection errors with doubling delays for up to ``budget_s`` seconds."""
+               say: Callable[[str], None] | None = _to_stderr) -> T:
+    """``call()``, retried on connection errors with doubling delays for up to ``budget_s`` seconds.
+
+    The first failure is reported through ``say`` (standard error by default), so a pause is explained.
+    """
     deadline = time.monotonic() + budget_s
     delay, attempt = first_delay_s, 1
     while True:

@@ -22,7 +22,8 @@ def open_storage(url: str, study: StudySection | None = None) -> optuna.storages
     """
     try:
         if url.startswith(("sqlite:", "postgresql", "mysql")):
-            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(study))
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(study))
+            return _retrying(storage, study.store_retry_s) if study is not None else storage
         if url.startswith("journal:"):
             backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
             return optuna.storages.JournalStorage(backend)
@@ -34,6 +35,55 @@ def open_storage(url: str, study: StudySection | None = None) -> optuna.storages
                         field="study.storage") from None
     raise UserError(f"unsupported storage URL '{redact_url(url)}'; valid: sqlite:///PATH, postgresql://…, "
                     "journal:PATH", field="study.storage")
+
+
+#: The storage calls a study makes (Optuna's BaseStorage and heartbeat API), retried while the database is away.
+_STORAGE_CALLS = (
+    "create_new_study", "set_study_user_attr", "set_study_system_attr", "get_study_id_from_name",
+    "get_study_name_from_id", "get_study_directions", "get_study_user_attrs", "get_study_system_attrs",
+    "get_all_studies", "create_new_trial", "set_trial_param", "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id", "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
+    "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials", "get_n_trials",
+    "get_best_trial", "get_trial_params", "get_trial_user_attrs", "get_trial_system_attrs",
+    "check_trial_is_updatable", "record_heartbeat", "_get_stale_trial_ids",
+)
+
+
+def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.storages.RDBStorage:
+    """Make every storage call of ``storage`` retry while the database is unreachable (see retry.py).
+
+    The instance's methods are replaced, so Optuna's own objects (the study, its trials, the
+    heartbeat thread) go through the retries too. A state change whose reply was lost is not
+    made twice: if its retry finds the trial already finished, the first attempt went through.
+    """
+    if budget_s <= 0:
+        return storage
+    from precsearch.search.retry import with_retry
+
+    def wrap(name: str, method):
+        def call(*args, **kwargs):
+            attempts = 0
+
+            def once():
+                nonlocal attempts
+                attempts += 1
+                if attempts > 1:  # a failed call leaves a broken session and dead pooled connections
+                    storage.remove_session()
+                    storage.engine.dispose()
+                try:
+                    return method(*args, **kwargs)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    if attempts > 1 and name == "set_trial_state_values":
+                        return True
+                    raise
+
+            return with_retry(once, f"the Optuna database ({name})", budget_s=budget_s)
+
+        return call
+
+    for name in _STORAGE_CALLS:
+        setattr(storage, name, wrap(name, getattr(storage, name)))
+    return storage
 
 
 def _heartbeat_kwargs(study: StudySection | None) -> dict:

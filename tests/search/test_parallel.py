@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from optuna.trial import TrialState
 
-from _cluster import MlflowServer, load, postgres_url, precsearch, unique_study, wait_for
+from _cluster import MlflowServer, load, postgres_ctl, postgres_url, precsearch, unique_study, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.search.front import trial_rows
 from precsearch.search.study import finished_count
@@ -150,3 +150,25 @@ def test_mlflow_server_gone_for_good_stops_with_a_clear_error_then_resumes(tmp_p
     assert kept == done_before  # finished trials were not run again
     runs = _runs_per_trial(server, name)
     assert all(runs[t.number] == 1 for t in study.trials if t.state is TrialState.COMPLETE), runs
+
+
+def test_postgres_lost_mid_study_is_retried_and_the_study_completes(tmp_path, server):
+    """PostgreSQL stops for a few seconds mid-study: storage calls wait and retry; nothing recorded twice."""
+    url, name = postgres_url(), unique_study()
+    space = _space(tmp_path, name, url, server.url, **{"study.n_trials": 4, "probe.steps": 20,
+                                                       "study.store_retry_s": 120, "study.stale_after_s": 30})
+    proc = precsearch("run", str(space), "--no-progress", "--output-dir", str(tmp_path / "out"),
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: finished_count(load(name, url)) >= 1, 300, "a first finished trial")
+        postgres_ctl("stop")
+        time.sleep(5)
+    finally:
+        postgres_ctl("start")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    assert "retrying" in out  # it did meet the outage
+    study = load(name, url)
+    assert finished_count(study) == 4
+    assert Counter(t.state for t in study.trials)[TrialState.COMPLETE] == 4
+    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials}
