@@ -15,6 +15,7 @@ queued again (:mod:`precsearch.search.liveness`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 import warnings
@@ -218,7 +219,8 @@ def _fail_stale(ctx: StudyRun) -> None:
 
 def _run_trial(ctx: StudyRun) -> None:
     retry_s = ctx.space.study.store_retry_s
-    trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
+    with _ask_lock(ctx):
+        trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
     trial.set_user_attr("worker", ctx.worker.to_dict())
     policy = suggest_policy(ctx.space, trial)
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
@@ -245,6 +247,20 @@ def _run_trial(ctx: StudyRun) -> None:
             _say(ctx, f"trial {trial.number} failed: {reason}")
             return
         _record(ctx, trial, run_id, policy, result, reference, stressed)
+
+
+@contextmanager
+def _ask_lock(ctx: StudyRun):
+    """One ``ask`` at a time among the workers sharing this output directory.
+
+    Taking a queued (WAITING) trial relies on ``SELECT ... FOR UPDATE``, which sqlite ignores: two
+    local workers asking at once could both take the same queued trial and run it twice (seen in
+    the resume test). PostgreSQL locks the row itself; the file lock costs nothing there.
+    """
+    ctx.workspace.output_dir.mkdir(parents=True, exist_ok=True)
+    with open(ctx.workspace.output_dir / "ask.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _requeue(study: optuna.Study, params: dict) -> None:

@@ -77,24 +77,27 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
                                                      "objectives.reference_seeds": 1}))
     out = tmp_path / "out"
     cmd = ("run", str(space), "--workers", "2", "--no-progress", "--output-dir", str(out))
-    storage = f"sqlite:///{out / 'optuna.db'}"
+    # workers killed a moment ago may still hold the sqlite lock: wait for it like the workers do
+    def storage():
+        return optuna.storages.RDBStorage(f"sqlite:///{out / 'optuna.db'}",
+                                          engine_kwargs={"connect_args": {"timeout": 60}})
 
     def done() -> int:
-        return finished_count(optuna.load_study(study_name="tiny", storage=storage))
+        return finished_count(optuna.load_study(study_name="tiny", storage=storage()))
 
     driver = precsearch(*cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: _complete_read_only(out / "optuna.db") >= 2, 600, "two finished trials")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     time.sleep(2)  # the workers get SIGTERM from the kernel and close their trials
-    study = optuna.load_study(study_name="tiny", storage=storage)
+    study = optuna.load_study(study_name="tiny", storage=storage())
     first = {t.number: t.datetime_complete for t in study.trials if t.state is TrialState.COMPLETE}
     assert 2 <= len(first) < 6, "the kill must land mid-study"
 
     again = precsearch(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     log, _ = again.communicate(timeout=900)
     assert again.returncode == 0, log[-3000:]
-    study = optuna.load_study(study_name="tiny", storage=storage)
+    study = optuna.load_study(study_name="tiny", storage=storage())
     assert finished_count(study) == 6
     assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert {t.number: t.datetime_complete for t in study.trials if t.number in first} == first  # not re-run
