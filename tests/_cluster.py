@@ -97,3 +97,17 @@ def postgres_ctl(action: str) -> None:
     if os.geteuid() == 0 and shutil.which("runuser"):
         cmd = ["runuser", "-u", "postgres", "--", *cmd]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+
+def trials_in_state(ws_dir: Path, state: str = "COMPLETE") -> int:
+    """Trials in ``state`` while a run is live, read-only: an Optuna storage here would race its table creation."""
+    import sqlite3
+
+    db = Path(ws_dir) / "optuna.db"
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute("SELECT count(*) FROM trials WHERE state = ?", (state,)).fetchone()[0]
+    except sqlite3.Error:  # tables not created yet
+        return 0

@@ -12,11 +12,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from _cluster import precsearch, wait_for
+from _cluster import precsearch, trials_in_state, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.errors import UserError
 from precsearch.search.executor import dying_with_parent
 from precsearch.search.launcher import gpu_slices, parse_gpus
+from precsearch.search.liveness import WorkerId
 from precsearch.search.study import finished_count
 from precsearch.search.workspace import Workspace
 
@@ -50,25 +51,8 @@ def test_a_child_started_dying_with_parent_stops_when_the_parent_is_killed(tmp_p
     wait_for(lambda: _gone(pid), 20, "the orphaned child to stop")
 
 
-def _complete_read_only(db) -> int:
-    """COMPLETE trials while the run is live, without opening an Optuna storage (it would race table creation)."""
-    import sqlite3
-
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
-    except sqlite3.Error:
-        return 0
-
-
 def _gone(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
+    return WorkerId(WorkerId.current().host, pid, 0).is_dead()
 
 
 def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path):
@@ -86,7 +70,7 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
         return finished_count(optuna.load_study(study_name="tiny", storage=storage()))
 
     driver = precsearch(*cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: _complete_read_only(out / "optuna.db") >= 2, 600, "two finished trials")
+    wait_for(lambda: trials_in_state(out) >= 2, 600, "two finished trials")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     time.sleep(2)  # the workers get SIGTERM from the kernel and close their trials

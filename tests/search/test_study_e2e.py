@@ -15,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
+from _cluster import trials_in_state
 from _spaces import tiny_space_dict, write_space
 from precsearch import load_policy
 from precsearch.cli import main
@@ -108,20 +109,6 @@ def test_rerun_of_a_finished_study_runs_nothing_new(finished_study, capsys):
     assert "4 of 4 trials already finished" in capsys.readouterr().out
 
 
-def _complete_count(ws_dir: Path, state: str = "COMPLETE") -> int:
-    """COMPLETE trials while a run is live, read-only: an Optuna storage here would race the run's table creation."""
-    import sqlite3
-
-    db = ws_dir / "optuna.db"
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT count(*) FROM trials WHERE state = ?", (state,)).fetchone()[0]
-    except sqlite3.Error:  # tables not created yet
-        return 0
-
-
 def _complete(ws_dir: Path, name: str) -> list:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{ws_dir / 'optuna.db'}")
     return [t for t in study.trials if t.state is TrialState.COMPLETE]
@@ -136,7 +123,7 @@ def test_killed_run_resumes_without_repeating_finished_trials(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while _complete_count(out) < 2 and time.time() < deadline and proc.poll() is None:
+    while trials_in_state(out) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -188,7 +175,7 @@ def _start_and_interrupt(tmp_path, presses: int):
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while not (_complete_count(out) >= 1 and _complete_count(out, "RUNNING") == 1) and time.time() < deadline \
+    while not (trials_in_state(out) >= 1 and trials_in_state(out, "RUNNING") == 1) and time.time() < deadline \
             and proc.poll() is None:
         time.sleep(0.2)  # a trial finished and the next one is in flight
     for _ in range(presses):
