@@ -11,6 +11,7 @@ from pathlib import Path
 
 from precsearch import __version__
 from precsearch.errors import UserError
+from precsearch.policy.rules import PrecisionConflict
 
 EXIT_USER_ERROR = 2
 RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         return args.func(args)
-    except UserError as exc:
+    except (UserError, PrecisionConflict) as exc:  # a hand-written policy file may split a fused unit
         print(f"precsearch: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
 

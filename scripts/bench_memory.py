@@ -45,7 +45,7 @@ from precsearch.probe.model import PRESETS, ModelConfig
 from precsearch.probe.runner import backend_precisions, run_probe
 from precsearch.search.evaluate import te_version
 
-BLOCKS = "model.layers.*"
+BLOCKS = "decoder.layers.*"
 GIB = 2**30
 #: A policy runs at the target depth only if its predicted peak leaves this fraction of the GPU free.
 HEADROOM = 0.04

@@ -55,6 +55,10 @@ class Backend(ABC):
 
     #: The name used in space files (``backend: emulated``).
     name: str = ""
+    #: True for a backend that rebuilds every unit (BF16 ones too) from its library's modules, as
+    #: the training stack does (TE): BF16 units then compute BF16 within that library's rounding,
+    #: and Parameters are new and renamed, instead of untouched.
+    rebuilds_stack: bool = False
 
     @abstractmethod
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
@@ -89,8 +93,15 @@ class Backend(ABC):
 
     def build_optimizer(self, model: nn.Module, knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
                         weight_decay: float) -> torch.optim.Optimizer:
-        """The optimizer a probe trains with under ``knobs`` (default: ``torch.optim.AdamW``)."""
-        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        """The optimizer a probe trains with under ``knobs`` (default: ``torch.optim.AdamW``).
+
+        On a GPU it is the fused implementation, as training stacks run Adam
+        (Megatron-Core and NeMo use a fused Adam): one kernel per step and no
+        temporaries the size of the parameters.
+        """
+        fused = model_device(model).type == "cuda"
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
+                                 fused=fused or None)
 
     @abstractmethod
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
@@ -161,14 +172,40 @@ def linear_modules(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:
     return found
 
 
+def keep_input_norm(converted: nn.Module, original: nn.Module) -> None:
+    """Give ``converted`` the RMSNorm fused into ``original``'s input (the same Parameter), if it has one.
+
+    The probe's ``linear_qkv`` and ``linear_fc1`` normalise their input
+    (:class:`precsearch.probe.model.NormLinear`); a backend that swaps the GEMM
+    must keep that norm, and :meth:`WrappedLinear.norm_input` applies it.
+    """
+    weight = getattr(original, "layer_norm_weight", None)
+    if isinstance(weight, nn.Parameter):
+        converted.layer_norm_weight = weight
+        converted.eps = original.eps
+    else:
+        converted.register_parameter("layer_norm_weight", None)
+
+
+def norm_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x`` RMS-normalised by ``module.layer_norm_weight`` (float32 math, as the probe), or ``x`` without one."""
+    weight = module.layer_norm_weight
+    if weight is None:
+        return x
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + module.eps)).to(x.dtype)
+
+
 class WrappedLinear(nn.Module):
     """Base of a backend's converted layer: wraps a library Linear and exposes its shape and Parameters.
 
     Subclasses set ``self.linear`` (the library module that owns ``weight``/``bias``),
-    ``self.recipe`` and ``self.fp8_enabled``, and implement ``forward``.
+    ``self.recipe`` and ``self.fp8_enabled``, call :func:`keep_input_norm`, and
+    implement ``forward`` (starting with :func:`norm_input`).
     """
 
     linear: nn.Module
+    layer_norm_weight: nn.Parameter | None
 
     @property
     def in_features(self) -> int:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from precsearch.backends.base import Backend, linear_modules, model_device
+from precsearch.backends.base import Backend, keep_input_norm, linear_modules, model_device, norm_input
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.diagnostics import TensorStats
@@ -120,6 +120,7 @@ class EmulatedFP8Linear(nn.Module):
     Attributes:
         weight: The original layer's weight Parameter (the same object).
         bias: The original layer's bias Parameter, or None.
+        layer_norm_weight: The RMSNorm fused into the original's input (same Parameter), or None.
         recipe: The layer's numeric recipe.
         fp8_enabled: When False the layer is exactly ``F.linear``.
         input_scaler, weight_scaler, grad_output_scaler: One scaler per role.
@@ -145,16 +146,19 @@ class EmulatedFP8Linear(nn.Module):
         self.grad_output_scaler = make_scaler(recipe, "grad_output")
         self.last_stats: dict[str, dict[str, Tensor] | None] = {}
         self.last_numel: dict[str, int] = {}
+        self.register_parameter("layer_norm_weight", None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe) -> "EmulatedFP8Linear":
         """Wrap ``linear``'s own Parameters (not copies) so optimizers see the same ones."""
         layer = cls(linear.weight, linear.bias, recipe)
+        keep_input_norm(layer, linear)
         layer.train(linear.training)
         return layer
 
     def forward(self, x: Tensor) -> Tensor:
-        """``x @ weight.T + bias``, through FP8 quantization when enabled."""
+        """``norm(x) @ weight.T + bias``, through FP8 quantization when enabled."""
+        x = norm_input(self, x)
         if not self.fp8_enabled:
             return F.linear(x, self.weight, self.bias)
         device_type = x.device.type

@@ -2,19 +2,18 @@
 
 Contract (on top of :mod:`precsearch.backends.base`):
 
-* ``convert`` replaces each named ``nn.Linear`` whose recipe is not BF16 by a
-  :class:`TEPrecisionLinear`: a thin module holding a ``te.Linear`` (same
-  in/out features, bias as the original, parameters in the original's dtype,
-  float32 in the probe) and that layer's TE recipe object. The weight (and
-  bias) values are copied in. **TE modules own new Parameter objects**, so
-  ``convert`` must run before the optimizer is built (the probe runner does
-  this: :func:`precsearch.probe.runner.build_probe` converts, then AdamW is
-  built). The converted layer's parameters are named ``<layer>.linear.weight``
-  (and ``.linear.bias``); the order of ``model.parameters()`` is unchanged.
-* Every :class:`TEPrecisionLinear` enters ``te.autocast(enabled=fp8_enabled,
-  recipe=<its recipe>)`` around its ``te.Linear`` call, so each layer runs its
-  own recipe (TE nests: the innermost context decides) and ``fp8_enabled =
-  False`` gives a BF16 GEMM (the warm-up).
+* ``convert`` rebuilds the probe from TE's fused modules in Megatron-Core's
+  layout (:mod:`precsearch.backends.te_stack`): every precision unit becomes a
+  :class:`~precsearch.backends.te_stack.TEPrecisionLinear` around a
+  ``te.LayerNormLinear``, ``te.Linear`` or ``te.LayerNormMLP`` (BF16 units
+  too, as the training stack runs them), attention becomes
+  ``te.DotProductAttention`` with TE's fused RoPE. Weight values are copied in.
+  **TE modules own new Parameter objects**, so ``convert`` must run before the
+  optimizer is built (the probe runner does this).
+* While the step's FP8 is on, every unit enters ``te.autocast(enabled=<unit is
+  FP8>, recipe=<its recipe>)`` around its TE module, so each unit runs its own
+  recipe (TE nests: the innermost context decides) and BF16 units run BF16;
+  with FP8 off (the warm-up, the reference) no context is entered at all.
 * :meth:`TEBackend.autocast` toggles ``fp8_enabled`` on every wrapper and,
   while FP8 is on, also holds ONE outer ``te.autocast(enabled=True)`` around the
   forward, for the delayed-scaling bookkeeping explained below.
@@ -128,18 +127,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from precsearch.backends.base import (
-    Backend,
-    UnsupportedRecipe,
-    WrappedLinear,
-    linear_modules,
-    model_device,
-)
+from precsearch.arch.units import unit_names
+from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device
 from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
-from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
+from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
 from precsearch.probe.diagnostics import TensorStats
@@ -201,99 +195,38 @@ def make_te_recipe(recipe: LayerRecipe) -> Any:
     raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
 
 
-class TEPrecisionLinear(WrappedLinear):
-    """A ``te.Linear`` that always runs under its own recipe (or BF16 when FP8 is off).
+def fp8_metadata(unit: TEPrecisionLinear) -> dict[str, Any]:
+    """What TE holds for this layer after its latest forward (tensors are detached copies).
 
-    Attributes:
-        linear: The ``te.Linear``; it owns the weight (and bias) Parameters.
-        recipe: The layer's :class:`LayerRecipe`.
-        te_recipe: The TE recipe object the layer enters ``te.autocast`` with
-            (shared by every layer of the same :func:`recipe_key`).
-        fp8_enabled: When False the layer runs a BF16 GEMM (under torch autocast).
-        track_stats: Compute ``last_stats`` in FP8 forwards and their backward (off by default).
-        last_stats: Role -> :func:`~precsearch.backends.te_stats.operand_stats` of the latest
-            FP8 pass made with ``track_stats`` on (device tensors).
-        last_numel: Role -> element count of that operand.
+    Keys: ``precision``; ``fp8_ran`` (TE's ``module.fp8``: FP8 was on at the
+    latest forward); ``recipe`` (class name of the recipe TE last used);
+    ``fwd_state``/``bwd_state`` (recipe-state class names) and
+    ``fwd_quantizers``/``bwd_quantizers`` (quantizer class names) once FP8
+    has run; and for delayed scaling ``scale``/``amax_history`` dicts keyed by
+    slot (``input``, ``weight``, ``output``, ``grad_output``, ``grad_input``).
     """
-
-    def __init__(self, linear: nn.Module, recipe: LayerRecipe, te_recipe: Any):
-        super().__init__()
-        self.linear = linear
-        self.recipe = recipe
-        self.te_recipe = te_recipe
-        self.fp8_enabled = True
-        self.track_stats = False
-        self.last_stats: dict[str, dict[str, Tensor]] = {}
-        self.last_numel: dict[str, int] = {}
-        self._autocast = require_te().autocast
-        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
-
-        self._te_state = FP8GlobalStateManager
-
-    @property
-    def bias(self) -> Tensor | None:
-        """The layer's bias Parameter, or None (TE keeps an empty tensor when there is none)."""
-        return self.linear.bias if self.linear.use_bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``x @ weight.T (+ bias)`` in this layer's recipe, or BF16 when FP8 is off."""
-        with self._autocast(enabled=self.fp8_enabled, recipe=self.te_recipe):
-            out = self.linear(x)
-            claimed = not self._te_state.quantization_state.is_first_fp8_module
-        if claimed:
-            # te.autocast.__exit__ restores is_first_fp8_module; keep it consumed, so that inside
-            # an outer context only the step's first FP8 layer runs the backward scale update.
-            self._te_state.quantization_state.is_first_fp8_module = False
-        if self.track_stats and self.fp8_enabled and observable(self.recipe):
-            self._observe("input", activation(x))
-            self._observe("weight", high_precision_weight(self.linear.weight))
-            if out.requires_grad:
-                out.register_hook(lambda grad: self._observe("grad_output", activation(grad)))
-        return out
-
-    def _observe(self, role: str, t: Tensor) -> None:
-        self.last_stats[role] = operand_stats(self.recipe, role, t, self.linear.fp8_meta)
-        self.last_numel[role] = t.numel()
-
-    def layer_stats(self) -> dict[str, TensorStats]:
-        """Role -> :class:`TensorStats` of the operands observed since ``track_stats`` last changed."""
-        return {r: TensorStats.from_quantization(s, self.last_numel[r]) for r, s in self.last_stats.items()}
-
-    def fp8_metadata(self) -> dict[str, Any]:
-        """What TE holds for this layer after its latest forward (tensors are detached copies).
-
-        Keys: ``precision``; ``fp8_ran`` (TE's ``module.fp8``: FP8 was on at the
-        latest forward); ``recipe`` (class name of the recipe TE last used);
-        ``fwd_state``/``bwd_state`` (recipe-state class names) and
-        ``fwd_quantizers``/``bwd_quantizers`` (quantizer class names) once FP8
-        has run; and for delayed scaling ``scale``/``amax_history`` dicts keyed by
-        slot (``input``, ``weight``, ``output``, ``grad_output``, ``grad_input``).
-        """
-        lin = self.linear
-        meta: dict[str, Any] = getattr(lin, "fp8_meta", {})
-        recipe = meta.get("recipe")
-        info: dict[str, Any] = {
-            "precision": self.recipe.precision.value,
-            "fp8_ran": bool(getattr(lin, "fp8", False)),
-            "recipe": type(recipe).__name__ if recipe is not None else None,
-            "scale": {},
-            "amax_history": {},
-        }
-        quantizers = getattr(lin, "quantizers", {})
-        for key, role, slots in (("scaling_fwd", "fwd", FWD_SLOTS), ("scaling_bwd", "bwd", BWD_SLOTS)):
-            state = meta.get(key)
-            if state is None:
-                continue
-            info[f"{role}_state"] = type(state).__name__
-            info[f"{role}_quantizers"] = [type(q).__name__ for q in quantizers.get(key, []) if q is not None]
-            if hasattr(state, "scale") and hasattr(state, "amax_history"):
-                for i, slot in enumerate(slots):
-                    info["scale"][slot] = state.scale[i].detach().clone()
-                    info["amax_history"][slot] = state.amax_history[:, i].detach().clone()
-        return info
-
-    def extra_repr(self) -> str:
-        return f"precision={self.recipe.precision.value}, fp8_format={self.recipe.fp8_format.value}"
+    lin = unit.linear
+    meta: dict[str, Any] = getattr(lin, "fp8_meta", {})
+    recipe = meta.get("recipe")
+    info: dict[str, Any] = {
+        "precision": unit.recipe.precision.value,
+        "fp8_ran": bool(getattr(lin, "fp8", False)),
+        "recipe": type(recipe).__name__ if recipe is not None else None,
+        "scale": {},
+        "amax_history": {},
+    }
+    quantizers = getattr(lin, "quantizers", {})
+    for key, role, slots in (("scaling_fwd", "fwd", FWD_SLOTS), ("scaling_bwd", "bwd", BWD_SLOTS)):
+        state = meta.get(key)
+        if state is None:
+            continue
+        info[f"{role}_state"] = type(state).__name__
+        info[f"{role}_quantizers"] = [type(q).__name__ for q in quantizers.get(key, []) if q is not None]
+        if hasattr(state, "scale") and hasattr(state, "amax_history"):
+            for i, slot in enumerate(slots):
+                info["scale"][slot] = state.scale[i].detach().clone()
+                info["amax_history"][slot] = state.amax_history[:, i].detach().clone()
+    return info
 
 
 def _dim_problems(linears: Mapping[str, nn.Linear], recipes: Mapping[str, LayerRecipe]) -> dict[str, str]:
@@ -328,44 +261,6 @@ def _check_delayed_keys(recipes: Mapping[str, LayerRecipe]) -> None:
             )
 
 
-def _new_te_linear(name: str, linear: nn.Linear, te_recipe: Any, fp8_weights: bool) -> nn.Module:
-    """A ``te.Linear`` with ``linear``'s shape, dtype, device, values and train mode."""
-    te = require_te()
-    # TE keeps init_method (in param_init_meta); hold the source weakly enough to drop it after
-    # init, or every converted layer would keep its old float32 weight alive.
-    source = [linear.weight.detach()]
-
-    def copy_weight(weight: Tensor) -> None:
-        if not source:
-            raise RuntimeError("a converted layer's init_method copies the original weight once, at convert")
-        with torch.no_grad():
-            weight.copy_(source[0])
-
-    init_ctx = (
-        te.quantized_model_init(enabled=True, recipe=te_recipe, preserve_high_precision_init_val=True)
-        if fp8_weights
-        else contextlib.nullcontext()
-    )
-    with init_ctx:
-        new = te.Linear(
-            linear.in_features,
-            linear.out_features,
-            bias=linear.bias is not None,
-            init_method=copy_weight,
-            params_dtype=linear.weight.dtype,
-            device=linear.weight.device,
-            name=name,
-        )
-    source.clear()
-    if linear.bias is not None:
-        with torch.no_grad():
-            new.bias.copy_(linear.bias.detach())
-    for p in new.parameters():
-        p.requires_grad_(linear.weight.requires_grad)
-    new.train(linear.training)
-    return new
-
-
 class TEBackend(Backend):
     """Transformer Engine: per-layer FP8 (delayed, current, block; MXFP8/NVFP4 on Blackwell).
 
@@ -376,6 +271,7 @@ class TEBackend(Backend):
     """
 
     name = "te"
+    rebuilds_stack = True
 
     def __init__(self, *, fp8_weights: bool = False):
         self.fp8_weights = fp8_weights
@@ -412,15 +308,20 @@ class TEBackend(Backend):
         return te_support(device)
 
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
-        """Replace each named low-precision Linear by a :class:`TEPrecisionLinear`, in place.
+        """Rebuild the probe from Transformer Engine's fused modules, each unit under its recipe, in place.
 
-        Must run before the optimizer is built: the converted layers' Parameters
-        are new objects (holding the same values).
+        For the probe (:class:`~precsearch.probe.model.Llama3`) every unit becomes
+        a TE module (:mod:`precsearch.backends.te_stack`), BF16 ones included, as
+        in Megatron-Core; units absent from ``recipes`` run BF16. Any other model
+        (a Hugging Face Llama under :func:`precsearch.load_policy`) gets a
+        ``te.Linear`` for each named FP8 ``nn.Linear`` only. Must run before the
+        optimizer is built: the TE modules own new Parameters (holding the same
+        values).
 
         Raises:
-            ValueError: A name is not an ``nn.Linear`` of the model (checked first).
+            ValueError: A name is not a unit (an ``nn.Linear``) of the model (checked first).
             UnsupportedRecipe: A recipe this GPU/TE cannot run, feature dims an FP8
-                GEMM cannot take, or delayed-scaling layers TE cannot keep apart.
+                GEMM cannot take, or delayed-scaling units TE cannot keep apart.
             BackendUnavailable: Transformer Engine does not import.
         """
         linears = linear_modules(model, list(recipes))
@@ -431,51 +332,60 @@ class TEBackend(Backend):
             raise UnsupportedRecipe(f"backend 'te' cannot convert {len(problems)} layer(s): {listed}")
         _check_delayed_keys(recipes)
         te_recipes: dict[tuple, Any] = {}
-        for name, recipe in recipes.items():
-            if not recipe.precision.is_fp8:
-                continue
+
+        def shared(recipe: LayerRecipe) -> Any:
             key = recipe_key(recipe)
             if key not in te_recipes:
                 te_recipes[key] = make_te_recipe(recipe)
-            te_linear = _new_te_linear(name, linears[name], te_recipes[key], self.fp8_weights)
-            wrapper = TEPrecisionLinear(te_linear, recipe, te_recipes[key])
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, wrapper)
+            return te_recipes[key]
+
+        if _is_probe(model):
+            every = {n: recipes.get(n, LayerRecipe()) for n in unit_names(model.cfg)}
+            build_te_stack(model, every, shared, self.fp8_weights)
+        else:
+            convert_linears(model, recipes, shared, self.fp8_weights)
         return model
 
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
-        """Name -> precision of every :class:`TEPrecisionLinear` in ``model``."""
-        return {n: m.recipe.precision for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear)}
+        """Unit -> precision of every unit that runs FP8 (BF16 TE units are not reported)."""
+        return {u: m.recipe.precision for m in _units(model) if m.is_fp8 for u in m.units}
 
     @contextlib.contextmanager
     def autocast(self, model: nn.Module, enabled: bool) -> Iterator[None]:
-        """Toggle FP8 on every converted layer; while on, hold one outer ``te.autocast``.
+        """Toggle the step's FP8 on every unit; while on, hold one outer ``te.autocast``.
 
-        The outer context makes every layer's own context a nested one, so TE's
+        The outer context makes every unit's own context a nested one, so TE's
         delayed-scaling amax/scale update runs once per step instead of once per
-        layer (see the module docstring). Its recipe is the first converted
-        layer's (so it never asks for hardware the layers do not already need);
-        the inner contexts decide what each layer runs.
+        unit (see the module docstring). Its recipe is the first FP8 unit's (so it
+        never asks for hardware the units do not already need); the inner
+        contexts decide what each unit runs.
         """
-        layers = [m for m in model.modules() if isinstance(m, TEPrecisionLinear)]
-        with super().autocast(model, enabled):
-            if not (enabled and layers):
+        fp8 = [m for m in _units(model) if m.is_fp8]
+        with super().autocast(model, enabled and bool(fp8)):
+            if not (enabled and fp8):
                 yield
                 return
-            with require_te().autocast(enabled=True, recipe=layers[0].te_recipe):
+            with require_te().autocast(enabled=True, recipe=fp8[0].te_recipe):
                 yield
 
     def track_stats(self, model: nn.Module, enabled: bool) -> None:
-        """Switch statistics on or off on every converted layer, dropping those of earlier passes."""
-        for m in model.modules():
-            if isinstance(m, TEPrecisionLinear):
-                m.track_stats, m.last_stats, m.last_numel = enabled, {}, {}
+        """Switch statistics on or off on every unit, dropping those of earlier passes."""
+        for m in _units(model):
+            m.track_stats, m.last_stats, m.last_numel = enabled, {}, {}
 
     def layer_stats(self, model: nn.Module) -> dict[str, dict[str, TensorStats]]:
-        """Name -> role -> statistics of every converted layer that ran FP8 with statistics on."""
-        found = ((n, m.layer_stats()) for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear))
-        return {name: stats for name, stats in found if stats}
+        """Unit -> role -> statistics of every FP8 unit observed with statistics on."""
+        return {unit: roles for m in _units(model) for unit, roles in m.layer_stats().items()}
 
     def fp8_metadata(self, model: nn.Module) -> dict[str, dict[str, Any]]:
-        """Name -> :meth:`TEPrecisionLinear.fp8_metadata` for every converted layer."""
-        return {n: m.fp8_metadata() for n, m in model.named_modules() if isinstance(m, TEPrecisionLinear)}
+        """Unit -> :func:`fp8_metadata` for every FP8 unit."""
+        return {u: fp8_metadata(m) for m in _units(model) if m.is_fp8 for u in m.units}
+
+
+def _is_probe(model: nn.Module) -> bool:
+    """The probe's layout (:class:`precsearch.probe.model.Llama3`), told by shape: backends import no probe."""
+    return hasattr(model, "cfg") and hasattr(model, "decoder") and hasattr(model, "output_layer")
+
+
+def _units(model: nn.Module) -> list[TEPrecisionLinear]:
+    return [m for m in model.modules() if isinstance(m, TEPrecisionLinear)]

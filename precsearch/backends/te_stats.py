@@ -69,19 +69,21 @@ def high_precision_weight(weight: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def operand_stats(recipe: LayerRecipe, role: str, t: Tensor, fp8_meta: dict[str, Any]) -> dict[str, Tensor]:
+def operand_stats(recipe: LayerRecipe, role: str, t: Tensor, fp8_meta: dict[str, Any],
+                  slot: tuple[str, int] | None = None) -> dict[str, Tensor]:
     """:func:`~precsearch.fp8.formats.quantization_stats` of ``t`` against the scale TE casts it with.
 
     Values stay on the device (no host sync). For delayed scaling ``scale`` is a
-    copy of TE's scale, taken now (TE updates its own in place later).
+    copy of TE's scale, taken now (TE updates its own in place later); ``slot``
+    overrides the role's ``(state key, slot)`` for modules with more GEMMs (``LayerNormMLP``).
 
     Raises:
         KeyError: Delayed scaling before TE created the layer's scaling state
             (call only after the layer's first FP8 forward).
     """
     if recipe.precision is Precision.FP8_DELAYED:
-        key, slot = _DELAYED_SLOT[role]
-        scale = fp8_meta[key].scale[slot].detach().clone()
+        key, index = slot or _DELAYED_SLOT[role]
+        scale = fp8_meta[key].scale[index].detach().clone()
         stats = quantization_stats(t, scale, role_format(recipe.fp8_format, role))
         stats["scale"] = scale
         return stats

@@ -63,8 +63,10 @@ from precsearch.backends.base import (
     BackendUnavailable,
     UnsupportedRecipe,
     WrappedLinear,
+    keep_input_norm,
     linear_modules,
     model_device,
+    norm_input,
 )
 from precsearch.backends.capability import TORCHAO_NEVER, torchao_import_error, torchao_support
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
@@ -118,14 +120,23 @@ class TorchaoPrecisionLinear(WrappedLinear):
         fp8_enabled: When False the layer is exactly ``F.linear(x, weight, bias)``.
     """
 
-    def __init__(self, linear: nn.Linear, recipe: LayerRecipe):
+    def __init__(self, linear: nn.Linear, recipe: LayerRecipe, original: nn.Module | None = None):
         super().__init__()
         self.linear = linear
         self.recipe = recipe
         self.fp8_enabled = True
+        # the fused input norm lives in a child registered after ``linear``, so the Parameters keep
+        # the original's order (weight, then layer_norm_weight)
+        self.input_norm = nn.Module()
+        keep_input_norm(self.input_norm, original if original is not None else linear)
+
+    @property
+    def layer_norm_weight(self) -> nn.Parameter | None:
+        return self.input_norm.layer_norm_weight
 
     def forward(self, x: Tensor) -> Tensor:
         """FP8 through torchao when enabled, else the plain Linear on the same Parameters."""
+        x = norm_input(self.input_norm, x)
         if self.fp8_enabled:
             return self.linear(x)
         return F.linear(x, self.linear.weight, self.linear.bias)
@@ -220,7 +231,7 @@ class TorchaoBackend(Backend):
             converted = model.get_submodule(name)
             if converted is linears[name]:  # torchao skipped it: never silently leave BF16
                 raise RuntimeError(f"torchao did not convert {name}")
-            setattr(model.get_submodule(parent_name), child, TorchaoPrecisionLinear(converted, recipe))
+            setattr(model.get_submodule(parent_name), child, TorchaoPrecisionLinear(converted, recipe, linears[name]))
         return compile_model(model) if self.compile else model
 
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:

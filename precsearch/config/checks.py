@@ -10,9 +10,9 @@ import torch
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.space import DataSource, Space
 from precsearch.errors import UserError
-from precsearch.policy.rules import MemoryKnobs
+from precsearch.policy.rules import MemoryKnobs, member_rules
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.model import linear_layer_names
+from precsearch.arch.units import hf_names, unit_names
 
 
 def check_space(space: Space, *, file: str, environment: bool = True) -> None:
@@ -58,15 +58,31 @@ def _check_warmup(space: Space) -> None:
 
 def _check_groups(space: Space) -> None:
     cfg = space.model.probe()
-    names = linear_layer_names(cfg)
-    for i, group in enumerate(space.search.groups):
-        rule = group.to_rule(Precision.BF16)
-        if not any(rule.matches(n, cfg.n_layers) for n in names):
+    names = unit_names(cfg)
+    rules = tuple(g.to_rule(Precision.BF16) for g in space.search.groups)
+    for i, rule in enumerate(rules):
+        if not any(rule.matches(n, cfg.n_layers, alias=a) for n in names for a in hf_names(n)):
             raise UserError(
-                f"group '{group.name}' matches no Linear layer of the {cfg.n_layers}-layer probe; "
-                f"layer names look like: {', '.join(names[:3])}, …, {names[-1]}",
+                f"group '{rule.name}' matches no Linear layer of the {cfg.n_layers}-layer probe; "
+                f"layer names look like: {', '.join(names[:3])}, …, {names[-1]} "
+                f"(or Hugging Face names such as model.layers.0.self_attn.q_proj)",
                 field=f"search.groups[{i}].modules",
             )
+    for name in names:
+        _check_one_group(name, member_rules(rules, name, cfg.n_layers), rules)
+
+
+def _check_one_group(unit: str, chosen: dict, rules: tuple) -> None:
+    """Every Hugging Face name of a fused unit must fall in the same group."""
+    groups = {m: r.name if r else "search.default_precision" for m, r in chosen.items()}
+    if len(set(groups.values())) > 1:
+        first = next(i for i, r in enumerate(rules) if r.name in groups.values())
+        listed = ", ".join(f"{m.rsplit('.', 1)[-1]} in {g}" for m, g in groups.items())
+        raise UserError(
+            f"{unit} is one fused GEMM (Megatron-Core / Transformer Engine), but its projections fall in "
+            f"different groups ({listed}); put q/k/v (and gate/up) in one group",
+            field=f"search.groups[{first}].modules",
+        )
 
 
 def _check_data(space: Space) -> None:

@@ -25,8 +25,9 @@ What Megatron reads (NVIDIA/Megatron-LM, verified in its source):
 
 What cannot be expressed, and is therefore not written (a warning says so):
 
-* q/k/v (``linear_qkv``) and gate/up (``linear_fc1``) are fused GEMMs in Megatron:
-  if the policy gives their parts different precisions, the fused module runs BF16.
+* (q/k/v and gate/up are fused GEMMs in Megatron; a policy cannot split them: its units are
+  Megatron's modules, and :class:`~precsearch.policy.rules.PrecisionConflict` refuses a policy that
+  gives their Hugging Face names different precisions.)
 * A per-module config may not use delayed scaling (``TEQuantizationRecipe.parse_from_config``
   raises), so delayed scaling can only be the global ``--fp8-recipe``.
 * ``--first-last-layers-bf16`` is refused with ``--fp8-recipe delayed``
@@ -49,8 +50,6 @@ from precsearch.export.formats import (
     Rendered,
     block_ranges,
     header,
-    hf_name,
-    layer_table,
     warning_lines,
 )
 from precsearch.policy.rules import MemoryKnobs, Policy
@@ -104,25 +103,14 @@ def hf_to_megatron(name: str) -> str | None:
 
 
 def megatron_table(policy: Policy, n_layers: int) -> tuple[dict[tuple[int, str], Precision], list[str]]:
-    """(block, Megatron module) -> precision, fused modules resolved; warnings for fused conflicts."""
-    table = layer_table(policy, n_layers)
-    out: dict[tuple[int, str], Precision] = {}
-    conflicts: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-    for block in range(n_layers):
-        for module, projs in MODULES.items():
-            precs = [table[hf_name(block, p)] for p in projs]
-            if len(set(precs)) == 1:
-                out[block, module] = precs[0]
-            else:
-                out[block, module] = Precision.BF16
-                desc = tuple(f"{p}={q.value}" for p, q in zip(projs, precs))
-                conflicts.setdefault((module, desc), []).append(block)
-    warnings = [
-        f"blocks {block_ranges(blocks)}: {', '.join(desc)} differ, but Megatron computes them in one "
-        f"fused GEMM ({module.split('.')[-1]}); exported as bf16 there, which saves less memory than the probe measured"
-        for (module, desc), blocks in conflicts.items()
-    ]
-    return out, warnings
+    """(block, Megatron module) -> precision, and warnings (none: the policy's units are Megatron's modules).
+
+    Raises:
+        PrecisionConflict: The policy gives parts of one fused module (q/k/v, gate/up) different precisions.
+    """
+    out = {(block, module): policy.precision_for(megatron_name(block, module), n_layers)
+           for block in range(n_layers) for module in MODULES}
+    return out, []
 
 
 def _global_precision(table: dict[tuple[int, str], Precision]) -> Precision | None:

@@ -13,11 +13,14 @@ needs from it::
         policy.clip_gradients(model)                 # the policy's clip_grad
         optimizer.step(); optimizer.zero_grad()
 
-Layer names are matched as they appear in ``model.named_modules()``. The probe
-and Hugging Face ``LlamaForCausalLM`` share names (``model.layers.3.mlp.up_proj``,
-``lm_head``), so a policy applies to either directly; for a model named
-otherwise pass ``name_map``, a callable from the model's name to the policy's
-name (or None to leave that layer alone).
+Layer names are matched as they appear in ``model.named_modules()``. A policy
+names precision units (:mod:`precsearch.arch.units`): Megatron-Core's names,
+which the probe uses (``decoder.layers.3.mlp.linear_fc1``), or the Hugging Face
+names they compute (``model.layers.3.mlp.gate_proj`` and ``up_proj``), so it
+applies to a Hugging Face ``LlamaForCausalLM`` directly, every projection of a
+fused unit getting the unit's precision; for a model named otherwise pass
+``name_map``, a callable from the model's name to the policy's name (or None to
+leave that layer alone).
 """
 
 from __future__ import annotations

@@ -2,11 +2,18 @@
 
 A policy is what one trial chose and what ``precsearch export`` writes. It is
 stated in names, not in a model: rules are shell-glob patterns over fully
-qualified module names (``model.layers.3.mlp.down_proj``), optionally limited
-to some transformer blocks (first k, last k, or listed indices). Rules are
-tried in order and the first match decides; a layer no rule matches gets the
-default precision. The same policy therefore applies to the probe, to the
-full-depth model, and to a Hugging Face ``LlamaForCausalLM`` (same names).
+qualified module names, optionally limited to some transformer blocks (first k,
+last k, or listed indices). Rules are tried in order and the first match
+decides; a layer no rule matches gets the default precision.
+
+Names are precision units (:mod:`precsearch.arch.units`): Megatron-Core's
+``decoder.layers.3.mlp.linear_fc1``, or the Hugging Face names they compute
+(``model.layers.3.mlp.gate_proj`` and ``up_proj``). A pattern matches a unit
+when it matches the unit's name or one of its Hugging Face names, and every
+Hugging Face name of a unit must resolve to the same precision, since one fused
+GEMM computes them all; otherwise :class:`PrecisionConflict`. The same policy
+therefore applies to the probe, to the full-depth model, to Megatron-Core and to
+a Hugging Face ``LlamaForCausalLM``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from precsearch.arch.units import hf_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
 
 _BLOCK_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -25,6 +33,10 @@ def block_index(name: str) -> int | None:
     """The transformer block a module belongs to (``…layers.7.…`` -> 7), else None."""
     match = _BLOCK_INDEX.search(name)
     return int(match.group(1)) if match else None
+
+
+class PrecisionConflict(ValueError):
+    """Names computed by one fused unit (q/k/v, gate/up) were given different precisions."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +54,10 @@ class Rule:
     def limits_blocks(self) -> bool:
         return self.first is not None or self.last is not None or self.indices is not None
 
-    def matches(self, name: str, n_layers: int) -> bool:
-        """Whether the layer ``name`` of a model with ``n_layers`` blocks falls under this rule."""
-        if not any(fnmatch.fnmatchcase(name, p) for p in self.modules):
+    def matches(self, name: str, n_layers: int, alias: str | None = None) -> bool:
+        """Whether the layer ``name`` (or its ``alias``) of a model with ``n_layers`` blocks falls under this rule."""
+        names = (name,) if alias is None else (name, alias)
+        if not any(fnmatch.fnmatchcase(n, p) for p in self.modules for n in names):
             return False
         if not self.limits_blocks:
             return True
@@ -122,6 +135,17 @@ class MemoryKnobs:
 MOMENT_DTYPES = ("param", "fp32", "bf16")
 
 
+def member_rules(rules: tuple[Rule, ...], name: str, n_layers: int) -> dict[str, Rule | None]:
+    """For each Hugging Face name computed by ``name``'s unit, the first rule matching it or the unit.
+
+    A name that is no precision unit (a custom model's module) stands alone.
+    """
+    unit = unit_of(name)
+    if unit is None:
+        return {name: next((r for r in rules if r.matches(name, n_layers)), None)}
+    return {m: next((r for r in rules if r.matches(unit, n_layers, alias=m)), None) for m in hf_names(unit)}
+
+
 @dataclass(frozen=True)
 class Policy:
     """Per-layer precision plus the training knobs that go with it.
@@ -143,11 +167,18 @@ class Policy:
     memory: MemoryKnobs = field(default_factory=MemoryKnobs)
 
     def precision_for(self, name: str, n_layers: int) -> Precision:
-        """The precision of layer ``name`` in a model with ``n_layers`` blocks."""
-        for rule in self.rules:
-            if rule.matches(name, n_layers):
-                return rule.precision
-        return self.default
+        """The precision of layer ``name`` (a unit or a Hugging Face name) in a model of ``n_layers`` blocks.
+
+        Raises:
+            PrecisionConflict: The Hugging Face names of ``name``'s unit resolve to different precisions.
+        """
+        chosen = member_rules(self.rules, name, n_layers)
+        precisions = {m: r.precision if r else self.default for m, r in chosen.items()}
+        if len(set(precisions.values())) > 1:
+            listed = ", ".join(f"{m.rsplit('.', 1)[-1]}: {p.value}" for m, p in precisions.items())
+            raise PrecisionConflict(f"{unit_of(name)} is one fused GEMM but the policy gives it {listed}; "
+                                    "give q/k/v (and gate/up) one precision")
+        return next(iter(precisions.values()))
 
     def layer_recipes(self, names: list[str], n_layers: int) -> dict[str, LayerRecipe]:
         """Recipe for each named layer."""

@@ -15,17 +15,24 @@ Two things are recorded while a probe trains:
   (:class:`DiagnosticsConfig`, default 10: steps 0, 10, 20, ...) **and at the
   last step**, and switched off in between. Only steps where FP8 is on produce
   any (the BF16 warm-up quantizes nothing).
-* **Sentinels** on every Linear layer, FP8 or not, every step: a forward hook
-  counts the non-finite values of the layer's input and output, a hook on the
-  output's gradient counts those of ``grad_output``, and a hook on the weight
-  counts those of its gradient (``grad_weight``). The counts stay on the
-  device (no host sync) and are read only when the probe diverges.
+* **Sentinels** on every precision unit, FP8 or not, on the step that
+  diverged: a forward hook counts the non-finite values of the unit's input
+  and output, a hook on the output's gradient counts those of
+  ``grad_output``, and a hook on the weight counts those of its gradient
+  (``grad_weight``). They are not installed on ordinary steps (each costs an
+  extra pass over a tensor and a few kernel launches per unit, several
+  percent of a step at the 8B width): when a step's loss or gradient comes
+  back non-finite, the optimizer step is skipped, so the weights are still
+  those the step started from, and the probe **replays** that step once with
+  the sentinels installed (:meth:`LayerWatch.replay`). The replay sees the same
+  weights and batch; a delayed-scaling recipe's scales have moved by one
+  update since (they recorded the bad step's amax), so its replay can differ.
 
 When a probe diverges, :meth:`LayerWatch.explain` names the first offender
 (:class:`FirstBad`):
 
-1. If the diverging step produced a non-finite value: the first one in
-   execution order (forward, then backward), i.e. a Linear whose input
+1. If the diverging step produced a non-finite value: the first one in the
+   replay's execution order (forward, then backward), i.e. a unit whose input
    arrived non-finite (so a non-Linear op upstream produced it), whose FP8
    operand was non-finite (on a collection step), whose output was, whose
    output gradient was, or whose weight gradient was.
@@ -62,16 +69,22 @@ class DiagnosticsConfig:
         every: Collect per-layer FP8 statistics every this many steps (and at the last step).
         saturation_limit: An FP8 operand with a larger overflow share counts as saturating
             (0.001: one value in a thousand clipped).
+        sentinels: ``replay`` (default): non-finite sentinels only on a replay of a step whose
+            loss or gradient came back non-finite; ``every_step``: on every step (costs a pass over
+            every unit's input, output and gradients; kept to measure that cost, ``scripts/bench_stack.py``).
     """
 
     every: int = 10
     saturation_limit: float = 0.001
+    sentinels: str = "replay"
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"diagnostics 'every' must be >= 1 step, got {self.every}")
         if not 0 <= self.saturation_limit < 1:
             raise ValueError(f"diagnostics 'saturation_limit' must be in [0, 1), got {self.saturation_limit}")
+        if self.sentinels not in ("replay", "every_step"):
+            raise ValueError(f"diagnostics 'sentinels' must be replay or every_step, got {self.sentinels!r}")
 
     def collects(self, step: int, steps: int) -> bool:
         """True when ``step`` of a ``steps``-step probe is a collection step."""
@@ -173,18 +186,27 @@ def first_saturated(rows: list[dict[str, Any]], names: list[str], limit: float) 
     return None
 
 
+def _unit_module(model: nn.Module, name: str) -> tuple[str, nn.Module]:
+    """The module computing unit ``name``; a unit fused into its parent (TE ``LayerNormMLP``) gives the parent."""
+    try:
+        return name, model.get_submodule(name)
+    except AttributeError:
+        parent = name.rpartition(".")[0]
+        return parent, model.get_submodule(parent)
+
+
 def _nonfinite_count(t: Tensor) -> Tensor:
     return torch.isfinite(t.detach()).logical_not().sum()
 
 
 class LayerWatch:
-    """Sentinels on a probe's Linear layers and the per-step FP8 statistics collection.
+    """Sentinels on a probe's precision units (on a replayed step) and the per-step FP8 statistics.
 
     Args:
         model: The converted probe model (a ``torch.compile`` wrapper gets no
             sentinels: hooks would break its graph; statistics are still collected).
         backend: The backend that converted it (it computes the FP8 statistics).
-        names: The Linear layers to watch (``linear_layer_names`` of the probe).
+        names: The units to watch (``linear_layer_names`` of the probe), in execution order.
         config: Collection interval and saturation limit.
         steps: The probe's length (its last step is always collected).
     """
@@ -197,9 +219,37 @@ class LayerWatch:
         self._events: list[tuple[str, str, Tensor]] = []
         self._stats: LayerStats = {}
         self._handles: list[Any] = []
-        if not hasattr(model, "_orig_mod"):
-            for name in self.names:
-                self._install(name, model.get_submodule(name))
+        if config.sentinels == "every_step":
+            self._install_all()
+
+    def _install_all(self) -> None:
+        if hasattr(self.model, "_orig_mod"):
+            return
+        seen: set[int] = set()
+        for name in self.names:
+            label, module = _unit_module(self.model, name)
+            if id(module) not in seen:
+                seen.add(id(module))
+                self._install(label, module)
+
+    def replay(self, step: int, run: Any) -> None:
+        """Run ``run()`` (the diverged step's forward and backward again) with the sentinels installed.
+
+        With ``sentinels: every_step`` the step itself was watched: nothing is replayed.
+        """
+        if self._handles or hasattr(self.model, "_orig_mod"):
+            return
+        self._events.clear()
+        self._install_all()
+        self.backend.track_stats(self.model, True)  # the replay's FP8 operands are checked too
+        try:
+            run()
+            self._stats = self.backend.layer_stats(self.model)
+        finally:
+            self.backend.track_stats(self.model, False)
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
 
     def _install(self, name: str, module: nn.Module) -> None:
         def forward_hook(_module: nn.Module, args: tuple, output: Tensor) -> None:
@@ -209,7 +259,7 @@ class LayerWatch:
                 output.register_hook(lambda grad: self._record(name, "grad_output", grad))
 
         self._handles.append(module.register_forward_hook(forward_hook))
-        weight = module.weight
+        weight = getattr(module, "weight", None)
         if isinstance(weight, Tensor) and weight.requires_grad:
             self._handles.append(weight.register_hook(lambda grad: self._record(name, "grad_weight", grad)))
 
@@ -250,7 +300,7 @@ class LayerWatch:
         return first_saturated(rows, self.names, self.config.saturation_limit)
 
     def close(self) -> None:
-        """Remove every hook and switch FP8 statistics off."""
+        """Remove any hook left and switch FP8 statistics off."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

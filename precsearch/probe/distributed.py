@@ -399,7 +399,7 @@ def _shard(model: nn.Module, device: torch.device) -> None:
     _check_same_weights(model)
     attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
     mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    for block in model.model.layers:
+    for block in model.decoder.layers:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     for name, param in model.named_parameters():  # fully_shard made new Parameters: keep TE's attributes

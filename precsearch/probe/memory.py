@@ -10,9 +10,11 @@ Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
   freed by ``zero_grad(set_to_none=True)``), every tensor the forward saved for
   the backward, the low-precision weight copies, and three logit-sized fp32
   tensors (the log-softmax output, its gradient, and the gradient of its input);
-* **optimizer step**: parameters, gradients, optimizer state and the
-  optimizer's temporaries (``torch.optim.AdamW``'s foreach path allocates
-  ``sqrt(exp_avg_sq)`` for every parameter at once; TE ``FusedAdam`` does not).
+* **optimizer step**: parameters, gradients and optimizer state. On the GPU
+  the probe steps with a fused Adam (``torch.optim.AdamW(fused=True)``, or TE
+  ``FusedAdam`` for the memory knobs), which allocates no temporaries; the
+  foreach path the CPU uses would add ``sqrt(exp_avg_sq)`` for every parameter,
+  which this model does not count (CPU peaks are predicted, never measured).
 
 The peak is the larger of the two. What a step keeps:
 
@@ -24,23 +26,28 @@ The peak is the larger of the two. What a step keeps:
   cast of each BF16 Linear's weight (2 bytes/param; none with BF16
   parameters); for an FP8 Linear, the FP8 weight and its transpose (2 bytes/param,
   both layouts are needed by Hopper's FP8 GEMMs), none under ``fp8_weights``;
-* Linear inputs saved for the backward: q/k/v read one tensor, as do
-  gate/up. BF16 Linears share it when it is already BF16 (BF16 parameters);
-  with fp32 parameters each casts its own BF16 copy. Each FP8 Linear saves its
-  own quantized copy (1 byte/element, plus block scales for the block
-  recipes). o_proj reads the attention output, which attention saves anyway;
+* unit inputs saved for the backward: each precision unit is one GEMM
+  (q/k/v fused in ``linear_qkv``, gate/up in ``linear_fc1``) and saves its
+  input once: a BF16 copy (with fp32 parameters, autocast's cast), or its
+  quantized copy when FP8 (1 byte/element, plus block scales for the block
+  recipes). ``linear_proj`` reads the attention output, which attention saves
+  anyway;
 * the rest of each block: each RMSNorm saves its fp32 input and its
-  normalised output (in the residual stream's dtype), attention saves q, k, v
-  (after RoPE), its output and an fp32 log-sum-exp per head, SwiGLU saves the
-  gate, silu(gate) and up projections (BF16); FP8 does not change these.
+  normalised output (in the residual stream's dtype), attention saves q and k
+  (after RoPE), the fused q/k/v output (v is a view of it), its output and an
+  fp32 log-sum-exp per head, SwiGLU saves the fc1 output (gate and up) and
+  silu(gate) (BF16), RoPE a BF16 cos/sin pair per block; FP8 does not change these.
 
-Checked against the H200 (Llama-3-8B shape, 32 layers, seq 4096, micro-batch
-1, BF16 parameters, torch AdamW, TE 2.20.2): predicted 75.39 GiB for BF16 where
-75.45 GiB was measured, 88.60 GiB for FP8 on every Linear where 88.70 GiB was.
-On the CPU, :func:`activation_bytes` equals what autograd saves for BF16
-layers (``tests/probe/test_memory.py``). Figures from this module are labelled
-"predicted"; :mod:`precsearch.probe.calibration` corrects them from GPU
-measurements.
+On the CPU, :func:`activation_bytes` equals what autograd saves for the probe's
+plain-PyTorch layers (``tests/probe/test_memory.py``). Transformer Engine's
+fused modules save less (its fused RMSNorm and RoPE keep fewer tensors), so on
+the GPU this model over-predicts by a per-layer amount: at the Llama-3-8B shape
+(seq 4096, micro-batch 1, BF16 parameters, TE 2.20.2 on an H200) 76.70 GiB
+predicted against 67.89 GiB measured for BF16, +7% to +13% over the other
+policies but FP8 weight storage (−9%). Figures from this module are labelled "predicted";
+:mod:`precsearch.probe.calibration` corrects them from GPU measurements (the
+residual is linear in depth: calibrated on 2- and 4-block probes, the full
+32-block peaks came within 1.93%, ``scripts/results/2026-11-30_h200_bench_memory.log``).
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from dataclasses import asdict, dataclass
 
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.probe.model import ModelConfig
+from precsearch.arch.config import ModelConfig
+from precsearch.arch.units import OUTPUT_LAYER, unit_names, unit_shape
 
 _FP32, _BF16 = 4, 2
 #: Logit-sized fp32 tensors alive when the log-softmax backward runs (its output, gradient in and out).
@@ -67,12 +75,12 @@ ELEMENT_BYTES: dict[Precision, float] = {
 #: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks).
 WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2}
 
-#: Linear inputs of one block: (suffixes reading one tensor, does that tensor arrive in BF16, saved anyway).
-_INPUT_GROUPS = (
-    (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), False, False),
-    (("self_attn.o_proj",), True, True),  # the attention output, which attention saves
-    (("mlp.gate_proj", "mlp.up_proj"), False, False),
-    (("mlp.down_proj",), True, False),  # silu(gate) * up, saved only by down_proj
+#: The precision units of one block: (suffix, does its input arrive in BF16, is it saved anyway).
+_UNIT_INPUTS = (
+    ("self_attention.linear_qkv", False, False),  # the normalised residual stream
+    ("self_attention.linear_proj", True, True),  # the attention output, which attention saves
+    ("mlp.linear_fc1", False, False),
+    ("mlp.linear_fc2", True, False),  # silu(gate) * up, saved only by linear_fc2
 )
 
 
@@ -121,27 +129,12 @@ class MemoryBreakdown:
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) for each Linear layer suffix of one block, and lm_head."""
-    kv = cfg.n_kv_heads * cfg.head_dim
-    return {
-        "self_attn.q_proj": (cfg.dim, cfg.dim),
-        "self_attn.k_proj": (cfg.dim, kv),
-        "self_attn.v_proj": (cfg.dim, kv),
-        "self_attn.o_proj": (cfg.dim, cfg.dim),
-        "mlp.gate_proj": (cfg.dim, cfg.ffn_dim),
-        "mlp.up_proj": (cfg.dim, cfg.ffn_dim),
-        "mlp.down_proj": (cfg.ffn_dim, cfg.dim),
-    }
+    """(in_features, out_features) for each precision unit suffix of one block."""
+    return {suffix: unit_shape(cfg, suffix) for suffix, _, _ in _UNIT_INPUTS}
 
 
 def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    shapes = {
-        f"model.layers.{i}.{suffix}": shape
-        for i in range(cfg.n_layers)
-        for suffix, shape in linear_shapes(cfg).items()
-    }
-    shapes["lm_head"] = (cfg.dim, cfg.vocab_size)
-    return shapes
+    return {name: unit_shape(cfg, name) for name in unit_names(cfg)}
 
 
 def predict_peak(
@@ -170,7 +163,7 @@ def predict_peak(
         params=int((n_params - fp8_stored) * width + stored_bytes),
         grads=n_params * width,
         optimizer=n_params * (2 * moment + master),
-        optimizer_temp=0 if not memory.is_default else n_params * moment,  # FusedAdam for any knob
+        optimizer_temp=0,  # fused Adam on the GPU (torch AdamW(fused=True), or TE FusedAdam for any knob)
         weight_copies=int(copies),
         linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, param_dtype)),
         other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
@@ -180,14 +173,13 @@ def predict_peak(
 
 
 def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str) -> float:
-    """Bytes per token of Linear inputs saved for the backward, over all blocks and ``lm_head``."""
-    widths = {suffix: fan_in for suffix, (fan_in, _) in linear_shapes(cfg).items()}
+    """Bytes per token of unit inputs saved for the backward, over all blocks and ``output_layer``."""
     total = 0.0
     for i in range(cfg.n_layers):
-        for suffixes, arrives_bf16, saved_anyway in _INPUT_GROUPS:
-            group = [precisions.get(f"model.layers.{i}.{s}", Precision.BF16) for s in suffixes]
-            total += _group_input_bytes(group, widths[suffixes[0]], arrives_bf16, saved_anyway, param_dtype)
-    head = [precisions.get("lm_head", Precision.BF16)]
+        for suffix, arrives_bf16, saved_anyway in _UNIT_INPUTS:
+            p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
+            total += _group_input_bytes([p], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
+    head = [precisions.get(OUTPUT_LAYER, Precision.BF16)]
     return total + _group_input_bytes(head, cfg.dim, False, False, param_dtype)
 
 
@@ -207,11 +199,12 @@ def other_activation_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, 
     residual = _FP32 if param_dtype == "fp32" else _BF16
     kv = cfg.n_kv_heads * cfg.head_dim
     norm = cfg.dim * (_FP32 + residual) + _FP32  # fp32 input, normalised output, 1/rms
-    attention = (2 * cfg.dim + 2 * kv) * _BF16 + cfg.n_heads * _FP32  # q, k, v, output; log-sum-exp
+    # q and k after RoPE, the fused q/k/v output (v is a view of it, as in Megatron), the output; log-sum-exp
+    attention = (3 * cfg.dim + 3 * kv) * _BF16 + cfg.n_heads * _FP32
     swiglu = 3 * cfg.ffn_dim * _BF16  # gate, silu(gate), up
     per_token = cfg.n_layers * (2 * norm + attention + swiglu) + norm + 8  # + the final norm, the token ids
-    # RoPE's cos/sin tables (BF16): one pair, or one cast per block from fp32 ones.
-    rope = 2 * seq_len * cfg.head_dim * _BF16 * (cfg.n_layers if param_dtype == "fp32" else 1)
+    # RoPE's cos/sin tables, cast to BF16 in every block.
+    rope = 2 * seq_len * cfg.head_dim * _BF16 * cfg.n_layers
     return seq_len * micro_batch * per_token + rope
 
 

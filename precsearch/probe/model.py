@@ -1,209 +1,62 @@
-"""The Llama 3 probe model.
+"""The Llama 3 probe model, in Megatron-Core's module layout.
 
-A plain PyTorch Llama 3 whose module and parameter names are exactly those of
-Hugging Face's ``LlamaForCausalLM`` (``model.layers.{i}.self_attn.q_proj`` and
-so on), so that:
+The modules, and so the precision units a policy names
+(:mod:`precsearch.arch.units`), are those of Megatron-Core's GPT model on
+Transformer Engine, the stack users train Llama 3 on::
 
-* a policy found on the probe names the same layers as the real model;
-* state dicts load into ``LlamaForCausalLM`` unchanged (``strict=True``);
-* a numeric backend can swap any projection for another module by name,
-  because every projection is a plain ``nn.Linear`` called as a module.
+    embedding.word_embeddings
+    decoder.layers.{i}.self_attention.linear_qkv    RMSNorm fused in, q/k/v in one GEMM
+    decoder.layers.{i}.self_attention.core_attention
+    decoder.layers.{i}.self_attention.linear_proj
+    decoder.layers.{i}.mlp.linear_fc1               RMSNorm fused in, gate/up in one GEMM
+    decoder.layers.{i}.mlp.linear_fc2
+    decoder.final_layernorm
+    output_layer
 
-RoPE uses Hugging Face's half-split layout (``rotate_half``) and the Llama 3.1
-frequency scaling (HF ``rope_type: llama3``).
+This file is the plain-PyTorch reference (CPU, emulated FP8, torchao); the
+``te`` backend swaps each unit for the Transformer Engine module of the same
+name (:mod:`precsearch.backends.te_stack`). Weight layouts are Megatron's:
+``linear_qkv`` rows are grouped per KV head (the group's query heads, then its
+key, then its value head), ``linear_fc1`` rows are gate then up. Hugging Face
+``LlamaForCausalLM`` state dicts convert both ways with
+:mod:`precsearch.probe.hf_weights`.
+
+RoPE uses the half-split layout (Hugging Face ``rotate_half``, TE's
+non-interleaved mode) and the Llama 3.1 frequency scaling.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: HF ``initializer_range`` for Llama: std of the normal init of every weight matrix.
+from precsearch.arch.config import PRESETS, ModelConfig, RopeScaling, rope_inv_freq
+from precsearch.arch.units import OUTPUT_LAYER, unit_names
+
+#: Std of the normal init of every weight matrix (HF ``initializer_range``).
 INIT_STD = 0.02
 
-_ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)(?:\.|$)")
-
-
-def _require_positive(owner: str, values: Mapping[str, float]) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{owner}.{name} must be positive, got {value!r}")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3.1 RoPE frequency scaling (HF ``rope_type: llama3``).
-
-    Wavelengths shorter than ``original_max_position_embeddings / high_freq_factor``
-    are kept, those longer than ``original_max_position_embeddings / low_freq_factor``
-    are stretched by ``factor``, and the ones in between are interpolated.
-    """
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
-
-    def __post_init__(self) -> None:
-        _require_positive("rope_scaling", dataclasses.asdict(self))
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
-                "rope_scaling.high_freq_factor must be greater than low_freq_factor, got "
-                f"{self.high_freq_factor} <= {self.low_freq_factor}"
-            )
-
-    def to_hf(self, rope_theta: float) -> dict[str, Any]:
-        """The equivalent Hugging Face ``rope_parameters`` dict."""
-        return {"rope_type": "llama3", "rope_theta": rope_theta, **dataclasses.asdict(self)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Sizes of a Llama 3 model (the fields of HF ``LlamaConfig`` that matter).
-
-    ``rope_scaling`` may also be given as a mapping (e.g. from YAML); it is
-    converted to :class:`RopeScaling`.
-    """
-
-    vocab_size: int = 128256
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
-    rope_scaling: RopeScaling | None = None
-    max_seq_len: int = 8192
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rope_scaling, Mapping):
-            # Frozen dataclass: object.__setattr__ is the documented way in __post_init__.
-            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len")
-        _require_positive("model", {n: getattr(self, n) for n in sizes})
-        _require_positive("model", {"norm_eps": self.norm_eps, "rope_theta": self.rope_theta})
-        if self.dim % self.n_heads:
-            raise ValueError(f"model.dim ({self.dim}) must be divisible by model.n_heads ({self.n_heads})")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.head_dim % 2:
-            # RoPE rotates pairs of channels.
-            raise ValueError(f"model.dim / model.n_heads must be even for RoPE, got {self.head_dim}")
-
-    @property
-    def head_dim(self) -> int:
-        """Channels per attention head."""
-        return self.dim // self.n_heads
-
-    def with_overrides(self, **overrides: Any) -> ModelConfig:
-        """A validated copy with some fields replaced.
-
-        Raises:
-            ValueError: an unknown field name or an invalid resulting config.
-        """
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"model.{unknown[0]} is not a model field; valid: {', '.join(sorted(known))}")
-        return dataclasses.replace(self, **overrides)
-
-    def num_params(self) -> int:
-        """Exact parameter count of :class:`Llama3` (untied head), from the sizes alone."""
-        kv_dim = self.n_kv_heads * self.head_dim
-        attn = 2 * self.dim * self.dim + 2 * self.dim * kv_dim  # q, o and k, v
-        mlp = 3 * self.dim * self.ffn_dim
-        block = attn + mlp + 2 * self.dim  # + two RMSNorm weights
-        return 2 * self.vocab_size * self.dim + self.n_layers * block + self.dim
-
-
-_LLAMA31_SCALING = RopeScaling(
-    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
-)
-_LLAMA32_SCALING = dataclasses.replace(_LLAMA31_SCALING, factor=32.0)
-
-#: Published Llama 3.x sizes (HF ``config.json``) plus a CPU-sized byte-level model.
-PRESETS: dict[str, ModelConfig] = {
-    "llama3-8b": ModelConfig(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, rope_scaling=_LLAMA31_SCALING
-    ),
-    "llama3-70b": ModelConfig(
-        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, rope_scaling=_LLAMA31_SCALING
-    ),
-    "llama3.2-1b": ModelConfig(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, rope_scaling=_LLAMA32_SCALING
-    ),
-    "llama3.2-3b": ModelConfig(
-        dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192, rope_scaling=_LLAMA32_SCALING
-    ),
-    "tiny": ModelConfig(
-        vocab_size=256,  # byte-level text
-        dim=128,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=384,
-        max_seq_len=512,
-        rope_scaling=_LLAMA31_SCALING,
-    ),
-}
+#: ``f(q, k, angles)`` -> rotated ``(q, k)``; tensors ``(B, T, heads, head_dim)``, angles ``(T, head_dim)``.
+RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def linear_layer_names(cfg: ModelConfig) -> list[str]:
-    """Fully qualified names of every ``nn.Linear`` of :class:`Llama3`, in module order.
-
-    Computed from the config alone, so a search space can be built for a model
-    too large to instantiate here.
-    """
-    names = []
-    for i in range(cfg.n_layers):
-        names += [f"model.layers.{i}.self_attn.{p}" for p in _ATTN_PROJS]
-        names += [f"model.layers.{i}.mlp.{p}" for p in _MLP_PROJS]
-    return names + ["lm_head"]
+    """The precision units of :class:`Llama3` (same as :func:`precsearch.arch.units.unit_names`)."""
+    return unit_names(cfg)
 
 
-def layer_index(name: str) -> int | None:
-    """The decoder block index of ``model.layers.{i}...``; None for anything else (``lm_head``)."""
-    match = _LAYER_RE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies (float32, ``head_dim // 2``), with Llama 3.1 scaling if set."""
-    dim = cfg.head_dim
-    # Same arithmetic as HF (int64 arange cast to float32) so the values match bit for bit.
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    inv_freq = 1.0 / (cfg.rope_theta**exponents)
-    if cfg.rope_scaling is None:
-        return inv_freq
-    return _scale_inv_freq(inv_freq, cfg.rope_scaling)
-
-
-def _scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    """Llama 3.1 scaling: stretch long wavelengths, keep short ones, blend in between."""
-    old_len = s.original_max_position_embeddings
-    wavelen = 2 * math.pi / inv_freq
-    stretched = torch.where(wavelen > old_len / s.low_freq_factor, inv_freq / s.factor, inv_freq)
-    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-    blended = (1 - smooth) * stretched / s.factor + smooth * stretched
-    is_medium = (wavelen >= old_len / s.high_freq_factor) & (wavelen <= old_len / s.low_freq_factor)
-    return torch.where(is_medium, blended, stretched)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 (as HF and TE), returned in ``x``'s dtype times ``weight``."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32 (as HF), scaled by ``weight``."""
+    """Root-mean-square norm, scaled by ``weight``."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -211,136 +64,169 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise the last dimension; returns the input dtype times ``weight``."""
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        """Normalise the last dimension."""
+        return rms_norm(x, self.weight, self.eps)
 
 
-class RotaryEmbedding(nn.Module):
-    """Holds the inverse frequencies; gives cos/sin for positions ``0..T-1``."""
+class NormLinear(nn.Linear):
+    """A Linear whose input is RMS-normalised first (TE ``LayerNormLinear`` with RMSNorm, no bias).
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        # Non-persistent, like HF: derived from the config, not part of the state dict.
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+    It is an ``nn.Linear`` (``weight`` is the GEMM's) with one more Parameter,
+    ``layer_norm_weight``; a backend that converts the GEMM keeps the norm
+    (:meth:`precsearch.backends.base.WrappedLinear.norm_input`).
+    """
 
-    def reset_inv_freq(self) -> None:
-        """Recompute ``inv_freq`` (after ``to_empty`` from the meta device)."""
-        self.inv_freq = rope_inv_freq(self.cfg).to(self.inv_freq.device)
+    def __init__(self, in_features: int, out_features: int, eps: float):
+        super().__init__(in_features, out_features, bias=False)
+        self.eps = eps
+        self.layer_norm_weight = nn.Parameter(torch.ones(in_features))
 
-    def forward(self, seq_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` of shape ``(seq_len, head_dim)`` in ``dtype``."""
-        positions = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
-        # Elementwise product (not matmul) so autocast cannot lower it to bf16.
-        freqs = positions[:, None] * self.inv_freq.float()[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``rms_norm(x) @ weight.T``."""
+        return F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` over the last dimension (half-split RoPE)."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(B, heads, T, head_dim)`` by the position angles."""
-    return x * cos + _rotate_half(x) * sin
+def apply_rope(q: torch.Tensor, k: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` and ``k`` ``(B, T, heads, head_dim)`` by the position ``angles`` ``(T, head_dim)``."""
+    cos, sin = angles.cos()[:, None, :].to(q.dtype), angles.sin()[:, None, :].to(q.dtype)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-class Attention(nn.Module):
-    """Causal grouped-query attention with RoPE (HF ``LlamaAttention`` names)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, kv_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, kv_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-
-    def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        return x.view(batch, seq, n_heads, self.head_dim).transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Self-attention over ``x`` of shape ``(B, T, dim)``."""
-        q = self._heads(self.q_proj(x), self.n_heads)
-        k = self._heads(self.k_proj(x), self.n_kv_heads)
-        v = self._heads(self.v_proj(x), self.n_kv_heads)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # enable_gqa repeats each kv head over consecutive query heads, as HF's repeat_kv.
-        gqa = self.n_kv_heads != self.n_heads
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).flatten(2))
-
-
-class MLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+class CoreAttention(nn.Module):
+    """Causal grouped-query attention on ``(B, T, heads, head_dim)`` tensors; returns ``(B, T, dim)``."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.gqa = cfg.n_kv_heads != cfg.n_heads
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the feed-forward to ``x`` of shape ``(B, T, dim)``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    """One pre-norm transformer block (HF ``LlamaDecoderLayer`` names)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        # Registration order fixes named_modules order: attention before MLP, as in HF.
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Residual attention then residual MLP."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Softmax attention; each KV head serves consecutive query heads (as HF ``repeat_kv``)."""
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        return out.transpose(1, 2).flatten(2)
 
 
-class Llama3Model(nn.Module):
-    """The decoder stack (HF ``LlamaModel``): embeddings, blocks, final norm."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Final hidden states ``(B, T, dim)`` for token ids ``(B, T)``."""
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
+def split_qkv(qkv: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's grouped ``linear_qkv`` output ``(B, T, qkv)`` -> q, k, v ``(B, T, heads, head_dim)``."""
+    groups, per_group, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    grouped = qkv.view(*qkv.shape[:2], groups, (per_group + 2) * hd)
+    q, k, v = grouped.split([per_group * hd, hd, hd], dim=-1)
+    return q.reshape(*qkv.shape[:2], cfg.n_heads, hd), k, v
 
 
-class Llama3(nn.Module):
-    """Llama 3 causal LM with HF ``LlamaForCausalLM`` module names and an untied head."""
+class SelfAttention(nn.Module):
+    """Norm + fused QKV, RoPE, core attention, output projection (Megatron ``SelfAttention``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.model = Llama3Model(cfg)
-        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.linear_qkv = NormLinear(cfg.dim, qkv_dim, cfg.norm_eps)
+        self.core_attention = CoreAttention(cfg)
+        self.linear_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.rope: RopeFn = apply_rope  # a backend may put a fused kernel here
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        """Self-attention over ``x`` ``(B, T, dim)`` (not normalised: ``linear_qkv`` does it)."""
+        q, k, v = split_qkv(self.linear_qkv(x), self.cfg)
+        q, k = self.rope(q, k, angles)
+        return self.linear_proj(self.core_attention(q, k, v))
+
+
+class MLP(nn.Module):
+    """Norm + fused gate/up, SwiGLU, down projection (Megatron ``MLP`` with ``gated_linear_unit``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.linear_fc1 = NormLinear(cfg.dim, 2 * cfg.ffn_dim, cfg.norm_eps)
+        self.linear_fc2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``fc2(silu(gate) * up)`` with ``[gate, up] = fc1(norm(x))``."""
+        gate, up = self.linear_fc1(x).chunk(2, dim=-1)
+        return self.linear_fc2(F.silu(gate) * up)
+
+
+class TransformerLayer(nn.Module):
+    """One pre-norm block: residual attention, then residual MLP (norms fused into the units)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attention = SelfAttention(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        """``x + attn(x)``, then ``+ mlp(.)``."""
+        x = x + self.self_attention(x, angles)
+        return x + self.mlp(x)
+
+
+class Decoder(nn.Module):
+    """The blocks and the final norm (Megatron ``TransformerBlock``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
+        self.final_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, angles)
+        return self.final_layernorm(x)
+
+
+class Embedding(nn.Module):
+    """Token embeddings (Megatron ``LanguageModelEmbedding``, no position embedding)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.word_embeddings(input_ids)
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds the inverse frequencies; gives the float32 angles ``(T, head_dim)`` of positions ``0..T-1``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        # Non-persistent: derived from the config, not part of the state dict.
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def reset_inv_freq(self) -> None:
+        """Recompute ``inv_freq`` in float32 (after ``to_empty`` or a dtype cast of the model)."""
+        self.inv_freq = rope_inv_freq(self.cfg).to(self.inv_freq.device)
+
+    def forward(self, seq_len: int) -> torch.Tensor:
+        positions = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
+        # Elementwise product (not matmul) so autocast cannot lower it to bf16.
+        freqs = positions[:, None] * self.inv_freq.float()[None, :]
+        return torch.cat((freqs, freqs), dim=-1)
+
+
+class Llama3(nn.Module):
+    """Llama 3 causal LM in Megatron-Core's layout, with an untied ``output_layer``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = Embedding(cfg)
+        self.rotary_pos_emb = RotaryEmbedding(cfg)
+        self.decoder = Decoder(cfg)
+        self.output_layer = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
     @staticmethod
     def linear_names(cfg: ModelConfig) -> list[str]:
-        """Same as :func:`linear_layer_names`."""
-        return linear_layer_names(cfg)
+        """Same as :func:`precsearch.arch.units.unit_names`."""
+        return unit_names(cfg)
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, T, vocab)``, or the mean cross-entropy (float32) when ``targets`` is given.
@@ -351,7 +237,8 @@ class Llama3(nn.Module):
         """
         if input_ids.shape[1] > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {input_ids.shape[1]} > max_seq_len {self.cfg.max_seq_len}")
-        logits = self.lm_head(self.model(input_ids))
+        hidden = self.decoder(self.embedding(input_ids), self.rotary_pos_emb(input_ids.shape[1]))
+        logits = self.output_layer(hidden)
         if targets is None:
             return logits
         # float32 log-softmax: bf16 CE is too coarse to compare precision policies.
@@ -359,7 +246,7 @@ class Llama3(nn.Module):
 
 
 def init_weights(model: Llama3, seed: int) -> None:
-    """Deterministic HF-style init: weights ~ N(0, 0.02), norm weights = 1.
+    """Deterministic init: weight matrices and embeddings ~ N(0, 0.02), norm weights = 1.
 
     Draws in module order from one generator on the model's device, so two
     models built with the same seed on the same device are identical.
@@ -370,9 +257,11 @@ def init_weights(model: Llama3, seed: int) -> None:
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, INIT_STD, generator=gen)
+            if isinstance(module, NormLinear):
+                module.layer_norm_weight.fill_(1.0)
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
-    model.model.rotary_emb.reset_inv_freq()
+    model.rotary_pos_emb.reset_inv_freq()
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> Llama3:
@@ -384,13 +273,13 @@ def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu")
 
 
 __all__ = [
+    "OUTPUT_LAYER",
     "PRESETS",
     "Llama3",
     "ModelConfig",
     "RopeScaling",
     "build_model",
     "init_weights",
-    "layer_index",
     "linear_layer_names",
     "rope_inv_freq",
 ]

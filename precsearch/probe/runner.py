@@ -54,14 +54,18 @@ EVERY_10_STEPS = DiagnosticsConfig()  # per-layer FP8 statistics every 10 steps 
 
 def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
                 param_dtype: str = "fp32") -> Llama3:
-    """The probe model on ``device``, seeded, with its Linear layers converted per ``policy``."""
+    """The probe model on ``device``, seeded, with its precision units converted per ``policy``.
+
+    Every unit's recipe goes to the backend, BF16 ones included: the emulated
+    backend leaves those as they are, the ``te`` backend builds every unit
+    from Transformer Engine modules, as the training stack does.
+    """
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
     model.to(dtype=PARAM_DTYPES[param_dtype])
-    model.model.rotary_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
+    model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
-    fp8_layers = {n: r for n, r in recipes.items() if r.precision.is_fp8}
-    return backend.convert(model, fp8_layers)
+    return backend.convert(model, recipes)
 
 
 def _lr_lambda(probe: ProbeSection) -> Callable[[int], float]:
@@ -136,6 +140,8 @@ def run_probe(
         if on_step:
             on_step(step, loss, grad_norm)
         if _diverged(result, probe.divergence_factor, step):
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # the weights are still the step's
+                watch.replay(step, lambda: _forward_backward(model, data, step, fp8_on, backend, device))
             if (bad := watch.explain(step, result.layer_stats)) is not None:
                 result.first_bad = bad.to_dict()
                 result.reason += f"; {bad.describe()}"
@@ -151,11 +157,17 @@ def run_probe(
     return result
 
 
-def _train_step(model, opt, data, step, fp8_on, clip, backend, device) -> tuple[float, float]:
+def _forward_backward(model, data, step, fp8_on, backend, device) -> torch.Tensor:
     inputs, targets = (t.to(device) for t in data.train_batch(step))
     with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
         loss = model(inputs, targets)
     loss.backward()
+    return loss
+
+
+def _train_step(model, opt, data, step, fp8_on, clip, backend, device) -> tuple[float, float]:
+    """One step; a non-finite loss or gradient skips the optimizer step (the weights stay as they were)."""
+    loss = _forward_backward(model, data, step, fp8_on, backend, device)
     max_norm = clip if clip is not None else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
     loss_v, grad_v = float(loss.detach()), float(grad_norm)

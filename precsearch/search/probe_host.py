@@ -70,7 +70,7 @@ def _injected(kind: str | None):
 
     def poisoned(*args, **kwargs):
         model = original(*args, **kwargs)
-        model.lm_head.register_forward_hook(lambda module, inputs, output: output * float("nan"))
+        model.output_layer.register_forward_hook(lambda module, inputs, output: output * float("nan"))
         return model
 
     runner.build_probe = poisoned

@@ -33,7 +33,7 @@ from precsearch.probe.result import ProbeResult
 from precsearch.search.scoring import measure_noise_floor
 
 #: Bump when the probe loop changes what a reference measures.
-RUNNER_VERSION = 3  # 2: per-step events (loss spikes, gradient blow-ups) recorded
+RUNNER_VERSION = 4  # 2: per-step events recorded; 4: Megatron-Core layout on TE fused modules, fused AdamW on GPU
 
 
 def reference_key(space: Space, clip_grad: float | None, device: torch.device,

@@ -114,3 +114,22 @@ def test_memory_knobs_need_the_te_backend(tmp_path, capsys):
     data["search"]["memory"] = {"fp8_weights": {"choices": [False, True]}}
     path = write_space(tmp_path, data)
     _assert_user_error(*_run(capsys, "validate", path), "search.memory.fp8_weights", "backend 'te'")
+
+
+def test_group_splitting_a_fused_unit_names_the_unit_and_the_group(tmp_path, capsys):
+    """q/k/v are one GEMM on the training stack: a group of q alone cannot get its own precision."""
+    data = tiny_space_dict()
+    data["search"]["groups"] = [{"name": "q_only", "modules": ["*.q_proj"], "precision": {"choices": ["bf16", "fp8_current"]}}]
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "search.groups[0].modules", "linear_qkv", "q_proj in q_only",
+                       "k_proj in search.default_precision")
+
+
+def test_groups_may_name_units_by_either_scheme(tmp_path, capsys):
+    data = tiny_space_dict()
+    data["search"]["groups"] = [
+        {"name": "hf", "modules": ["*.self_attn.*"], "precision": {"choices": ["bf16", "fp8_current"]}},
+        {"name": "megatron", "modules": ["*.mlp.linear_fc1", "*.mlp.linear_fc2"], "precision": "fp8_delayed"},
+    ]
+    code, err = _run(capsys, "validate", write_space(tmp_path, data))
+    assert code == 0, err

@@ -22,12 +22,22 @@ from precsearch.export.accelerate import FILE, POLICY_FILE, choose_path
 from precsearch.export.formats import layer_table, render
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.model import Llama3, ModelConfig, build_model, init_weights
+from precsearch.probe.model import ModelConfig
 
 P = Precision
 N = 4
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=N, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 EDGES = Rule("edges", ("*",), P.BF16, first=1, last=1)
+
+
+def _hf_llama() -> torch.nn.Module:
+    """A tiny Hugging Face ``LlamaForCausalLM``: what an Accelerate user trains (HF module names)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=CFG.vocab_size, hidden_size=CFG.dim, intermediate_size=CFG.ffn_dim, num_hidden_layers=N,
+        num_attention_heads=CFG.n_heads, num_key_value_heads=CFG.n_kv_heads, max_position_embeddings=64,
+        tie_word_embeddings=False))
 
 ACCELERATE_DEFAULTS = {"fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent",
                        "margin": 0, "use_mxfp8_block_scaling": False}
@@ -110,7 +120,8 @@ def test_uniform_mxfp8_goes_through_te(monkeypatch):
 
 @pytest.mark.parametrize("fp8_format", ["hybrid", "e4m3"])
 def test_per_layer_tensorwise_goes_through_torchao_with_an_exact_filter(monkeypatch, fp8_format):
-    policy = Policy(rules=(EDGES, Rule("q", ("*.q_proj",), P.BF16, indices=(2,)),
+    model = _hf_llama()  # before the stand-in accelerate module is installed: transformers looks for it
+    policy = Policy(rules=(EDGES, Rule("o", ("*.o_proj",), P.BF16, indices=(2,)),
                            Rule("rest", ("model.*",), P.FP8_CURRENT)),
                     recipe=LayerRecipe(fp8_format=fp8_format), warmup_steps=4, clip_grad=1.0)
     rendered = render("accelerate", policy, N, {})
@@ -124,12 +135,11 @@ def test_per_layer_tensorwise_goes_through_torchao_with_an_exact_filter(monkeypa
         assert config["cast_config_grad_output"].kwargs == {"target_dtype": torch.float8_e4m3fn}
     else:
         assert "cast_config_grad_output" not in config
-    model = build_model(CFG, seed=0)
     table = layer_table(policy, N)
     chosen = {name for name, m in model.named_modules()
               if isinstance(m, torch.nn.Linear) and ao["module_filter_func"](m, name)}
     assert chosen == {n for n, p in table.items() if p is P.FP8_CURRENT}
-    assert "model.layers.2.self_attn.q_proj" not in chosen and "model.layers.2.self_attn.k_proj" in chosen
+    assert "model.layers.2.self_attn.o_proj" not in chosen and "model.layers.2.self_attn.k_proj" in chosen
     assert not ao["module_filter_func"](torch.nn.Linear(64, 24), "model.layers.1.self_attn.q_proj")  # 24 % 16
 
 
@@ -145,12 +155,7 @@ def test_mixed_recipes_fall_back_to_the_exact_python_api(monkeypatch, tmp_path):
         (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
 
-    class _HFLike(Llama3):  # what `model(**batch).loss` expects, with HF module names
-        def forward(self, input_ids, labels):
-            return types.SimpleNamespace(loss=super().forward(input_ids, labels))
-
-    model = _HFLike(CFG)
-    init_weights(model, seed=0)
+    model = _hf_llama()
     batches = [{"input_ids": torch.randint(0, 256, (2, 16)), "labels": torch.randint(0, 256, (2, 16))}
                for _ in range(2)]
     ns = _run(rendered.files[FILE], monkeypatch, model=model,

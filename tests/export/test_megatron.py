@@ -28,6 +28,7 @@ from precsearch.export.megatron import (
     megatron_name,
     megatron_table,
 )
+from precsearch.policy.rules import PrecisionConflict
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 
@@ -64,8 +65,6 @@ POLICIES = {
     "delayed_minority": Policy(rules=(Rule("a", ("*.self_attn.*",), P.FP8_DELAYED, first=2),
                                       Rule("b", ("*.self_attn.*",), P.BF16, last=1),
                                       Rule("rest", ("model.*",), P.FP8_CURRENT))),
-    "fused_conflict": Policy(rules=(Rule("q", ("*.q_proj", "*.up_proj"), P.BF16, first=2),
-                                    Rule("rest", ("model.*",), P.FP8_CURRENT))),
     "mxfp8_head": Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")),
     "nvfp4": Policy(rules=(EDGES, Rule("mlp", ("*.mlp.*",), P.NVFP4), Rule("attn", ("*.self_attn.*",), P.FP8_BLOCK))),
     "bf16": Policy(clip_grad=0.5),
@@ -248,13 +247,16 @@ def test_delayed_in_a_minority_still_becomes_the_global_recipe():
     assert "delayed" not in recipes and "tensorwise" in recipes
 
 
-def test_fused_parts_that_differ_run_bf16_with_a_warning():
-    table, warnings = megatron_table(POLICIES["fused_conflict"], N)
-    assert table[0, "self_attention.linear_qkv"] is P.BF16 and table[1, "mlp.linear_fc1"] is P.BF16
-    assert table[2, "self_attention.linear_qkv"] is P.FP8_CURRENT
-    assert table[0, "self_attention.linear_proj"] is P.FP8_CURRENT
-    assert any(w.startswith("blocks 0-1: q_proj=bf16, k_proj=fp8_current, v_proj=fp8_current differ") for w in warnings)
-    assert any("gate_proj=fp8_current, up_proj=bf16" in w and "linear_fc1" in w for w in warnings)
+def test_fused_parts_that_differ_are_refused_naming_the_unit():
+    """Megatron computes q/k/v (and gate/up) in one GEMM; a policy splitting them cannot be exported as measured."""
+    split = Policy(rules=(Rule("q", ("*.q_proj", "*.up_proj"), P.BF16, first=2), Rule("rest", ("model.*",), P.FP8_CURRENT)))
+    with pytest.raises(PrecisionConflict, match=r"decoder\.layers\.0\.self_attention\.linear_qkv.*q_proj: bf16"):
+        megatron_table(split, N)
+    whole = Policy(rules=(Rule("qkv", ("*.self_attention.linear_qkv",), P.BF16, first=2),
+                          Rule("rest", ("model.*",), P.FP8_CURRENT)))
+    table, warnings = megatron_table(whole, N)
+    assert table[0, "self_attention.linear_qkv"] is P.BF16 and table[2, "self_attention.linear_qkv"] is P.FP8_CURRENT
+    assert table[0, "self_attention.linear_proj"] is P.FP8_CURRENT and warnings == []
 
 
 def test_single_block_matchers_warn_about_pipeline_parallelism():

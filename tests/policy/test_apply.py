@@ -23,6 +23,8 @@ from precsearch.policy import Policy, PolicyError, PolicyRuntime, Rule, load_pol
 from precsearch.policy.file import save_policy
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, synthetic_tokens
+from precsearch.arch.units import hf_names
+from precsearch.probe.hf_weights import to_hf
 from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import run_probe
 
@@ -114,18 +116,21 @@ def test_round_trip_probe_hf_and_run_probe_agree(policy_file, data):
     policy = load_policy(policy_file)
     ours = build_model(CFG, seed=0)
     hf = _hf_model()
-    hf.load_state_dict(ours.state_dict(), strict=True)
+    hf.load_state_dict(to_hf(CFG, ours.state_dict()), strict=True)
 
     assert policy.apply(ours) is ours and policy.apply(hf) is hf
     backend = EmulatedBackend()
     expected = _expected_precisions()
-    assert backend.converted_layers(ours) == expected == backend.converted_layers(hf)
-    assert "model.layers.0.self_attn.q_proj" not in expected and "lm_head" not in expected
-    assert expected["model.layers.2.mlp.up_proj"] is P.FP8_DELAYED
+    assert backend.converted_layers(ours) == expected
+    # the HF model gets every projection of a fused unit at the unit's precision
+    assert backend.converted_layers(hf) == {a: p for unit, p in expected.items() for a in hf_names(unit)}
+    assert "decoder.layers.0.self_attention.linear_qkv" not in expected and "output_layer" not in expected
+    assert expected["decoder.layers.2.mlp.linear_fc1"] is P.FP8_DELAYED
 
     ours_losses = _train(policy, ours, data, hf=False)
     hf_losses = _train(policy, hf, data, hf=True)
     assert hf_losses[0] == pytest.approx(ours_losses[0], rel=1e-4)
+    # per-tensor FP8 scales: one for the fused q/k/v (gate/up) weight here, one per projection in HF
     assert hf_losses == pytest.approx(ours_losses, rel=5e-3)
     assert ours_losses[-1] < ours_losses[0]  # it trains
 

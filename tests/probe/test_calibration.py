@@ -25,7 +25,7 @@ SHAPE = dict(seq_len=4096, micro_batch=1, param_dtype="bf16")
 
 
 def _fp8_blocks(cfg):
-    return {n: Precision.FP8_CURRENT for n in linear_layer_names(cfg) if n != "lm_head"}
+    return {n: Precision.FP8_CURRENT for n in linear_layer_names(cfg) if n != "output_layer"}
 
 
 def _measure(layers: int, fixed: int, per_layer: int) -> DepthMeasurement:

@@ -34,7 +34,7 @@ from precsearch.probe.runner import run_probe
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 NAMES = linear_layer_names(CFG)
 CPU = torch.device("cpu")
-TARGET = "model.layers.1.self_attn.v_proj"
+TARGET = "decoder.layers.1.self_attention.linear_qkv"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,11 @@ def policy(precision: Precision | None, warmup: int = 0) -> Policy:
 
 
 class FaultyBackend(EmulatedBackend):
-    """The emulated backend, plus a fault in one layer at one step (hooks added at convert, before the watch's)."""
+    """The emulated backend, plus a fault in one layer from one step on (hooks added at convert, before the watch's).
+
+    The fault persists, as one in the weights or the scales would: a diverged step is replayed with the
+    sentinels installed (:meth:`LayerWatch.replay`), and the replay must meet it again.
+    """
 
     def __init__(self, where: str, step: int):
         self.where, self.step = where, step
@@ -74,12 +78,12 @@ class FaultyBackend(EmulatedBackend):
 
         layer.register_forward_pre_hook(count)
         if self.where == "input":
-            layer.register_forward_pre_hook(lambda _m, args: (poison(args[0]),) if calls[0] == self.step + 1 else None)
+            layer.register_forward_pre_hook(lambda _m, args: (poison(args[0]),) if calls[0] >= self.step + 1 else None)
         elif self.where == "output":
-            layer.register_forward_hook(lambda _m, _a, out: poison(out) if calls[0] == self.step + 1 else None)
+            layer.register_forward_hook(lambda _m, _a, out: poison(out) if calls[0] >= self.step + 1 else None)
         else:  # the gradient arriving at the layer's output
             def on_output(_m, _a, out):
-                if calls[0] == self.step + 1:
+                if calls[0] >= self.step + 1:
                     out.register_hook(lambda g: torch.full_like(g, math.nan))
             layer.register_forward_hook(on_output)
         return model
@@ -195,6 +199,6 @@ def test_stale_delayed_weight_scale_is_diagnosed(data):
     assert (bad["step"], bad["layer"], bad["tensor"], bad["kind"]) == (1, NAMES[0], "weight", "overflow")
     assert bad["value"] > 0.5  # most of the weight clipped, not a stray value
     assert all(r["overflow"] <= 0.001 for r in result.layer_stats if r["step"] == 0)
-    assert "first bad layer model.layers.0.self_attn.q_proj" in result.reason
+    assert "first bad layer decoder.layers.0.self_attention.linear_qkv" in result.reason
     bf16 = run_probe(CFG, hot, policy(None), data, EmulatedBackend(), CPU)
     assert bf16.diverged and bf16.first_bad is None and "first bad" not in bf16.reason

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from precsearch.probe.hf_weights import from_hf, to_hf
 from precsearch.probe.model import (
     PRESETS,
     Llama3,
@@ -15,7 +16,6 @@ from precsearch.probe.model import (
     RopeScaling,
     build_model,
     init_weights,
-    layer_index,
     linear_layer_names,
     rope_inv_freq,
 )
@@ -67,11 +67,24 @@ def test_rope_scaling_changes_some_frequencies():
     assert ((scaled != plain) & (scaled != plain / 8)).any()  # blended band
 
 
+def _perturbed(cfg: ModelConfig, seed: int) -> Llama3:
+    """A probe whose norm weights are not all ones, so a misplaced norm weight changes the logits."""
+    model = build_model(cfg, seed=seed).eval()
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name or name.endswith("layer_norm_weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
 def test_logits_match_hugging_face():
-    ours = build_model(SMALL, seed=0).eval()
+    """Same weights (converted to HF's layout) give the same logits: the fused q/k/v grouping, the
+    gate/up order and where each norm weight sits are all right. A failure names a layout bug."""
+    ours = _perturbed(SMALL, 0)
     hf = _hf_model(SMALL)
-    hf.load_state_dict(ours.state_dict(), strict=True)
-    torch.testing.assert_close(hf.model.rotary_emb.inv_freq, ours.model.rotary_emb.inv_freq)
+    hf.load_state_dict(to_hf(SMALL, ours.state_dict()), strict=True)
+    torch.testing.assert_close(hf.model.rotary_emb.inv_freq, ours.rotary_pos_emb.inv_freq)
     ids = torch.randint(0, SMALL.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = hf(input_ids=ids).logits
@@ -80,9 +93,9 @@ def test_logits_match_hugging_face():
 
 
 def test_loss_matches_hugging_face():
-    ours = build_model(SMALL, seed=3).eval()
+    ours = _perturbed(SMALL, 3)
     hf = _hf_model(SMALL)
-    hf.load_state_dict(ours.state_dict(), strict=True)
+    hf.load_state_dict(to_hf(SMALL, ours.state_dict()), strict=True)
     ids = torch.randint(0, SMALL.vocab_size, (2, 33), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         # HF shifts labels internally; ours takes targets already shifted.
@@ -91,12 +104,33 @@ def test_loss_matches_hugging_face():
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_module_and_parameter_names_match_hugging_face():
-    ours = Llama3(SMALL)
+def test_hugging_face_weights_round_trip_exactly():
+    """HF -> probe -> HF is the identity, tensor by tensor (the conversion is a permutation)."""
     hf = _hf_model(SMALL)
-    assert list(ours.state_dict()) == list(hf.state_dict())
-    hf_linears = [n for n, m in hf.named_modules() if isinstance(m, nn.Linear)]
-    assert linear_layer_names(SMALL) == hf_linears
+    state = hf.state_dict()
+    back = to_hf(SMALL, from_hf(SMALL, state))
+    assert set(back) == set(state)
+    assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_missing_hugging_face_tensor_is_named():
+    state = _hf_model(SMALL).state_dict()
+    del state["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(KeyError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        from_hf(SMALL, state)
+
+
+def test_module_names_are_megatron_cores():
+    """The units and parameters carry Megatron-Core's GPT names (TE spec), so a policy names the
+    modules users train with."""
+    names = dict(Llama3(SMALL).named_parameters())
+    for expected in ("embedding.word_embeddings.weight", "decoder.layers.1.self_attention.linear_qkv.weight",
+                     "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight",
+                     "decoder.layers.1.self_attention.linear_proj.weight", "decoder.layers.1.mlp.linear_fc1.weight",
+                     "decoder.layers.1.mlp.linear_fc1.layer_norm_weight", "decoder.layers.1.mlp.linear_fc2.weight",
+                     "decoder.final_layernorm.weight", "output_layer.weight"):
+        assert expected in names
+    assert len(names) == 3 + SMALL.n_layers * 6
 
 
 def test_linear_layer_names_match_built_model():
@@ -104,9 +138,9 @@ def test_linear_layer_names_match_built_model():
     built = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert linear_layer_names(SMALL) == built
     assert Llama3.linear_names(SMALL) == built
-    assert len(built) == 7 * SMALL.n_layers + 1
+    assert len(built) == 4 * SMALL.n_layers + 1
     for name in built:
-        assert type(model.get_submodule(name)) is nn.Linear and model.get_submodule(name).bias is None
+        assert model.get_submodule(name).bias is None
 
 
 def test_projections_can_be_swapped_by_name():
@@ -130,25 +164,11 @@ def test_projections_can_be_swapped_by_name():
     assert all(w.calls == 1 for w in wrappers.values())
 
 
-@pytest.mark.parametrize(
-    ("name", "index"),
-    [
-        ("model.layers.0.self_attn.q_proj", 0),
-        ("model.layers.13.mlp.down_proj", 13),
-        ("model.layers.2", 2),
-        ("lm_head", None),
-        ("model.embed_tokens", None),
-    ],
-)
-def test_layer_index(name: str, index: int | None):
-    assert layer_index(name) == index
-
-
 def test_init_is_deterministic_per_seed():
     a, b, c = (build_model(SMALL, seed=s) for s in (7, 7, 8))
     for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
         assert torch.equal(pa, pb), name
-        if name.endswith("norm.weight"):
+        if name.endswith(("norm.weight", "layer_norm_weight")):
             assert torch.equal(pa, torch.ones_like(pa))
         else:
             assert not torch.equal(pa, pc), name
