@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import optuna
 from optuna.trial import FrozenTrial
 
 from precsearch.config.space import ProbeSection, Space
 from precsearch.probe.continuation import Leg
+from precsearch.search import promotion
 
 CHECKPOINTS = "checkpoints"
 
@@ -47,3 +49,40 @@ def trial_leg(space: Space, output_dir: Path, number: int, rung: int, source: Fr
         resume = str(path) if path.exists() else None
     save = str(checkpoint_path(output_dir, number)) if rung < fidelity.horizon else None
     return Leg(horizon=fidelity.horizon, resume_from=resume, save_to=save)
+
+
+def trial_rung(study: optuna.Study, space: Space, trial: optuna.Trial) -> tuple[int, FrozenTrial | None]:
+    """The rung ``trial`` runs at and, for a promoted trial, the trial of the previous rung it continues.
+
+    A first-rung trial of a study with rungs is labelled with its rung (user attr ``fidelity_steps``).
+    """
+    fidelity = space.study.fidelity
+    if fidelity is None:
+        return space.probe.steps, None
+    attrs = trial.user_attrs
+    if promotion.FIDELITY not in attrs:
+        trial.set_user_attr(promotion.FIDELITY, fidelity.rungs[0])
+    rung = int(attrs.get(promotion.FIDELITY, fidelity.rungs[0]))
+    if promotion.PROMOTED_FROM not in attrs:
+        return rung, None
+    source = attrs[promotion.PROMOTED_FROM]
+    return rung, next(t for t in study.get_trials(deepcopy=False) if t.number == source)
+
+
+def unneeded(study: optuna.Study, space: Space, number: int, promoted_only: bool) -> str | None:
+    """Why trial ``number``, just asked for, should not run, or None to run it.
+
+    Not run: a fresh trial asked for after the study's ``n_trials`` (``promoted_only``: another worker
+    took the queued promotion first), or a second copy of a promotion
+    (:func:`~precsearch.search.promotion.superseded_copy`).
+    """
+    if space.study.fidelity is None:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    asked = next(t for t in trials if t.number == number)
+    older = promotion.superseded_copy(asked, trials)
+    if older is not None:
+        return f"a copy of trial {older.number}"
+    if promoted_only and not promotion.is_promoted(asked):
+        return "asked for after n_trials"
+    return None

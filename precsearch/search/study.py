@@ -48,7 +48,7 @@ from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.liveness import WorkerId, trial_worker
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
-from precsearch.search.rungs import rung_probe, trial_leg
+from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
@@ -251,7 +251,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
     if _not_needed(ctx, trial, promoted_only):
         return
     trial.set_user_attr("worker", ctx.worker.to_dict())
-    rung, source = _rung(ctx, trial)
+    rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
@@ -285,34 +285,14 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
 
 
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
-    """Close a trial not to run: a fresh one asked for after the study's ``n_trials`` (another worker took
-    the queued promotion first), or a second copy of a promotion. Neither is counted or logged."""
-    if ctx.space.study.fidelity is None:
+    """Close (FAIL, uncounted, unlogged) a trial :func:`~precsearch.search.rungs.unneeded` says not to run."""
+    reason = unneeded(ctx.study, ctx.space, trial.number, promoted_only)
+    if reason is None:
         return False
-    trials = ctx.study.get_trials(deepcopy=False)
-    frozen = next(t for t in trials if t.number == trial.number)
-    older = promotion.superseded_copy(frozen, trials)
-    if not (promoted_only and not promotion.is_promoted(frozen)) and older is None:
-        return False
-    trial.set_user_attr("not_needed", f"a copy of trial {older.number}" if older else "asked after n_trials")
+    trial.set_user_attr("not_needed", reason)
     with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial",
                budget_s=ctx.space.study.store_retry_s)
     return True
-
-
-def _rung(ctx: StudyRun, trial: optuna.Trial) -> tuple[int, optuna.trial.FrozenTrial | None]:
-    """The trial's rung and, for a promoted trial, the trial of the previous rung it continues."""
-    fidelity = ctx.space.study.fidelity
-    if fidelity is None:
-        return ctx.space.probe.steps, None
-    attrs = trial.user_attrs
-    if promotion.FIDELITY not in attrs:
-        trial.set_user_attr(promotion.FIDELITY, fidelity.rungs[0])
-    rung = int(attrs.get(promotion.FIDELITY, fidelity.rungs[0]))
-    if promotion.PROMOTED_FROM not in attrs:
-        return rung, None
-    source = attrs[promotion.PROMOTED_FROM]
-    return rung, next(t for t in ctx.study.get_trials(deepcopy=False) if t.number == source)
 
 
 @contextmanager
