@@ -208,7 +208,8 @@ def work(ctx: StudyRun, target: int) -> None:
         finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
                               budget_s=ctx.space.study.store_retry_s)
         if finished >= target:
-            action = _promotions(ctx)
+            # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
+            action = _promotions(ctx) if target >= ctx.space.study.n_trials else "done"
             if action == "done":
                 return
             if action == "run":
