@@ -84,8 +84,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     study, ws = _open_study(args.output_dir)
     result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
                     fmt=args.format, n_layers=args.n_layers)
+    from precsearch.search.promotion import rung_warnings
+
     print(f"exporting {result.reason}", file=sys.stderr)
-    for warning in result.warnings:
+    for warning in rung_warnings(study, result.trial) + result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     written = write_export(result.files, args.output)
     if written:

@@ -55,7 +55,7 @@ def main() -> None:
         return run_probe(cfg, probe, policy, data, backend, device)
 
     refs = gather_references(space, ReferenceCache(Path(tempfile.mkdtemp())), device, args.clip,
-                             lambda probe, label: run(bf16, probe, label))
+                             lambda probe, label, leg: run(bf16, probe, label))
     stressed = stress_probe(space)
     rows = []
     for precision in RECIPES:

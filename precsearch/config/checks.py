@@ -22,7 +22,7 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     files present, backend and GPU able to run each precision) are skipped, so
     a space written for another machine can be checked here.
     """
-    checks = [_check_model, _check_warmup, _check_groups, _check_nproc]
+    checks = [_check_model, _check_warmup, _check_groups, _check_nproc, _check_fidelity]
     if environment:
         checks += [_check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
@@ -83,6 +83,20 @@ def _check_one_group(unit: str, chosen: dict, rules: tuple) -> None:
             f"different groups ({listed}); put q/k/v (and gate/up) in one group",
             field=f"search.groups[{first}].modules",
         )
+
+
+def _check_fidelity(space: Space) -> None:
+    fidelity = space.study.fidelity
+    if fidelity is None:
+        return
+    if fidelity.rungs[0] != space.probe.steps:
+        raise UserError(f"the first rung is the probe every policy gets, so it must equal probe.steps "
+                        f"({space.probe.steps}); got {fidelity.rungs[0]}; valid: [{space.probe.steps}, ...]",
+                        field="study.fidelity.rungs")
+    if space.probe.nproc > 1:
+        raise UserError(f"rungs continue a probe from its saved state, which a sharded probe (nproc "
+                        f"{space.probe.nproc}) does not save yet; valid: nproc 1, or no study.fidelity",
+                        field="study.fidelity")
 
 
 def _check_data(space: Space) -> None:

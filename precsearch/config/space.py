@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.policy.rules import Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
@@ -260,6 +261,10 @@ class ObjectivesSection(Section):
     )
     reference_seeds: int = Field(3, ge=1, description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
+    reading: Literal["final", "tail"] = Field(
+        "final", description="final: held-out loss after training; tail: paired training loss over the run's last part"
+    )
+    tail_fraction: float = Field(0.25, gt=0, le=1, description="with reading 'tail': the last part of the run read")
     stress: StressSection = StressSection()
     baseline_memory: BaselineMemory = BaselineMemory()
 
@@ -313,6 +318,9 @@ class StudySection(Section):
     trial_timeout_s: float | None = Field(None, gt=0, description="kill a probe that runs longer (default: no limit)")
     store_retry_s: float = Field(
         60.0, ge=0, description="keep retrying an unreachable Optuna database or MLflow server this long"
+    )
+    fidelity: FidelitySection | None = Field(
+        None, description="rungs of longer probes the best policies continue to (off if unset)"
     )
 
 

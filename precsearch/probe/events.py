@@ -86,6 +86,16 @@ class StepMonitor:
         self._grad_norms.append(grad_norm)
         return events
 
+    def state_dict(self) -> dict[str, Any]:
+        """The baselines so far, to continue a run from a checkpoint (:mod:`precsearch.probe.continuation`)."""
+        return {"mean_loss": self._mean_loss, "grad_norms": list(self._grad_norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take up the baselines :meth:`state_dict` returned."""
+        self._mean_loss = state["mean_loss"]
+        self._grad_norms.clear()
+        self._grad_norms.extend(state["grad_norms"])
+
 
 def count_events(events: list[dict[str, Any]], kind: EventKind) -> int:
     """How many of a probe's recorded events (dicts, as in :class:`ProbeResult`) are of ``kind``."""

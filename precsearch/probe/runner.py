@@ -20,6 +20,7 @@ import torch
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
+from precsearch.probe import continuation
 from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
@@ -68,13 +69,14 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     return backend.convert(model, recipes)
 
 
-def _lr_lambda(probe: ProbeSection) -> Callable[[int], float]:
+def _lr_lambda(probe: ProbeSection, steps: int | None = None) -> Callable[[int], float]:
+    steps = steps or probe.steps  # a leg of a longer run lays its schedule over the whole run
     def factor(step: int) -> float:
         if step < probe.lr_warmup_steps:
             return (step + 1) / probe.lr_warmup_steps
         if probe.schedule == "constant":
             return 1.0
-        progress = (step - probe.lr_warmup_steps) / max(1, probe.steps - probe.lr_warmup_steps)
+        progress = (step - probe.lr_warmup_steps) / max(1, steps - probe.lr_warmup_steps)
         cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return probe.min_lr_ratio + (1 - probe.min_lr_ratio) * cosine
 
@@ -92,6 +94,7 @@ def run_probe(
     parallel: Parallel = ONE_PROCESS,
     diagnostics: DiagnosticsConfig = EVERY_10_STEPS,
     target: ModelConfig | None = None,
+    leg: continuation.Leg | None = None,
 ) -> ProbeResult:
     """Train the probe under ``policy`` for ``probe.steps`` steps and measure it.
 
@@ -101,6 +104,9 @@ def run_probe(
 
     ``diagnostics`` sets how often per-layer FP8 statistics are collected; a
     diverged probe names its first bad layer (:mod:`precsearch.probe.diagnostics`).
+
+    ``leg`` makes this probe a stretch of a longer run: continued from a checkpoint, its LR
+    schedule laid over the whole run, its state saved at the end (:mod:`precsearch.probe.continuation`).
     """
     start = time.perf_counter()
     if device.type == "cuda":
@@ -114,14 +120,16 @@ def run_probe(
     parallel.shard(model)
     opt = backend.build_optimizer(model, policy.memory, lr=probe.lr, betas=probe.betas,
                                   weight_decay=probe.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
+    horizon = continuation.schedule_steps(leg, probe.steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe, horizon))
     result = ProbeResult(device=str(device))
     monitor = StepMonitor(probe.spike_threshold, probe.grad_blowup_factor)
+    first = continuation.restore(leg, model, opt, sched, monitor, result)
     result.phase_s["build"] = time.perf_counter() - start
     step_times: list[float] = []
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
     watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
-    for step in range(probe.steps):
+    for step in range(first, probe.steps):
         fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
         t0 = time.perf_counter()
         watch.begin_step(step)
@@ -130,7 +138,7 @@ def run_probe(
         sched.step()
         phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
         result.phase_s[phase] = result.phase_s.get(phase, 0.0) + time.perf_counter() - t0
-        if step > final_regime:  # the regime's first step pays one-off costs (allocations, scales)
+        if step > max(final_regime, first):  # a regime's or leg's first step pays one-off costs (allocations)
             step_times.append(time.perf_counter() - t0)
         result.losses.append(loss)
         result.grad_norms.append(grad_norm)
@@ -147,6 +155,8 @@ def run_probe(
                 result.reason += f"; {bad.describe()}"
             break
     watch.close()
+    if not result.diverged:
+        continuation.save(leg, model, opt, sched, monitor, result)  # before the eval's FP8 forwards
     t0 = time.perf_counter()
     if not result.diverged:
         result.eval_loss = parallel.mean(evaluate(model, data, backend, device, fp8_on=policy.uses_fp8))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from precsearch.config.space import ProbeSection, Space
 from precsearch.policy import Policy
+from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 
 StepCallback = Callable[[int, float, float], None]
@@ -56,8 +57,10 @@ class ProbeExecutor:
         self._conn = None
 
     def run(self, probe: ProbeSection, policy: Policy, label: str, on_step: StepCallback | None = None,
-            trial: int | None = None) -> ProbeResult:
+            trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
         """Run one probe; raises ProbeFailed or ProbeCrashed when it does not produce a result.
+
+        ``leg`` makes it a stretch of a longer run (:mod:`precsearch.probe.continuation`).
 
         A probe of ``probe.nproc`` > 1 processes is launched with torchrun instead (its own processes
         give the same isolation).
@@ -68,7 +71,7 @@ class ProbeExecutor:
             return run_distributed_probe(self._space, probe, policy, label, on_step=on_step, timeout=self.timeout_s)
         self._ensure_child()
         self._conn.send({"probe": probe.model_dump(mode="json"), "policy": policy.to_dict(), "label": label,
-                         "trial": trial})
+                         "trial": trial, "leg": leg.to_dict() if leg else None})
         start = time.monotonic()
         try:
             while True:

@@ -1,4 +1,9 @@
-"""Trial rows and the Pareto front, read from an Optuna study."""
+"""Trial rows and the Pareto front, read from an Optuna study.
+
+In a study with fidelity rungs a policy can have a trial at each rung it
+reached; its row is the trial of the highest rung (the longest probe's
+verdict), the lower ones are superseded (:mod:`precsearch.search.promotion`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from precsearch.search.pareto import pareto_indices
+from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS
 
 
@@ -18,9 +24,13 @@ def policy_summary(params: dict[str, Any]) -> str:
 
 
 def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
-    """One row per finished trial with its score, ``pareto`` set over the feasible trials."""
-    rows = [_row(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "score" in t.user_attrs]
+    """One row per finished trial with its score, ``pareto`` set over the feasible trials.
+
+    A trial superseded by a higher rung of the same policy has no row.
+    """
+    first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", 0)
+    rows = highest_rungs([_row(t, first) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                          if "score" in t.user_attrs])
     feasible = [r for r in rows if r["feasible"]]
     points = [[r[name] for name in objectives] for r in feasible]
     front = {feasible[i]["trial"] for i in pareto_indices(points, [DIRECTIONS[n] for n in objectives])}
@@ -29,10 +39,21 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     return rows
 
 
-def _row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+def highest_rungs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` less those of a policy (equal params) that also has a row at a higher rung."""
+    top: dict[str, int] = {}
+    for r in rows:
+        key = policy_key(r["params"])
+        top[key] = max(top.get(key, 0), r["fidelity_steps"])
+    return [r for r in rows if r["fidelity_steps"] == top[policy_key(r["params"])]]
+
+
+def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
     score = trial.user_attrs["score"]
     return {
         "trial": trial.number,
+        "fidelity_steps": rung_of(trial, first_rung),
+        "promoted_from": trial.user_attrs.get(PROMOTED_FROM),
         "memory_saved": score["memory_saved"],
         "instability": score["instability"],
         "loss_gap": score["loss_gap"],
@@ -48,10 +69,10 @@ def _row(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of rows, best memory saving first."""
-    header = f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  policy"
+    header = f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  {'steps':>6}  policy"
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
-                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['policy']}")
+                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}  {r['policy']}")
     return "\n".join(lines)

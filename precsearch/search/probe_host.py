@@ -20,6 +20,7 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.space import ProbeSection, Space
 from precsearch.policy import Policy
 from precsearch.probe import runner
+from precsearch.probe.continuation import Leg
 from precsearch.probe.data import load_batches
 from precsearch.probe.result import ProbeResult
 
@@ -42,7 +43,7 @@ class ProbeHost:
         policy = Policy.from_dict(request["policy"])
         with _injected(fault_for(request.get("trial"))):
             return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
-                                    target=self.space.model.target())
+                                    target=self.space.model.target(), leg=Leg.from_dict(request.get("leg")))
 
 
 def fault_for(trial: int | None) -> str | None:

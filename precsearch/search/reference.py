@@ -13,6 +13,15 @@ rate. Only the model's initial weights change with the seed: the data order
 and the held-out batches stay the space's, so every seed is scored on the
 same held-out loss, and the spread is what initialisation alone moves.
 Each member is cached under its own key.
+
+With fidelity rungs (``study.fidelity``), each seed's reference is a run laid
+out over the longest rung, cut at every rung: the reference of a rung continues
+the previous rung's reference from its checkpoint (``<key>.pt`` beside its
+JSON), exactly as the trials it is compared with continue theirs. If that
+checkpoint is missing (deleted, or another machine's output directory), the
+rung is run from step 0 instead: the same run, only slower. The stress
+reference is not cut into rungs (promoted trials keep their first-rung stress
+verdict).
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from precsearch.config.space import ProbeSection, Space
+from precsearch.config.space import ObjectivesSection, ProbeSection, Space
 from precsearch.errors import UserError
+from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.search.scoring import measure_noise_floor
 
@@ -37,10 +47,11 @@ RUNNER_VERSION = 4  # 2: per-step events recorded; 4: Megatron-Core layout on TE
 
 
 def reference_key(space: Space, clip_grad: float | None, device: torch.device,
-                  probe: ProbeSection | None = None) -> str:
+                  probe: ProbeSection | None = None, horizon: int | None = None) -> str:
     """A short fingerprint of everything the BF16 reference depends on.
 
-    ``probe`` overrides ``space.probe`` (another seed, the stress learning rate).
+    ``probe`` overrides ``space.probe`` (another seed, the stress learning rate, a rung's
+    steps); ``horizon`` is the length the LR schedule is laid out over, when not ``probe.steps``.
     """
     probe = probe or space.probe
     payload = {
@@ -53,6 +64,8 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device,
         "torch": torch.__version__,
         "runner": RUNNER_VERSION,
     }
+    if horizon is not None:  # absent for a study without rungs: its cached references keep their keys
+        payload["horizon"] = horizon
     blob = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -63,6 +76,10 @@ class ReferenceCache:
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self._memory: dict[str, ProbeResult] = {}
+
+    def checkpoint(self, key: str) -> Path:
+        """Where the reference of ``key`` saves its state for the next rung to continue."""
+        return self.directory / f"{key}.pt"
 
     def get(self, key: str, run: Callable[[], ProbeResult], field: str = "probe.lr") -> ProbeResult:
         """The cached reference for ``key``, running ``run()`` once if there is none.
@@ -95,8 +112,9 @@ class ReferenceCache:
         os.replace(tmp, path)  # atomic: a crash never leaves half a reference
 
 
-#: Runs the BF16 reference probe with a probe section; the string labels it for progress output.
-RunReference = Callable[[ProbeSection, str], ProbeResult]
+#: Runs the BF16 reference probe with a probe section, a label for progress output, and the leg of a
+#: longer run it is (None outside fidelity rungs).
+RunReference = Callable[[ProbeSection, str, Leg | None], ProbeResult]
 
 
 @dataclass(frozen=True)
@@ -121,6 +139,10 @@ class References:
         """The seeds' relative spread of held-out loss (NaN with one seed)."""
         return measure_noise_floor(self.seeds)
 
+    def noise_floor_in(self, objectives: ObjectivesSection) -> float:
+        """The seeds' relative spread of the loss ``objectives.reading`` reads (NaN with one seed)."""
+        return measure_noise_floor(self.seeds, objectives.reading, objectives.tail_fraction)
+
 
 def seed_probes(space: Space) -> list[ProbeSection]:
     """The probe section of each reference seed, ``probe.seed`` first."""
@@ -137,16 +159,40 @@ def stress_probe(space: Space) -> ProbeSection | None:
 
 
 def gather_references(space: Space, cache: ReferenceCache, device: torch.device, clip_grad: float | None,
-                      run: RunReference) -> References:
-    """Every BF16 reference a trial with ``clip_grad`` needs, from ``cache`` or run once each."""
+                      run: RunReference, steps: int | None = None) -> References:
+    """Every BF16 reference a trial with ``clip_grad`` needs, from ``cache`` or run once each.
+
+    ``steps`` is the trial's rung (default: ``probe.steps``); with ``study.fidelity`` each seed's
+    reference is continued rung by rung up to it.
+    """
     seeds = []
     for probe in seed_probes(space):
-        key = reference_key(space, clip_grad, device, probe)
         label = "BF16 reference" if probe.seed == space.probe.seed else f"BF16 reference (seed {probe.seed})"
-        seeds.append(cache.get(key, lambda p=probe, lb=label: run(p, lb)))
+        if space.study.fidelity is None:
+            seeds.append(cache.get(reference_key(space, clip_grad, device, probe),
+                                   lambda p=probe, lb=label: run(p, lb, None)))
+        else:
+            seeds.append(_rung_reference(space, cache, device, clip_grad, probe, steps or probe.steps, run, label))
     stressed = stress_probe(space)
     stress = None
     if stressed is not None:
         stress = cache.get(reference_key(space, clip_grad, device, stressed),
-                           lambda: run(stressed, "BF16 reference (stress)"), field="objectives.stress.lr_multiplier")
+                           lambda: run(stressed, "BF16 reference (stress)", None),
+                           field="objectives.stress.lr_multiplier")
     return References(seeds=seeds, stress=stress)
+
+
+def _rung_reference(space: Space, cache: ReferenceCache, device: torch.device, clip_grad: float | None,
+                    probe: ProbeSection, steps: int, run: RunReference, label: str) -> ProbeResult:
+    """The reference of ``probe`` at rung ``steps``, each earlier rung first (each continues the one before)."""
+    horizon = space.study.fidelity.horizon
+    previous: Path | None = None
+    result = None
+    for rung in (r for r in space.study.fidelity.rungs if r <= steps):
+        leg_probe = probe.model_copy(update={"steps": rung})
+        key = reference_key(space, clip_grad, device, leg_probe, horizon=horizon)
+        leg = Leg(horizon=horizon, resume_from=str(previous) if previous and previous.exists() else None,
+                  save_to=str(cache.checkpoint(key)) if rung < horizon else None)
+        result = cache.get(key, lambda p=leg_probe, lg=leg: run(p, f"{label}, {rung} steps", lg))
+        previous = cache.checkpoint(key)
+    return result

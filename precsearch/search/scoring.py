@@ -9,9 +9,25 @@
 * noise floor = the spread of the BF16 references over ``reference_seeds``
   seeds: sample standard deviation of their held-out losses / their mean
   (NaN, unknown, with one seed); gap in noise = loss gap / noise floor;
-* instability = max(loss gap, 0) + spike_penalty x (loss spikes and gradient
-  blow-ups beyond the reference's, from the probe's per-step events); a
-  diverged probe scores :data:`DIVERGED_INSTABILITY`;
+* tail gap = mean training loss(policy) / mean training loss(reference) - 1
+  over the last ``objectives.tail_fraction`` of the steps (at least one step).
+  The two runs see the same batch at every step, so the ratio is paired and
+  batch difficulty cancels; averaging a window, not one point, lowers the noise;
+* the **reading** (``objectives.reading``) picks the signed gap instability is
+  read from (``instability_gap``): ``final`` (default, as before) the held-out
+  loss gap, ``tail`` the tail gap. With ``tail`` the noise floor is the seeds'
+  spread of their tail-mean training loss, so gap and floor are in the same units;
+* instability = max(instability gap, 0) + spike_penalty x (loss spikes and
+  gradient blow-ups beyond the reference's, from the probe's per-step events); a
+  diverged probe scores :data:`DIVERGED_INSTABILITY`. A negative gap (the policy
+  ahead of BF16) counts as 0, never as "more stable than BF16": early in a run
+  a lead mostly says the loss fell faster in the first steps, and it would
+  otherwise hide damage of the same size. The signed gap is still reported
+  (``loss_gap``, ``tail_gap``, ``gap_in_noise``);
+* reference tail descent = how much the BF16 reference's training loss still
+  falls across the tail window (mean of its first half / mean of its second
+  half - 1): near 0 the window is past the early descent; a few percent means
+  the verdict is still read in the transient, where only a longer rung helps;
 * stable = not diverged and instability <= the stability limit, read in
   ``stability_unit``: ``relative`` compares instability itself, ``noise``
   compares instability / noise floor;
@@ -38,6 +54,8 @@ from precsearch.probe.result import ProbeResult
 
 #: Instability given to a diverged probe: far outside any sensible stability limit.
 DIVERGED_INSTABILITY = 1.0
+#: A reference still falling more than this across the tail window is read as still in its early descent.
+TRANSIENT_DESCENT = 0.01
 
 
 @dataclass(frozen=True)
@@ -47,7 +65,9 @@ class Score:
     ``stress_*`` and ``stable_under_stress`` are None when no stress probe ran.
     ``constraint`` is Optuna's constraint value: <= 0 exactly when ``feasible``.
     ``memory_saved`` is ``memory_saved_target`` or ``memory_saved_probe``, as
-    ``objectives.memory_basis`` says.
+    ``objectives.memory_basis`` says. ``loss_gap`` is always the held-out gap and
+    ``tail_gap`` the paired training-loss gap over the tail; ``instability_gap`` is
+    the one of them ``reading`` names, the signed figure instability is read from.
     """
 
     memory_saved: float
@@ -69,6 +89,10 @@ class Score:
     stable_under_stress: bool | None
     feasible: bool
     constraint: float
+    reading: str = "final"
+    tail_gap: float = math.nan
+    instability_gap: float = math.nan
+    reference_tail_descent: float = math.nan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,14 +108,55 @@ class _Pair:
     grad_blowups: int
     diverged: bool
     constraint: float
+    tail_gap: float = math.nan
+    read_gap: float = math.nan
 
 
-def measure_noise_floor(references: Sequence[ProbeResult]) -> float:
-    """Seed-to-seed spread of BF16 held-out losses, relative to their mean; NaN with fewer than 2."""
-    losses = [r.eval_loss for r in references]
-    if len(losses) < 2:
+def measure_noise_floor(references: Sequence[ProbeResult], reading: str = "final",
+                        tail_fraction: float = 0.25) -> float:
+    """Seed-to-seed spread of BF16 losses, relative to their mean; NaN with fewer than 2.
+
+    The losses are the held-out losses (reading ``final``) or the tail-mean training losses
+    (reading ``tail``, over the last ``tail_fraction`` of the steps).
+    """
+    if reading == "tail":
+        losses = [tail_mean(r.losses, tail_fraction) for r in references]
+    else:
+        losses = [r.eval_loss for r in references]
+    if len(losses) < 2 or not all(math.isfinite(x) for x in losses):
         return math.nan
     return statistics.stdev(losses) / statistics.fmean(losses)
+
+
+def tail_window(steps: int, fraction: float) -> int:
+    """Steps in the tail window of a ``steps``-step run: ``ceil(fraction x steps)``, at least 1."""
+    return max(1, math.ceil(fraction * steps))
+
+
+def tail_mean(losses: Sequence[float], fraction: float, steps: int | None = None) -> float:
+    """Mean of the losses in the tail window of the first ``steps`` (default: all) of ``losses``."""
+    steps = len(losses) if steps is None else steps
+    if steps == 0:
+        return math.nan
+    return statistics.fmean(losses[steps - tail_window(steps, fraction):steps])
+
+
+def tail_gap(result: ProbeResult, reference: ProbeResult, fraction: float) -> float:
+    """Paired training-loss gap over the tail window of the steps both ran; NaN if either is not finite."""
+    steps = min(len(result.losses), len(reference.losses))
+    policy, base = tail_mean(result.losses, fraction, steps), tail_mean(reference.losses, fraction, steps)
+    if not (math.isfinite(policy) and math.isfinite(base)) or base == 0:
+        return math.nan
+    return policy / base - 1
+
+
+def tail_descent(reference: ProbeResult, fraction: float) -> float:
+    """How much ``reference``'s loss still falls across its tail window: mean(first half) / mean(second half) - 1."""
+    window = reference.losses[len(reference.losses) - tail_window(len(reference.losses), fraction):]
+    if len(window) < 2:
+        return math.nan
+    half = len(window) // 2
+    return statistics.fmean(window[:half]) / statistics.fmean(window[half:]) - 1
 
 
 def in_noise_units(value: float, floor: float) -> float:
@@ -119,6 +184,10 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         raise ValueError("a probe result has no target memory prediction (target_memory_bytes; it was stored "
                          "before precsearch predicted one): run it again, or set objectives.memory_basis: probe")
     return Score(
+        reading=objectives.reading,
+        tail_gap=base.tail_gap,
+        instability_gap=base.read_gap,
+        reference_tail_descent=tail_descent(reference, objectives.tail_fraction),
         memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
         memory_saved_probe=saved_probe,
         memory_saved_target=saved_target,
@@ -130,7 +199,7 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         tokens_per_s=result.tokens_per_s,
         speedup=result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0,
         noise_floor=noise_floor,
-        gap_in_noise=in_noise_units(base.loss_gap, noise_floor),
+        gap_in_noise=in_noise_units(base.read_gap, noise_floor),
         stable=base.constraint <= 0,
         stress_loss_gap=pressed.loss_gap if pressed else None,
         stress_instability=pressed.instability if pressed else None,
@@ -160,11 +229,14 @@ def _pair(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
     if diverged:
         return _Pair(math.nan, DIVERGED_INSTABILITY, spikes, blowups, True, DIVERGED_INSTABILITY)
     gap = (result.eval_loss - reference.eval_loss) / reference.eval_loss
-    instability = max(gap, 0.0) + objectives.spike_penalty * (spikes + blowups)
+    tail = tail_gap(result, reference, objectives.tail_fraction)
+    read = tail if objectives.reading == "tail" else gap
+    # a lead over BF16 counts as 0: see the module docstring
+    instability = max(read, 0.0) + objectives.spike_penalty * (spikes + blowups)
     measured = instability if objectives.stability_unit == "relative" else in_noise_units(instability, floor)
     # An unknown floor cannot pass a limit set in noise units (the space check rules out one seed).
     constraint = measured - objectives.stability_limit if math.isfinite(measured) else DIVERGED_INSTABILITY
-    return _Pair(gap, instability, spikes, blowups, False, constraint)
+    return _Pair(gap, instability, spikes, blowups, False, constraint, tail, read)
 
 
 def _excess(result: ProbeResult, reference: ProbeResult, kind: str) -> int:
@@ -194,7 +266,8 @@ def constraint_value(s: Score) -> float:
 def stability_metrics(s: Score) -> dict[str, float]:
     """The noise and stress figures of ``s`` as MLflow metrics (stress ones only when a stress probe ran)."""
     metrics = {"noise_floor": s.noise_floor, "gap_in_noise": s.gap_in_noise, "grad_blowups": s.grad_blowups,
-               "stable": float(s.stable), "constraint": s.constraint}
+               "stable": float(s.stable), "constraint": s.constraint, "tail_gap": s.tail_gap,
+               "instability_gap": s.instability_gap, "reference_tail_descent": s.reference_tail_descent}
     if s.stable_under_stress is not None:
         metrics |= {"stress_loss_gap": s.stress_loss_gap, "stress_instability": s.stress_instability,
                     "stress_diverged": float(s.stress_diverged), "stable_under_stress": float(s.stable_under_stress)}
@@ -207,6 +280,8 @@ def verdict(s: Score) -> str:
     if not s.diverged:
         noise = f"{s.gap_in_noise:+.2f}x" if math.isfinite(s.gap_in_noise) else "unknown"
         words += f"; gap in BF16 seed noise: {noise}"
+        if s.reading == "tail" and s.reference_tail_descent > TRANSIENT_DESCENT:
+            words += f"; BF16 still falling {100 * s.reference_tail_descent:.1f}% over the tail (early descent)"
     if s.stable_under_stress is not None:
         under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
         words += f"; under stress: {under}"

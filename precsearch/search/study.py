@@ -7,6 +7,10 @@ readable in one place. The same loop (:func:`work`) runs in ``precsearch run``
 ``--gpus``, and in ``precsearch worker`` on other machines; several loops
 share one study through its storage.
 
+With ``study.fidelity``, the best policies of each rung are promoted to the
+next, longer rung once it settles (:mod:`precsearch.search.promotion`); the
+same loop runs those promoted trials after the study's ``n_trials``.
+
 Nothing finished is lost: a study is resumable (the same command continues
 it), a probe runs in a child process (:mod:`precsearch.search.executor`) so
 its crash is a failed trial, and trials whose worker died are failed and
@@ -35,14 +39,16 @@ from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import load_batches  # noqa: F401 - re-exported for scripts
+from precsearch.probe.continuation import Leg
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
-from precsearch.search import stores
+from precsearch.search import promotion, stores
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.liveness import WorkerId, trial_worker
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
+from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
@@ -162,10 +168,10 @@ def finished_count(study: optuna.Study) -> int:
     """Trials that count towards ``n_trials``: complete, or failed by their own probe.
 
     Trials failed because their run was interrupted or their worker died are not counted: their
-    params are queued again.
+    params are queued again. Promoted evaluations (longer rungs of the same policies) are not counted.
     """
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs)
+               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t))
 
 
 def recover_dead_trials(ctx: StudyRun) -> None:
@@ -181,7 +187,7 @@ def recover_dead_trials(ctx: StudyRun) -> None:
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if t.user_attrs.get("mlflow_run_id"):
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
-        _requeue(ctx.study, t.params)
+        _requeue(ctx.study, t)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
 
     def dead(tag: str) -> bool:
@@ -192,22 +198,44 @@ def recover_dead_trials(ctx: StudyRun) -> None:
 
 
 def work(ctx: StudyRun, target: int) -> None:
-    """Run trials until the study has ``target`` finished ones (or a stop is asked for).
+    """Run trials until the study has ``target`` finished ones (or a stop is asked for), then its promotions.
 
     While the trials still needed are all running elsewhere, wait: one of them may go stale
-    (its worker died) and need running again.
+    (its worker died) and need running again. The same holds for a rung still being decided.
     """
     while not ctx.stop.requested:
         _fail_stale(ctx)
         finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
                               budget_s=ctx.space.study.store_retry_s)
         if finished >= target:
-            return
-        running = len(ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        if finished + running >= target:
+            # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
+            action = _promotions(ctx) if target >= ctx.space.study.n_trials else "done"
+            if action == "done":
+                return
+            if action == "run":
+                _run_trial(ctx, promoted_only=True)
+            else:
+                time.sleep(min(2.0, ctx.space.study.heartbeat_s))
+            continue
+        running = [t for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if not promotion.is_promoted(t)]
+        if finished + len(running) >= target:
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
         _run_trial(ctx)
+
+
+def _promotions(ctx: StudyRun) -> str:
+    """Queue the promotions of every settled rung; ``run``, ``wait`` or ``done`` (see promotion.plan)."""
+    fidelity = ctx.space.study.fidelity
+    if fidelity is None:
+        return "done"
+    with _ask_lock(ctx):  # one worker of this directory decides at a time; other machines: superseded_copy
+        plan = promotion.plan(ctx.study.get_trials(deepcopy=False), fidelity, objective_names(ctx.space.objectives))
+        promotion.enqueue(ctx.study, plan.promote)
+    for trial, rung in plan.promote:
+        _say(ctx, f"trial {trial.number} promoted to {rung} steps  {policy_summary(trial.params)}")
+    return plan.action
 
 
 def _fail_stale(ctx: StudyRun) -> None:
@@ -217,25 +245,33 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _run_trial(ctx: StudyRun) -> None:
+def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx):
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
+    if _not_needed(ctx, trial, promoted_only):
+        return
     trial.set_user_attr("worker", ctx.worker.to_dict())
+    rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
     with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
         try:
-            reference = _reference(ctx, policy)
-            twin = _finished_twin(ctx.study, trial.params)
+            reference = _reference(ctx, policy, rung)
+            twin = _finished_twin(ctx.study, trial.params, rung)
             if twin is not None:  # probes are seeded: the same params would give the same result again
                 trial.set_user_attr("duplicate_of", twin.number)
                 result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
             else:
-                result = _probe(ctx, policy, f"trial {trial.number}", trial=trial.number)
-            stressed = _stressed_result(ctx, trial, policy)
+                leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
+                if source is not None and leg.resume_from is None:
+                    _say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
+                              f"running its {rung} steps from step 0")
+                result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                                trial=trial.number, leg=leg)
+            stressed = _stressed_result(ctx, trial, policy, source)
         except (UserError, KeyboardInterrupt):
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
             raise
@@ -246,7 +282,18 @@ def _run_trial(ctx: StudyRun) -> None:
             with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
             _say(ctx, f"trial {trial.number} failed: {reason}")
             return
-        _record(ctx, trial, run_id, policy, result, reference, stressed)
+        _record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+
+
+def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
+    """Close (FAIL, uncounted, unlogged) a trial :func:`~precsearch.search.rungs.unneeded` says not to run."""
+    reason = unneeded(ctx.study, ctx.space, trial.number, promoted_only)
+    if reason is None:
+        return False
+    trial.set_user_attr("not_needed", reason)
+    with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial",
+               budget_s=ctx.space.study.store_retry_s)
+    return True
 
 
 @contextmanager
@@ -263,16 +310,24 @@ def _ask_lock(ctx: StudyRun):
         yield
 
 
-def _requeue(study: optuna.Study, params: dict) -> None:
-    """Queue ``params`` to run again, once (Optuna's skip_if_exists would also skip it for the failed trial)."""
+def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
+    """Queue ``trial``'s params (and rung, for a promoted trial) to run again, once.
+
+    Optuna's skip_if_exists would also skip it for the failed trial itself.
+    """
+    keep = (promotion.FIDELITY, promotion.PROMOTED_FROM)
+    attrs = {k: v for k, v in trial.user_attrs.items() if k in keep}
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    if not any(t.system_attrs.get("fixed_params") == params for t in waiting):  # a queued trial has no params yet
-        study.enqueue_trial(params)
+    # a queued trial has no params yet: compare the params it is queued with
+    if not any(t.system_attrs.get("fixed_params") == trial.params
+               and {k: v for k, v in t.user_attrs.items() if k in keep} == attrs for t in waiting):
+        study.enqueue_trial(trial.params, user_attrs=attrs or None)
 
 
-def _finished_twin(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | None:
+def _finished_twin(study: optuna.Study, params: dict, rung: int) -> optuna.trial.FrozenTrial | None:
+    first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.params == params and "probe_result" in t.user_attrs:
+        if t.params == params and "probe_result" in t.user_attrs and promotion.rung_of(t, first) == rung:
             return t
     return None
 
@@ -285,7 +340,7 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
     """
     trial.set_user_attr("interrupted", True)
     ctx.study.tell(trial, state=TrialState.FAIL)
-    _requeue(ctx.study, trial.params)
+    _requeue(ctx.study, trial)
     try:
         ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
     except Exception as exc:  # noqa: BLE001 - best effort, see above
@@ -293,19 +348,23 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
                   "the next run will")
 
 
-def _reference(ctx: StudyRun, policy: Policy) -> References:
-    """The BF16 references (every seed, and the stress lr) for ``policy``'s gradient clipping."""
+def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
+    """The BF16 references (every seed at ``rung`` steps, and the stress lr) for ``policy``'s gradient clipping."""
     baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
     reference = Policy.bf16(policy.clip_grad, baseline)
     return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad,
-                             lambda probe, label: _probe(ctx, reference, label, probe))
+                             lambda probe, label, leg: _probe(ctx, reference, label, probe, leg=leg), steps=rung)
 
 
-def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy) -> ProbeResult | None:
-    """The policy's probe at the stress lr, or None without ``objectives.stress``; a duplicate reuses its twin's."""
+def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
+                     source: optuna.trial.FrozenTrial | None = None) -> ProbeResult | None:
+    """The policy's probe at the stress lr, or None without ``objectives.stress``; a duplicate reuses its twin's,
+    a promoted trial the one of the trial it continues (the stress probe is not cut into rungs)."""
     probe = stress_probe(ctx.space)
     if probe is None:
         return None
+    if source is not None and "stress_result" in source.user_attrs:
+        return ProbeResult.from_dict(source.user_attrs["stress_result"])
     twin = trial.user_attrs.get("duplicate_of")
     if twin is not None:
         stored = next(t for t in ctx.study.get_trials(deepcopy=False) if t.number == twin).user_attrs
@@ -315,9 +374,10 @@ def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy) -> Prob
 
 
 def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None,
-           trial: int | None = None) -> ProbeResult:
+           trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
     """Run one probe of ``policy`` in the probe process; ``probe`` overrides the space's probe section
-    (another seed, a stress lr). Raises ProbeFailed / ProbeCrashed when it produced no result."""
+    (another seed, a stress lr, a rung's steps), ``leg`` continues a run. Raises ProbeFailed / ProbeCrashed
+    when it produced no result."""
     probe = probe or ctx.space.probe
     steps = tqdm(total=probe.steps, desc=label, unit="step", leave=False, disable=not ctx.progress)
 
@@ -326,15 +386,15 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
         steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     try:
-        return ctx.executor.run(probe, policy, label, on_step, trial=trial)
+        return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
     finally:
         steps.close()
 
 
-def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
-            result: ProbeResult, references: References, stressed: ProbeResult | None) -> None:
+def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, result: ProbeResult,
+            references: References, stressed: ProbeResult | None, rung: int) -> None:
     objectives = ctx.space.objectives
-    s = score(result, references.paired, objectives, noise_floor=references.noise_floor,
+    s = score(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
               stress=(stressed, references.stress) if stressed else None)
     for key, value in (("score", s.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
@@ -358,12 +418,14 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
                  "peak_memory_mib": result.peak_memory_bytes / 2**20, "eval_loss": result.eval_loss,
                  "reference_eval_loss": references.paired.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
-                 "reference_seeds": len(references.seeds)} | stability_metrics(s) | diagnostics_metrics(result),
+                 "reference_seeds": len(references.seeds), "fidelity_steps": rung, "start_step": result.start_step}
+                | stability_metrics(s) | diagnostics_metrics(result),
         tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
               "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
               "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),
-              "stability_unit": objectives.stability_unit} | diagnostics_tags(result),
+              "stability_unit": objectives.stability_unit, "fidelity_steps": str(rung),
+              "promoted_from": str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-"))} | diagnostics_tags(result),
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)}
                   | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
@@ -371,14 +433,18 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy,
     )
     ctx.study.tell(trial, objective_values(s, objectives))
     _update_front(ctx)
-    _say(ctx, f"trial {trial.number}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
+    at = f" at {rung} steps" if ctx.space.study.fidelity else ""
+    _say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
 
 
 def _update_front(ctx: StudyRun) -> None:
     rows = trial_rows(ctx.study, objective_names(ctx.space.objectives))
     front = {r["trial"] for r in rows if r["pareto"]}
-    ctx.tracker.set_pareto({r["trial"]: ctx.run_ids[r["trial"]] for r in rows if r["trial"] in ctx.run_ids}, front)
+    # every scored trial, also those a longer rung of the same policy superseded (no longer in rows)
+    scored = {t.number for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if "score" in t.user_attrs}
+    ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
     ctx.tracker.log_front(files)
 

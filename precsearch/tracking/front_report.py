@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("trial", "pareto", "feasible", "memory_saved", "instability", "loss_gap",
+COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "loss_gap",
            "tokens_per_s", "diverged", "policy")
 
 

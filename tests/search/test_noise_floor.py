@@ -109,7 +109,7 @@ def test_references_run_once_per_seed_and_stress_lr_then_come_from_the_cache(tmp
     space = _space(**{"probe.seed": 5, "objectives": {"reference_seeds": 3, "stress": {"lr_multiplier": 4.0}}})
     ran: list[ProbeSection] = []
 
-    def run(probe: ProbeSection, label: str) -> ProbeResult:
+    def run(probe: ProbeSection, label: str, leg=None) -> ProbeResult:
         ran.append(probe)
         return _result(2.0 + 0.01 * len(ran))
 
@@ -128,7 +128,7 @@ def test_references_run_once_per_seed_and_stress_lr_then_come_from_the_cache(tmp
 def test_a_bf16_reference_diverging_under_stress_blames_the_multiplier(tmp_path: Path):
     space = _space(**{"objectives": {"reference_seeds": 1, "stress": {"lr_multiplier": 50.0}}})
 
-    def run(probe: ProbeSection, label: str) -> ProbeResult:
+    def run(probe: ProbeSection, label: str, leg=None) -> ProbeResult:
         return _result(math.nan, diverged=probe.lr > space.probe.lr)
 
     with pytest.raises(UserError) as exc:

@@ -172,3 +172,35 @@ def test_postgres_lost_mid_study_is_retried_and_the_study_completes(tmp_path, se
     assert finished_count(study) == 4
     assert Counter(t.state for t in study.trials)[TrialState.COMPLETE] == 4
     assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials}
+
+
+def test_rungs_over_postgres_two_separate_workers_promote_each_policy_once(tmp_path, server):
+    """Fidelity rungs on PostgreSQL with two `precsearch worker`s in their own output directories (as on two
+    machines): each promotion runs once, at its rung; a worker without the source's checkpoint runs the
+    rung from step 0, and its result is the same run (the first rung's losses repeated)."""
+    url, name = postgres_url(), unique_study()
+    space = _space(tmp_path, name, url, server.url, **{"study.n_trials": 4, "probe.steps": 12,
+                                                       "study.fidelity": {"rungs": [12, 24], "promote": 2}})
+    assert precsearch("run", str(space), "--n-trials", "1", "--no-progress", "--output-dir", str(tmp_path / "o"),
+                      stdout=subprocess.DEVNULL).wait(timeout=600) == 0
+    env = {"PRECSEARCH_STORAGE": url, "MLFLOW_TRACKING_URI": server.url}
+    workers = [precsearch("worker", "--study", name, "--no-progress", "--name", f"w{i}", "--output-dir",
+                          str(tmp_path / f"w{i}"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+               for i in range(2)]
+    for w in workers:
+        out, _ = w.communicate(timeout=900)
+        assert w.returncode == 0, out[-3000:]
+    study = load(name, url)
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    table = [(t.number, t.state.name, t.user_attrs.get("fidelity_steps"), t.user_attrs.get("promoted_from"),
+              t.user_attrs.get("not_needed"), t.user_attrs.get("worker", {}).get("pid"), t.params)
+             for t in study.trials]
+    assert Counter(t.user_attrs["fidelity_steps"] for t in complete) == {12: 4, 24: 2}, table
+    promoted = [t for t in complete if "promoted_from" in t.user_attrs]
+    assert len({t.user_attrs["promoted_from"] for t in promoted}) == 2
+    by_number = {t.number: t for t in study.trials}
+    for t in promoted:
+        source = by_number[t.user_attrs["promoted_from"]].user_attrs["probe_result"]["losses"]
+        assert t.user_attrs["probe_result"]["losses"][:12] == source
+    assert not [t for t in study.trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert _runs_per_trial(server, name) == {t.number: 1 for t in complete}
