@@ -34,8 +34,14 @@ if [ "${STUDY:-0}" = "1" ]; then
   tail -22 "$OUT/bench_probe.log"
   python3 -m precsearch front --output-dir /tmp/bench_probe/study --all > "$OUT/study_front.txt" 2>&1
   head -40 "$OUT/study_front.txt"
-  timeout "${TARGET_TIMEOUT:-240}" python3 scripts/bench_target.py search_spaces/llama3_8b_h100.yaml \
+  [ "${TARGET:-1}" = "1" ] && timeout "${TARGET_TIMEOUT:-240}" python3 scripts/bench_target.py search_spaces/llama3_8b_h100.yaml \
       --study-dir /tmp/bench_probe/study --top 3 --steps 12 --json "$OUT/bench_target.json" > "$OUT/bench_target.log" 2>&1
-  echo "bench_target exit $?" >> "$OUT/bench_target.log"
-  tail -20 "$OUT/bench_target.log"
+  [ "${TARGET:-1}" = "1" ] && { echo "bench_target exit $?" >> "$OUT/bench_target.log"; tail -20 "$OUT/bench_target.log"; }
+fi
+if [ "${NOISE:-0}" = "1" ]; then
+  # issue 14: final vs tail reading and the risk score, BF16 seeds against uniform FP8 recipes
+  timeout "${NOISE_TIMEOUT:-150}" python3 scripts/gpu_noise_floor.py search_spaces/llama3_8b_h100.yaml --seeds 3 \
+      --json "$OUT/verdicts.json" > "$OUT/verdicts.log" 2>&1
+  echo "gpu_noise_floor exit $?" >> "$OUT/verdicts.log"
+  tail -8 "$OUT/verdicts.log"
 fi

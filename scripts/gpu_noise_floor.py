@@ -1,11 +1,15 @@
-"""FP8 recipes scored against BF16 seed noise, with and without a learning-rate stress probe.
+"""FP8 recipes scored against BF16 seed noise: final and tail readings, risk score, optional stress probe.
 
 Runs, on a space file's probe shape: the BF16 reference at ``--seeds`` seeds
 (their spread is the noise floor), Transformer Engine FP8 (delayed, current,
 block scaling) on every transformer-block Linear, paired with the BF16 seed
 they share, and, with ``--stress M``, each again at ``lr x M`` next to a BF16
 run at that lr. Prints one row per recipe (loss gap, gap in BF16 seed
-spreads, per-step events, verdicts) and writes JSON.
+spreads, per-step events, verdicts) and writes JSON. Each recipe is read both
+ways (``objectives.reading``): ``final``, the held-out loss gap after training,
+and ``tail``, the paired training-loss gap over the last quarter of the run
+with negative gaps counting as zero; plus the early-warning risk score against
+the paired BF16 reference.
 
     python scripts/gpu_noise_floor.py search_spaces/llama3_8b_h100.yaml --seeds 3 --stress 4 \
         --json $OUT/noise_floor.json
@@ -33,6 +37,8 @@ from precsearch.probe.runner import run_probe
 from precsearch.search.reference import ReferenceCache, gather_references, stress_probe
 from precsearch.search.scoring import score
 from precsearch.probe.data import load_batches
+from precsearch.probe.risk import risk_score
+from precsearch.probe.signals import Signals
 
 RECIPES = (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK)
 
@@ -59,15 +65,21 @@ def main() -> None:
     stressed = stress_probe(space)
     rows = []
     for precision in RECIPES:
-        policy = replace(bf16, rules=(Rule("blocks", ("model.layers.*",), precision),))
+        policy = replace(bf16, rules=(Rule("blocks", ("decoder.layers.*",), precision),))
         result = run(policy, space.probe, precision.value)
         pair = (run(policy, stressed, f"{precision.value} (stress)"), refs.stress) if stressed else None
         s = score(result, refs.paired, objectives, noise_floor=refs.noise_floor, stress=pair)
-        rows.append({"recipe": precision.value, "eval_loss": result.eval_loss,
+        tail = objectives.model_copy(update={"reading": "tail"})
+        t = score(result, refs.paired, tail, noise_floor=refs.noise_floor_in(tail), stress=pair)
+        risk = risk_score(Signals.from_dict(result.signals), Signals.from_dict(refs.paired.signals))
+        rows.append({"recipe": precision.value, "eval_loss": result.eval_loss, "tail": t.to_dict(),
+                     "risk_score": risk.score, "risk_excess": risk.excess, "signals": result.signals,
                      "events": {k: count_events(result.events, k) for k in ("loss_spike", "grad_blowup", "non_finite")},
                      "diverged_step": result.diverged_step, **s.to_dict()})
     report = {"space": str(args.space), "clip_grad": args.clip, "device": str(device),
               "bf16_eval_losses": [r.eval_loss for r in refs.seeds], "noise_floor": refs.noise_floor,
+              "tail_noise_floor": refs.noise_floor_in(objectives.model_copy(update={"reading": "tail"})),
+              "reference_signals": refs.paired.signals,
               "bf16_stress_eval_loss": refs.stress.eval_loss if refs.stress else None,
               "objectives": objectives.model_dump(mode="json"), "rows": rows}
     _print(report)
@@ -79,8 +91,9 @@ def main() -> None:
 def _print(report: dict) -> None:
     losses = ", ".join(f"{x:.4f}" for x in report["bf16_eval_losses"])
     print(f"BF16 held-out loss over seeds: {losses}; noise floor {100 * report['noise_floor']:.3f}%")
+    print(f"tail-reading noise floor {100 * report['tail_noise_floor']:.3f}%")
     print(f"{'recipe':<12} {'loss gap':>9} {'gap/noise':>9} {'spikes':>6} {'blowups':>7} {'stable':>6} "
-          f"{'stress gap':>10} {'stress':>8}")
+          f"{'stress gap':>10} {'stress':>8} {'tail gap':>9} {'tail instab.':>12} {'tail stable':>11} {'risk':>5}")
     for r in report["rows"]:
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.3f}%"
         stress_gap = "-" if r["stress_loss_gap"] is None else (
@@ -88,7 +101,8 @@ def _print(report: dict) -> None:
         noise = f"{r['gap_in_noise']:+.2f}" if math.isfinite(r["gap_in_noise"]) else "-"
         print(f"{r['recipe']:<12} {gap:>9} {noise:>9} {r['events']['loss_spike']:>6} "
               f"{r['events']['grad_blowup']:>7} {str(r['stable']):>6} {stress_gap:>10} "
-              f"{str(r['stable_under_stress']):>8}")
+              f"{str(r['stable_under_stress']):>8} {100 * r['tail']['tail_gap']:+8.3f}% "
+              f"{100 * r['tail']['instability']:11.3f}% {str(r['tail']['stable']):>11} {r['risk_score']:5.2f}")
 
 
 def _args() -> argparse.Namespace:

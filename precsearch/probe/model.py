@@ -131,11 +131,15 @@ class SelfAttention(nn.Module):
         self.core_attention = CoreAttention(cfg)
         self.linear_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.rope: RopeFn = apply_rope  # a backend may put a fused kernel here
+        #: Called with (q, k) after RoPE when set (the early-warning signals read attention logits).
+        self.observe_qk: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Self-attention over ``x`` ``(B, T, dim)`` (not normalised: ``linear_qkv`` does it)."""
         q, k, v = split_qkv(self.linear_qkv(x), self.cfg)
         q, k = self.rope(q, k, angles)
+        if self.observe_qk is not None:
+            self.observe_qk(q, k)
         return self.linear_proj(self.core_attention(q, k, v))
 
 

@@ -41,6 +41,8 @@ class ProbeResult:
             kind, value}`` (:class:`~precsearch.probe.diagnostics.FirstBad`), or None.
         phase_s: Seconds spent per phase: build (model, conversion, optimizer), bf16_steps or
             warmup_steps and fp8_steps (the training loop), eval.
+        signals: The early-warning signals of the steps this process ran
+            (:meth:`precsearch.probe.signals.Signals.to_dict`), or None.
         start_step: The first step this process ran: 0, or the step a continued run took up
             from its checkpoint (:mod:`precsearch.probe.continuation`); the per-step records
             cover the whole run from step 0 either way.
@@ -69,6 +71,7 @@ class ProbeResult:
     layer_stats: list[dict[str, Any]] = field(default_factory=list)
     first_bad: dict[str, Any] | None = None
     start_step: int = 0
+    signals: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

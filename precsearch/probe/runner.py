@@ -28,6 +28,7 @@ from precsearch.probe.events import StepMonitor
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.result import ProbeResult
+from precsearch.probe.signal_recorder import SignalRecorder
 
 StepCallback = Callable[[int, float, float], None]
 
@@ -129,11 +130,17 @@ def run_probe(
     step_times: list[float] = []
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
     watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
+    signals = SignalRecorder(probe.steps, diagnostics.every)
+    detach_signals = signals.attach(model)
     for step in range(first, probe.steps):
         fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
         t0 = time.perf_counter()
         watch.begin_step(step)
+        if signals.begin_step(step) and parallel is ONE_PROCESS:  # sharded weights are not whole here
+            signals.record_fc1_weights(model)
         loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device)
+        signals.record_grad_norm(grad_norm)
+        signals.end_step()
         loss = parallel.mean(loss)
         sched.step()
         phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
@@ -155,6 +162,9 @@ def run_probe(
                 result.reason += f"; {bad.describe()}"
             break
     watch.close()
+    detach_signals()
+    signals.add_layer_stats(result.layer_stats)
+    result.signals = signals.signals().to_dict()
     if not result.diverged:
         continuation.save(leg, model, opt, sched, monitor, result)  # before the eval's FP8 forwards
     t0 = time.perf_counter()

@@ -83,16 +83,57 @@ class SignalRecorder:
         self._keep("grad_norm", "model", value)
 
     def add_layer_stats(self, rows: list[dict[str, Any]]) -> None:
-        """FP8 operand amaxes from :attr:`ProbeResult.layer_stats` rows, as tensors ``layer:role``."""
+        """FP8 operand amaxes from :attr:`ProbeResult.layer_stats` rows, as tensors ``layer:role``.
+
+        Kept apart from the block-output amaxes (``fp8_amax``): a BF16 reference has none to compare with.
+        """
         for row in rows:
-            self._put("amax", f"{row['layer']}:{row['role']}", int(row["step"]), float(row["amax"]))
+            self._put("fp8_amax", f"{row['layer']}:{row['role']}", int(row["step"]), float(row["amax"]))
 
     def record_fc1_weights(self, model: nn.Module) -> None:
-        """:meth:`record_fc1_weight` for every ``decoder.layers.N.mlp.linear_fc1.weight`` / ``...mlp.fc1_weight``."""
-        for name, weight in model.named_parameters():
-            match = _FC1.search(name)
-            if match:
-                self.record_fc1_weight(int(match.group(1)), weight)
+        """:meth:`record_fc1_weight` for every block's fused gate/up weight.
+
+        The probe's blocks (``model.decoder.layers``) are read by module, whatever a backend made of
+        ``linear_fc1`` (a converted layer, or TE's fused ``LayerNormMLP``); any other model by
+        parameter name (``...layers.N.mlp.linear_fc1.weight`` / ``...mlp.fc1_weight``).
+        """
+        layers = getattr(getattr(model, "decoder", None), "layers", None)
+        if layers is None:
+            for name, weight in model.named_parameters():
+                if match := _FC1.search(name):
+                    self.record_fc1_weight(int(match.group(1)), weight)
+            return
+        for block, layer in enumerate(layers):
+            fc1 = getattr(layer.mlp, "linear_fc1", None) or getattr(layer.mlp, "layernorm_mlp", None)
+            weight = fc1.weight if fc1 is not None else getattr(layer.mlp, "fc1_weight", None)
+            if weight is not None:
+                self.record_fc1_weight(block, weight)
+
+    def attach(self, model: nn.Module) -> Any:
+        """Hooks that feed this recorder from the probe on stat steps; returns a function removing them.
+
+        Block outputs through :meth:`watch_blocks`; queries and keys after RoPE through each
+        attention module's ``observe_qk`` slot (:class:`precsearch.probe.model.SelfAttention`).
+        """
+        handles = self.watch_blocks(model)
+        attentions = [(i, layer.self_attention) for i, layer in
+                      enumerate(getattr(getattr(model, "decoder", None), "layers", []))]
+        for block, attention in attentions:
+            attention.observe_qk = self._qk_observer(block, attention.cfg.head_dim ** -0.5)
+
+        def detach() -> None:
+            for handle in handles:
+                handle.remove()
+            for _, attention in attentions:
+                attention.observe_qk = None
+        return detach
+
+    def _qk_observer(self, block: int, scale: float) -> Any:
+        def observe(q: Tensor, k: Tensor) -> None:  # (B, T, heads, head_dim) as the probe holds them
+            if self.active and torch.is_grad_enabled():
+                with torch.no_grad():
+                    self.record_attention(block, q.transpose(1, 2), k.transpose(1, 2), scale)
+        return observe
 
     def watch_blocks(self, model: nn.Module) -> list[Any]:
         """Forward hooks on ``...layers.N`` modules that record their outputs on stat steps; returns the handles.

@@ -28,6 +28,11 @@ PER = 100
 Series = list[tuple[int, float]]
 
 
+#: A trend needs the points it is fitted over to span at least this many steps: two points a step apart
+#: (the last stat steps of a short probe) would be extrapolated to 100 steps from one step's noise.
+MIN_TREND_SPAN = 10
+
+
 def tail(points: Series, fraction: float) -> Series:
     """The points in the last ``fraction`` of the step range (all of them for ``fraction`` 1)."""
     if not points:
@@ -35,6 +40,15 @@ def tail(points: Series, fraction: float) -> Series:
     first, last = points[0][0], points[-1][0]
     start = last - fraction * (last - first)
     return [(s, v) for s, v in points if s >= start]
+
+
+def trend(points: Series, fraction: float, *, log: bool = False, robust: bool = False) -> float:
+    """:func:`slope` over the last ``fraction`` of ``points``; NaN (not measured) when those points span
+    fewer than :data:`MIN_TREND_SPAN` steps."""
+    last = tail(points, fraction)
+    if not last or last[-1][0] - last[0][0] < MIN_TREND_SPAN:
+        return math.nan
+    return slope(last, log=log, robust=robust)
 
 
 def slope(points: Series, *, log: bool = False, robust: bool = False) -> float:
@@ -130,6 +144,10 @@ class Signals:
         attention_logit_growth: Its slope per 100 steps.
         attention_logit_block: The block holding the last maximum (-1: none).
         grad_norm_trend: Theil-Sen slope of ``ln`` grad norm per 100 steps.
+        fp8_amax_growth: As ``amax_growth``, over the FP8 operands (from the diagnostics); a BF16
+            run has none, so this is reported, not compared: ``amax_growth`` reads only tensors
+            both runs have (block outputs), or the risk score would compare unlike sets.
+        fp8_amax_growth_at: The FP8 operand it belongs to (``<unit>:<role>``).
         series: Per signal, ``(step, value)`` over the run, for plots: ``amax`` (of the tensor named in
             ``amax_growth_at``), ``kurtosis``, ``alignment``, ``attention_logit`` (max over blocks), ``grad_norm``.
     """
@@ -147,6 +165,8 @@ class Signals:
     attention_logit_growth: float = math.nan
     attention_logit_block: int = -1
     grad_norm_trend: float = math.nan
+    fp8_amax_growth: float = math.nan
+    fp8_amax_growth_at: str = ""
     series: dict[str, Series] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,23 +199,24 @@ def summarise(history: History, fraction: float = 0.5) -> Signals:
     """:class:`Signals` from a recorded history (:class:`~precsearch.probe.signal_recorder.SignalRecorder`)."""
     fields: dict[str, Any] = {}
     series: dict[str, Series] = {}
-    amax = {item: sorted(v.items()) for item, v in history.get("amax", {}).items()}
-    growth = {item: slope(tail(points, fraction), log=True) for item, points in amax.items()}
-    finite = {item: g for item, g in growth.items() if not math.isnan(g)}
-    if finite:
-        fields["amax_growth_at"] = worst = max(finite, key=finite.__getitem__)
-        fields["amax_growth"], series["amax"] = finite[worst], amax[worst]
+    for kind, prefix in (("amax", "amax"), ("fp8_amax", "fp8_amax")):
+        amax = {item: sorted(v.items()) for item, v in history.get(kind, {}).items()}
+        growth = {item: trend(points, fraction, log=True) for item, points in amax.items()}
+        finite = {item: g for item, g in growth.items() if not math.isnan(g)}
+        if finite:
+            fields[f"{prefix}_growth_at"] = worst = max(finite, key=finite.__getitem__)
+            fields[f"{prefix}_growth"], series[kind] = finite[worst], amax[worst]
     for kind, log in (("kurtosis", True), ("alignment", False), ("attention_logit", False)):
         if history.get(kind):
             points, holder = per_step_max(history[kind])
             series[kind] = points
-            fields |= {kind: points[-1][1], f"{kind}_growth": slope(tail(points, fraction), log=log),
+            fields |= {kind: points[-1][1], f"{kind}_growth": trend(points, fraction, log=log),
                        f"{kind}_block": int(holder)}
     if history.get("alignment_max"):
         fields["alignment_max"] = per_step_max(history["alignment_max"])[0][-1][1]
     if history.get("grad_norm"):
         series["grad_norm"] = points = sorted(history["grad_norm"]["model"].items())
-        fields["grad_norm_trend"] = slope(tail(points, fraction), log=True, robust=True)
+        fields["grad_norm_trend"] = trend(points, fraction, log=True, robust=True)
     return Signals(**fields, series=series)
 
 

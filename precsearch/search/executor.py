@@ -94,6 +94,10 @@ class ProbeExecutor:
             self._kill()  # a second Ctrl-C: stop now
             raise
 
+    def start(self) -> None:
+        """Start the child now (it loads the space's data and backend) instead of at the first probe."""
+        self._ensure_child()
+
     def close(self) -> None:
         """Stop the child (it finishes nothing: call between probes)."""
         if self._proc is not None and self._proc.is_alive():

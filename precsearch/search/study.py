@@ -58,6 +58,7 @@ from precsearch.tracking import Tracker
 from precsearch.tracking.diagnostics_report import (diagnostics_artifacts, diagnostics_heatmap, diagnostics_metrics,
                                                      diagnostics_tags)
 from precsearch.tracking.front_report import write_front
+from precsearch.tracking.signals_report import trial_signals
 
 
 @dataclass
@@ -112,7 +113,24 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
 @contextmanager
 def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | None = None,
              parent_id: str | None = None, probes: bool = True, name: str = "", sampler_offset: int = 0):
-    """Open the study's storage, MLflow tracker and (with ``probes``) a probe process; close them after."""
+    """Open the study's storage, MLflow tracker and (with ``probes``) a probe process; close them after.
+
+    The probe process starts first: it imports torch and the backend (Transformer Engine: about 12 s)
+    while the stores open, rather than when the first probe is asked for.
+    """
+    executor = ProbeExecutor(space, space.study.trial_timeout_s) if probes else None
+    if executor is not None:
+        executor.start()
+    try:
+        yield from _open_with(space, ws, progress, executor, space_text=space_text, parent_id=parent_id, name=name,
+                              sampler_offset=sampler_offset)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, *,
+               space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
     storage = stores.open_storage(ws.storage_url, space.study)
     tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
     study = _open_study(space, storage, tracker, sampler_offset)
@@ -120,7 +138,6 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
         device = resolve_device(space.probe.device)
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="probe.device") from None
-    executor = ProbeExecutor(space, space.study.trial_timeout_s) if probes else None
     ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
                    cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
                    worker=WorkerId.current(), stop=StopRequest(), name=name, progress=progress)
@@ -133,12 +150,8 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
     ctx.run_ids = _run_ids(study)
-    try:
-        with ctx.stop:
-            yield ctx
-    finally:
-        if executor is not None:
-            executor.close()
+    with ctx.stop:
+        yield ctx
 
 
 def _run_ids(study: optuna.Study) -> dict[int, str]:
@@ -282,7 +295,12 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
             with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
             _say(ctx, f"trial {trial.number} failed: {reason}")
             return
-        _record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+        try:
+            _record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+        except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
+            if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
+                _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
+            raise
 
 
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
@@ -410,6 +428,9 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                           | ({"stress_train_loss": stressed.losses} if stressed else {}))
     if (heatmap := diagnostics_heatmap(result)) is not None:
         ctx.tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
+    sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, references.paired.signals)
+    if sig_plot is not None:
+        ctx.tracker.log_bytes(run_id, sig_plot, "signals/signals.png")
     ctx.tracker.finish_trial(
         run_id,
         metrics={"memory_saved": s.memory_saved, "memory_saved_probe": s.memory_saved_probe,
@@ -419,17 +440,18 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                  "reference_eval_loss": references.paired.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
                  "reference_seeds": len(references.seeds), "fidelity_steps": rung, "start_step": result.start_step}
-                | stability_metrics(s) | diagnostics_metrics(result),
+                | stability_metrics(s) | diagnostics_metrics(result) | sig_metrics,
         tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
               "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
               "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),
               "stability_unit": objectives.stability_unit, "fidelity_steps": str(rung),
-              "promoted_from": str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-"))} | diagnostics_tags(result),
+              "promoted_from": str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-"))} | diagnostics_tags(result)
+             | sig_tags,
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)}
                   | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
-                  | diagnostics_artifacts(result),
+                  | diagnostics_artifacts(result) | sig_files,
     )
     ctx.study.tell(trial, objective_values(s, objectives))
     _update_front(ctx)

@@ -102,3 +102,15 @@ def save_signals_plot(policy: Signals, reference: Signals | None, path: Path, ti
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(signals_plot(policy, reference, title))
     return path
+
+
+def trial_signals(policy: dict | None, reference: dict | None) -> tuple[dict[str, float], dict[str, str],
+                                                                       dict[str, str], bytes | None]:
+    """What a trial's MLflow run gets from two :attr:`ProbeResult.signals` dicts (either may be None):
+    ``(metrics, tags, artifacts, plot PNG or None)``; all empty without the policy's signals."""
+    if policy is None:
+        return {}, {}, {}, None
+    mine = Signals.from_dict(policy)
+    ref = Signals.from_dict(reference) if reference is not None else None
+    return (signals_metrics(mine, ref), signals_tags(mine, ref), signals_artifacts(mine, ref),
+            signals_plot(mine, ref))

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from precsearch.probe.signal_recorder import SignalRecorder
-from precsearch.probe.signals import Signals, gate_up_alignment, grad_norm_trend, slope, summarise, tail, token_kurtosis
+from precsearch.probe.signals import (Signals, gate_up_alignment, grad_norm_trend, slope, summarise, tail, token_kurtosis,
+                                       trend)
 
 LN2 = math.log(2)
 
@@ -39,7 +40,8 @@ def test_layer_stats_rows_feed_the_amax_history():
     recorder.add_layer_stats([{"step": s, "layer": "l0", "role": "weight", "amax": 2 ** (s / 100)}
                               for s in (0, 100, 200, 300)])
     signals = recorder.signals()
-    assert signals.amax_growth == pytest.approx(LN2) and signals.amax_growth_at == "l0:weight"
+    assert signals.fp8_amax_growth == pytest.approx(LN2) and signals.fp8_amax_growth_at == "l0:weight"
+    assert math.isnan(signals.amax_growth)  # FP8 operands are kept apart: a BF16 reference has none
 
 
 # kurtosis ------------------------------------------------------------------------------------------------
@@ -204,8 +206,8 @@ def test_recorder_refuses_off_stat_steps_and_ignores_evaluation():
 
 
 def test_attention_logits_are_recorded_per_block():
-    recorder = SignalRecorder(steps=3, every=1)
-    for step, value in ((0, 2.0), (1, 4.0), (2, 6.0)):
+    recorder = SignalRecorder(steps=21, every=10)
+    for step, value in ((0, 2.0), (10, 4.0), (20, 6.0)):
         recorder.begin_step(step)
         q, k = torch.zeros(1, 2, 3, 4), torch.zeros(1, 1, 3, 4)
         q[0, 1, 2, 0], k[0, 0, 0, 0] = value, 1.0
@@ -213,7 +215,13 @@ def test_attention_logits_are_recorded_per_block():
         recorder.end_step()
     signals = recorder.signals()
     assert (signals.attention_logit, signals.attention_logit_block) == (6.0, 3)
-    assert signals.attention_logit_growth == pytest.approx(200.0)  # +2 per step over steps 1-2 (the tail)
+    assert signals.attention_logit_growth == pytest.approx(20.0)  # +2 per 10 steps over steps 10-20 (the tail)
+
+
+def test_a_trend_over_too_few_steps_is_not_measured():
+    """Two stat steps one step apart (a short probe's last two) must not be extrapolated to 100 steps."""
+    assert math.isnan(trend([(0, 1.0), (10, 2.0), (11, 3.0)], 0.5, log=True))
+    assert trend([(0, 1.0), (10, 2.0), (20, 4.0)], 0.5, log=True) == pytest.approx(100 * LN2 / 10)
 
 
 def test_signals_round_trip_through_json():

@@ -58,6 +58,11 @@ def test_mlflow_has_one_parent_and_one_child_per_finished_trial(finished_study):
     assert len(history) == 12  # one point per probe step
     assert any(k.startswith("precision.") for k in child.data.params)
     assert "policy.yaml" in {a.path for a in client.list_artifacts(child.info.run_id)}
+    # the early-warning signals against the paired BF16 reference (issue 14), with their plot
+    assert {"risk_score", "signal_kurtosis", "signal_ref_kurtosis", "signal_alignment"} <= set(child.data.metrics)
+    assert 0 <= child.data.metrics["risk_score"] <= 1
+    assert {"signals.json", "signals.png"} <= {a.path.split("/")[-1] for a in
+                                              client.list_artifacts(child.info.run_id, "signals")}
 
 
 def test_pareto_tags_match_the_front(finished_study):

@@ -65,7 +65,8 @@ def test_tags_name_the_worst_tensor_and_the_missing_signals():
 
 def test_json_artifact_round_trips_both_runs():
     data = json.loads(signals_artifacts(POLICY, REFERENCE)["signals/signals.json"])
-    assert Signals.from_dict(data["reference"]) == REFERENCE
+    # compared as JSON: NaN fields (signals not measured) are equal only as text
+    assert json.dumps(Signals.from_dict(data["reference"]).to_dict()) == json.dumps(REFERENCE.to_dict())
     assert Signals.from_dict(data["policy"]).series == POLICY.series
 
 
