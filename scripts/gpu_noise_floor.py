@@ -37,7 +37,7 @@ from precsearch.probe.runner import run_probe
 from precsearch.search.reference import ReferenceCache, gather_references, stress_probe
 from precsearch.search.scoring import score
 from precsearch.probe.data import load_batches
-from precsearch.probe.risk import risk_score
+from precsearch.probe.risk import risk_score, seed_spread
 from precsearch.probe.signals import Signals
 
 RECIPES = (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK)
@@ -71,7 +71,8 @@ def main() -> None:
         s = score(result, refs.paired, objectives, noise_floor=refs.noise_floor, stress=pair)
         tail = objectives.model_copy(update={"reading": "tail"})
         t = score(result, refs.paired, tail, noise_floor=refs.noise_floor_in(tail), stress=pair)
-        risk = risk_score(Signals.from_dict(result.signals), Signals.from_dict(refs.paired.signals))
+        risk = risk_score(Signals.from_dict(result.signals), Signals.from_dict(refs.paired.signals),
+                          spread=seed_spread([Signals.from_dict(r.signals) for r in refs.seeds]))
         rows.append({"recipe": precision.value, "eval_loss": result.eval_loss, "tail": t.to_dict(),
                      "risk_score": risk.score, "risk_excess": risk.excess, "signals": result.signals,
                      "events": {k: count_events(result.events, k) for k in ("loss_spike", "grad_blowup", "non_finite")},
@@ -79,7 +80,7 @@ def main() -> None:
     report = {"space": str(args.space), "clip_grad": args.clip, "device": str(device),
               "bf16_eval_losses": [r.eval_loss for r in refs.seeds], "noise_floor": refs.noise_floor,
               "tail_noise_floor": refs.noise_floor_in(objectives.model_copy(update={"reading": "tail"})),
-              "reference_signals": refs.paired.signals,
+              "reference_signals": refs.paired.signals, "seed_signals": [r.signals for r in refs.seeds],
               "bf16_stress_eval_loss": refs.stress.eval_loss if refs.stress else None,
               "objectives": objectives.model_dump(mode="json"), "rows": rows}
     _print(report)

@@ -4,8 +4,13 @@ Each signal counts only by how much it exceeds the same signal of the BF16 refer
 data, seeds and length): what BF16 also does is training, not FP8 risk. The excess is measured in a
 *unit*, the excess that on its own should count as a clear warning::
 
-    e_i  = max(0, policy_i - reference_i) / unit_i                 (rates, bounded values)
-    e_i  = max(0, policy_i - reference_i) / (unit_i * max(|reference_i|, floor_i))   (levels, relative)
+    e_i  = max(0, policy_i - reference_i - 2 s_i) / unit_i                 (rates, bounded values)
+    e_i  = max(0, policy_i - reference_i - 2 s_i) / (unit_i * max(|reference_i|, floor_i))   (levels)
+
+where ``s_i`` is the spread of the signal over the BF16 reference seeds (:func:`seed_spread`; 0 with
+one seed): like the loss gap against the noise floor, a signal that moves as much between BF16 seeds
+as between FP8 and BF16 is no warning. (On the H200, without it, every uniform FP8 recipe scored ~1.0
+at 40 steps on grad-norm trends that differ between BF16 seeds too.)
     risk = 1 - exp(-sum_i e_i)
 
 Why this form: it is 0 exactly when no signal exceeds BF16, rises strictly with each excess, and stays
@@ -25,12 +30,17 @@ against long runs. A signal missing from either run contributes nothing and is l
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from precsearch.probe.signals import Signals
 
 THRESHOLD = 0.5
 """Risk at or above this flags a policy."""
+
+SEED_SPREADS = 2.0
+"""A signal counts only beyond this many BF16 seed spreads above the reference (when the spread is known)."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,10 @@ class Term:
     relative: bool = False
     floor: float = 1.0
 
-    def excess(self, policy: float, reference: float) -> float:
-        """Units by which ``policy`` exceeds ``reference`` (0 when it does not)."""
-        over = max(0.0, policy - reference)
+    def excess(self, policy: float, reference: float, spread: float = 0.0) -> float:
+        """Units by which ``policy`` exceeds ``reference`` by more than :data:`SEED_SPREADS` x ``spread``
+        (the BF16 seeds' own spread of this signal; 0 when unknown), 0 when it does not."""
+        over = max(0.0, policy - reference - SEED_SPREADS * spread)
         if self.relative:
             over /= max(abs(reference), self.floor)
         return over / self.unit
@@ -87,13 +98,24 @@ class Risk:
         return self.score >= THRESHOLD
 
 
-def risk_score(policy: Signals, reference: Signals, terms: tuple[Term, ...] = TERMS) -> Risk:
-    """The policy's risk against its BF16 reference (module docstring)."""
+def seed_spread(seeds: Sequence[Signals], terms: tuple[Term, ...] = TERMS) -> dict[str, float]:
+    """Per signal, the sample standard deviation over BF16 reference runs of different seeds (0 with
+    fewer than two measured): how much a signal moves with the initial weights alone."""
+    spread = {}
+    for term in terms:
+        values = [v for s in seeds if not math.isnan(v := getattr(s, term.signal))]
+        spread[term.signal] = statistics.stdev(values) if len(values) >= 2 else 0.0
+    return spread
+
+
+def risk_score(policy: Signals, reference: Signals, terms: tuple[Term, ...] = TERMS,
+               spread: dict[str, float] | None = None) -> Risk:
+    """The policy's risk against its BF16 reference (module docstring); ``spread`` from :func:`seed_spread`."""
     excess, missing = {}, []
     for term in terms:
         p, r = getattr(policy, term.signal), getattr(reference, term.signal)
         if math.isnan(p) or math.isnan(r):
             missing.append(term.signal)
         else:
-            excess[term.signal] = term.excess(p, r)
+            excess[term.signal] = term.excess(p, r, (spread or {}).get(term.signal, 0.0))
     return Risk(score=1.0 - math.exp(-sum(excess.values())), excess=excess, missing=tuple(missing))

@@ -428,7 +428,8 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                           | ({"stress_train_loss": stressed.losses} if stressed else {}))
     if (heatmap := diagnostics_heatmap(result)) is not None:
         ctx.tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
-    sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, references.paired.signals)
+    sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, references.paired.signals,
+                                                               [r.signals for r in references.seeds])
     if sig_plot is not None:
         ctx.tracker.log_bytes(run_id, sig_plot, "signals/signals.png")
     ctx.tracker.finish_trial(

@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from precsearch.probe.risk import Risk, risk_score
+from precsearch.probe.risk import Risk, risk_score, seed_spread
 from precsearch.probe.signals import Signals
 
 SCALARS = ("amax_growth", "kurtosis", "kurtosis_growth", "alignment", "alignment_max", "alignment_growth",
@@ -31,12 +31,16 @@ PANELS = (("amax", "amax of the fastest-growing tensor", True),
 """Plot panels: series name, title, log y axis."""
 
 
-def signals_metrics(policy: Signals, reference: Signals | None) -> dict[str, float]:
-    """``signal_*`` (and with a reference ``signal_ref_*``, ``risk_score``, ``risk_*``); NaN signals left out."""
+def signals_metrics(policy: Signals, reference: Signals | None,
+                    spread: dict[str, float] | None = None) -> dict[str, float]:
+    """``signal_*`` (and with a reference ``signal_ref_*``, ``risk_score``, ``risk_*``); NaN signals left out.
+
+    ``spread``: the BF16 seeds' spread per signal (:func:`~precsearch.probe.risk.seed_spread`).
+    """
     metrics = _scalars(policy, "signal_")
     if reference is not None:
         metrics |= _scalars(reference, "signal_ref_")
-        risk = risk_score(policy, reference)
+        risk = risk_score(policy, reference, spread=spread)
         metrics["risk_score"] = risk.score
         metrics |= {f"risk_{name}": value for name, value in risk.excess.items()}
     return metrics
@@ -104,13 +108,15 @@ def save_signals_plot(policy: Signals, reference: Signals | None, path: Path, ti
     return path
 
 
-def trial_signals(policy: dict | None, reference: dict | None) -> tuple[dict[str, float], dict[str, str],
-                                                                       dict[str, str], bytes | None]:
-    """What a trial's MLflow run gets from two :attr:`ProbeResult.signals` dicts (either may be None):
-    ``(metrics, tags, artifacts, plot PNG or None)``; all empty without the policy's signals."""
+def trial_signals(policy: dict | None, reference: dict | None, seeds: list[dict | None] = ()
+                  ) -> tuple[dict[str, float], dict[str, str], dict[str, str], bytes | None]:
+    """What a trial's MLflow run gets from :attr:`ProbeResult.signals` dicts (the policy's, its paired
+    reference's, every reference seed's; any may be None): ``(metrics, tags, artifacts, plot PNG or
+    None)``; all empty without the policy's signals."""
     if policy is None:
         return {}, {}, {}, None
     mine = Signals.from_dict(policy)
     ref = Signals.from_dict(reference) if reference is not None else None
-    return (signals_metrics(mine, ref), signals_tags(mine, ref), signals_artifacts(mine, ref),
+    spread = seed_spread([Signals.from_dict(s) for s in seeds if s is not None])
+    return (signals_metrics(mine, ref, spread), signals_tags(mine, ref), signals_artifacts(mine, ref),
             signals_plot(mine, ref))

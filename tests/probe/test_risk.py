@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from precsearch.probe.risk import TERMS, THRESHOLD, risk_score
+from precsearch.probe.risk import TERMS, THRESHOLD, risk_score, seed_spread
 from precsearch.probe.signals import Signals
 
 REFERENCE = Signals(amax_growth=0.1, kurtosis=4.0, alignment=0.05, attention_logit=8.0, grad_norm_trend=-0.2)
@@ -69,3 +69,16 @@ def test_missing_signals_are_listed_and_do_not_count():
     assert risk.missing == ("alignment", "attention_logit")
     assert set(risk.excess) == {"amax_growth", "kurtosis", "grad_norm_trend"}
     assert risk.score == pytest.approx(1 - math.exp(-9.0))
+
+
+def test_a_signal_within_two_bf16_seed_spreads_is_no_warning():
+    """If BF16 seeds differ among themselves as much as FP8 differs from BF16, that is not FP8's doing."""
+    seeds = [Signals(grad_norm_trend=v) for v in (-7.0, -6.0, -8.0)]  # sample std 1.0
+    spread = seed_spread(seeds)
+    assert spread["grad_norm_trend"] == pytest.approx(1.0) and spread["kurtosis"] == 0.0  # unmeasured: 0
+    reference = Signals(grad_norm_trend=-7.0)
+    within = risk_score(Signals(grad_norm_trend=-5.5), reference, spread=spread)
+    beyond = risk_score(Signals(grad_norm_trend=-4.5), reference, spread=spread)
+    assert within.excess["grad_norm_trend"] == 0.0 and within.score == 0.0
+    assert beyond.excess["grad_norm_trend"] == pytest.approx(0.5 / 0.25)  # 2.5 over, 2 spreads forgiven
+    assert risk_score(Signals(grad_norm_trend=-5.5), reference).excess["grad_norm_trend"] == pytest.approx(6.0)
