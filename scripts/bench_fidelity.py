@@ -1,22 +1,28 @@
-"""Probe fidelity: does a short probe's verdict hold over a run ten times longer?
+"""Probe fidelity: do the short verdict, the promoted verdict and the risk score predict the long run?
 
-For each policy (FP8 recipes on every block Linear, on the MLP only, FP8
-logits, and deliberately fragile ones: E4M3 gradients with a one-step amax
-history, a 4x learning rate without LR warm-up or clipping; plus, as a
+For each policy (FP8 recipes on every block, on the MLP or attention only, FP8
+logits, and deliberately fragile ones: E4M3 gradients, one-step amax
+histories, 2x and 4x learning rates without LR warm-up or clipping; plus, as a
 control, BF16 from another init seed), trains the same model on the same data
-twice: a short probe (``--short`` steps) and a long run (``--long`` steps, >=
-10x), each against a BF16 reference run with the same steps, learning rate,
-warm-up and clipping. Reports per policy the held-out loss gap and the
-stable/unstable call of each (stable: not diverged and gap <= ``--limit``),
-Kendall's tau-b between the short and the long gaps (a diverged run ranks
-worst), and how often the two calls agree. Prints a table and writes JSON.
+as ONE run cut into rungs (``--rungs``, e.g. 50 200 2000: the probe, the
+promoted probe, the long run), each rung continuing the previous one from its
+checkpoint (:mod:`precsearch.probe.continuation`, as a study's fidelity rungs
+do), against a BF16 reference cut the same way, for ``--seeds`` init seeds.
+Each rung is read two ways (``final``: held-out loss gap; ``tail``: paired
+training-loss gap over the last quarter, negative counting as 0), and the first
+rung also gets the early-warning risk score (:mod:`precsearch.probe.risk`, with
+the BF16 seeds' spread). The truth is the long rung's final gap, averaged over
+seeds. Reports Kendall's tau-b against it and stable/unstable agreement for:
+the short verdict, the promoted verdict, and the risk score (risky = unstable),
+and whether each fragile policy was flagged before the long run. Prints a
+table and writes JSON.
 
 The data is real text, pre-tokenized: the Python standard library's source as
 bytes, written once to a ``.npy`` token file and read back through
 ``data.source: tokens``, as a user's corpus would be.
 
-    python scripts/bench_fidelity.py --gpu 1 --out $OUT        # H200, 8 blocks x 1024 wide, < 8 min
-    python scripts/bench_fidelity.py --smoke --out /tmp/bf     # CPU, tiny model, < 60 s
+    python scripts/bench_fidelity.py --rungs 50 200 2000 --seeds 2 --out $OUT   # H200 (size the model to fit)
+    python scripts/bench_fidelity.py --smoke --out /tmp/bf                       # CPU, tiny model, ~1 min
 """
 
 from __future__ import annotations
@@ -39,13 +45,19 @@ from precsearch.backends import get_backend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
+from precsearch.probe.continuation import Leg
 from precsearch.probe.data import TokenBatches, load_tokens
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
+from precsearch.probe.risk import THRESHOLD, risk_score, seed_spread
 from precsearch.probe.runner import run_probe
+from precsearch.probe.signals import Signals
 from precsearch.search.evaluate import front_policies, te_version
+from precsearch.search.scoring import tail_gap
 
-BLOCKS = "model.layers.*"
+BLOCKS = "decoder.layers.*"
+ATTENTION, MLP, OUTPUT = ("*.self_attention.*",), ("*.mlp.*",), "output_layer"
+TAIL_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -55,57 +67,80 @@ class Case:
     policy: Policy
     lr_multiplier: float = 1.0
     lr_warmup: bool = True
-    seed: int = 0
+    seed: int = 0  # added to the run's seed (the BF16 control trains from another init than its reference)
+    fragile: bool = False
+    warmup_share: float = 0.0  # BF16 warm-up as a share of the first rung
 
-    def probe(self, base: ProbeSection, steps: int) -> ProbeSection:
-        warmup = max(1, steps // 20) if self.lr_warmup else 0
+    def policy_for(self, rungs: list[int]) -> Policy:
+        return replace(self.policy, warmup_steps=int(self.warmup_share * rungs[0]))
+
+    def probe(self, base: ProbeSection, steps: int, horizon: int, seed: int) -> ProbeSection:
+        warmup = max(1, horizon // 20) if self.lr_warmup else 0
         return base.model_copy(update={"steps": steps, "lr": base.lr * self.lr_multiplier,
-                                       "lr_warmup_steps": warmup, "seed": self.seed})
+                                       "lr_warmup_steps": warmup, "seed": seed + self.seed})
 
     def reference_key(self) -> tuple:
         return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad)
 
 
 def cases(clip: float | None) -> dict[str, Case]:
-    """The policies compared, robust ones first, then fragile ones."""
-    def rules(p: Precision, modules: tuple[str, ...] = (BLOCKS,)) -> tuple[Rule, ...]:
-        return (Rule("fp8", modules, p),)
+    """The policies compared, robust ones first, then fragile ones (``fragile=True``)."""
+    def fp8(p: Precision, modules: tuple[str, ...] = (BLOCKS,), **kw) -> Policy:
+        return Policy(rules=(Rule("fp8", modules, p),), **({"clip_grad": clip} | kw))
 
-    fragile = LayerRecipe(fp8_format=Fp8Format.E4M3, amax_history_len=1, amax_compute_algo=AmaxAlgo.MOST_RECENT)
+    e4m3_h1 = LayerRecipe(fp8_format=Fp8Format.E4M3, amax_history_len=1, amax_compute_algo=AmaxAlgo.MOST_RECENT)
+    hybrid_h1 = LayerRecipe(amax_history_len=1, amax_compute_algo=AmaxAlgo.MOST_RECENT)
+    edges = Rule("edges", ("*",), Precision.BF16, first=1, last=1)
     return {
-        "BF16, init seed 1 (control)": Case(Policy(clip_grad=clip), seed=1),
-        "fp8_delayed, blocks": Case(Policy(rules=rules(Precision.FP8_DELAYED), clip_grad=clip)),
-        "fp8_current, blocks": Case(Policy(rules=rules(Precision.FP8_CURRENT), clip_grad=clip)),
-        "fp8_block, blocks": Case(Policy(rules=rules(Precision.FP8_BLOCK), clip_grad=clip)),
-        "fp8_current, MLP only": Case(Policy(rules=rules(Precision.FP8_CURRENT, ("*.mlp.*",)), clip_grad=clip)),
-        "fp8_delayed, every Linear incl. lm_head": Case(Policy(default=Precision.FP8_DELAYED, clip_grad=clip)),
-        "fp8_delayed E4M3 grads, amax history 1": Case(Policy(default=Precision.FP8_DELAYED, recipe=fragile,
-                                                              clip_grad=clip)),
-        "fp8_delayed, 4x lr, no LR warm-up": Case(Policy(rules=rules(Precision.FP8_DELAYED), clip_grad=clip),
-                                                  lr_multiplier=4.0, lr_warmup=False),
-        "fp8_current incl. lm_head, 4x lr, no clip": Case(Policy(default=Precision.FP8_CURRENT), lr_multiplier=4.0),
+        "BF16, init seed +1 (control)": Case(Policy(clip_grad=clip), seed=1),
+        "fp8_delayed, blocks": Case(fp8(Precision.FP8_DELAYED)),
+        "fp8_current, blocks": Case(fp8(Precision.FP8_CURRENT)),
+        "fp8_block, blocks": Case(fp8(Precision.FP8_BLOCK)),
+        "fp8_current, MLP only": Case(fp8(Precision.FP8_CURRENT, MLP)),
+        "fp8_current, attention only": Case(fp8(Precision.FP8_CURRENT, ATTENTION)),
+        "fp8_delayed, first/last block BF16": Case(Policy(rules=(edges, Rule("fp8", (BLOCKS,), Precision.FP8_DELAYED)),
+                                                          clip_grad=clip)),
+        "fp8_delayed, BF16 warm-up 20% of the probe": Case(fp8(Precision.FP8_DELAYED), warmup_share=0.2),
+        "fp8_delayed, every unit incl. output_layer": Case(Policy(default=Precision.FP8_DELAYED, clip_grad=clip)),
+        "fp8_block, every unit incl. output_layer": Case(Policy(default=Precision.FP8_BLOCK, clip_grad=clip)),
+        "fp8_delayed, no clipping": Case(fp8(Precision.FP8_DELAYED, clip_grad=None)),
+        "fp8_delayed E4M3 grads, amax history 1": Case(Policy(default=Precision.FP8_DELAYED, recipe=e4m3_h1,
+                                                              clip_grad=clip), fragile=True),
+        "fp8_delayed, amax history 1": Case(fp8(Precision.FP8_DELAYED, recipe=hybrid_h1), fragile=True),
+        "fp8_current E4M3 grads": Case(fp8(Precision.FP8_CURRENT, recipe=LayerRecipe(fp8_format=Fp8Format.E4M3)),
+                                       fragile=True),
+        "fp8_current, 2x lr": Case(fp8(Precision.FP8_CURRENT), lr_multiplier=2.0, fragile=True),
+        "fp8_delayed, 4x lr, no LR warm-up": Case(fp8(Precision.FP8_DELAYED), lr_multiplier=4.0, lr_warmup=False,
+                                                  fragile=True),
+        "fp8_current incl. output_layer, 4x lr, no clip": Case(Policy(default=Precision.FP8_CURRENT),
+                                                               lr_multiplier=4.0, fragile=True),
     }
 
 
 @dataclass
 class Verdict:
-    """One run read against its BF16 reference."""
+    """One rung of a run read against the same rung of its BF16 reference (mean over seeds)."""
 
     gap: float
+    tail_gap: float
     diverged: bool
     stable: bool
+    tail_stable: bool
+    steps: int
     eval_loss: float
-    steps_run: int
-    wall_s: float = 0.0
     reason: str = ""
 
 
-def verdict(result, reference, limit: float) -> Verdict:
-    diverged = result.diverged or not math.isfinite(result.eval_loss)
-    gap = math.nan if diverged else result.eval_loss / reference.eval_loss - 1
-    return Verdict(gap=gap, diverged=diverged, stable=not diverged and max(gap, 0.0) <= limit,
-                   eval_loss=result.eval_loss, steps_run=len(result.losses), wall_s=result.wall_s,
-                   reason=result.reason)
+def verdict(results: list[ProbeResult], references: list[ProbeResult], limit: float) -> Verdict:
+    """The seeds' mean final and tail gaps; diverged if any seed diverged."""
+    diverged = any(r.diverged or not math.isfinite(r.eval_loss) for r in results)
+    gaps = [r.eval_loss / ref.eval_loss - 1 for r, ref in zip(results, references)]
+    tails = [tail_gap(r, ref, TAIL_FRACTION) for r, ref in zip(results, references)]
+    gap, tail = (math.nan, math.nan) if diverged else (float(np.mean(gaps)), float(np.mean(tails)))
+    return Verdict(gap=gap, tail_gap=tail, diverged=diverged, stable=not diverged and max(gap, 0.0) <= limit,
+                   tail_stable=not diverged and max(tail, 0.0) <= limit, steps=len(results[0].losses),
+                   eval_loss=float(np.mean([r.eval_loss for r in results])),
+                   reason="; ".join(r.reason for r in results if r.reason))
 
 
 def kendall_tau(x: list[float], y: list[float]) -> float:
@@ -132,10 +167,6 @@ def _cmp(a: float, b: float) -> int:
     return (a > b) - (a < b)
 
 
-def _rank_value(v: Verdict) -> float:
-    return math.inf if v.diverged else v.gap  # a diverged run is worse than any gap
-
-
 def pretokenize(out: Path, n_tokens: int) -> Path:
     """The stdlib's source as byte tokens, saved as a uint16 ``.npy`` (the pre-tokenized corpus)."""
     path = out / "stdlib_bytes.npy"
@@ -157,6 +188,20 @@ def _settings(args) -> tuple[ModelConfig, ProbeSection, torch.device, str]:
     return cfg, probe, torch.device("cuda", args.gpu), "te"
 
 
+def run_in_rungs(cfg, base, policy, case, seed, rungs, data, backend, device, work: Path) -> list[ProbeResult]:
+    """One run cut into rungs, each continuing the last from its checkpoint; a diverged rung ends it."""
+    results, previous = [], None
+    for i, steps in enumerate(rungs):
+        save = str(work / f"rung{i}.pt") if i + 1 < len(rungs) else None
+        leg = Leg(horizon=rungs[-1], resume_from=previous, save_to=save)
+        result = run_probe(cfg, case.probe(base, steps, rungs[-1], seed), policy, data, backend, device, leg=leg)
+        results.append(result)
+        if result.diverged:
+            return results + [result] * (len(rungs) - i - 1)  # later rungs read as diverged too
+        previous = save
+    return results
+
+
 def run(args) -> dict:
     start = time.perf_counter()
     cfg, base, device, backend_name = _settings(args)
@@ -175,58 +220,106 @@ def run(args) -> dict:
         chosen = dict(list(chosen.items())[:2] + list(chosen.items())[-1:])
     if args.only:  # split one comparison over several calls or GPUs (same settings), merged afterwards
         chosen = {k: v for k, v in chosen.items() if any(o in k for o in args.only)}
-    references: dict[tuple, ProbeResult] = {}
-    rows, calls = [], {"short": [], "long": []}
+    work = Path(tempfile.mkdtemp(prefix="precsearch-fidelity-"))
+    references: dict[tuple, list[list[ProbeResult]]] = {}
+    rows = []
     for name, case in chosen.items():
-        row = {"policy": name, "detail": case.policy.to_dict(), "lr_multiplier": case.lr_multiplier,
-               "lr_warmup": case.lr_warmup, "seed": case.seed}
-        for label, steps in (("short", args.short), ("long", args.long)):
-            probe = case.probe(base, steps)
-            key = (*case.reference_key(), steps)
-            if key not in references:  # BF16, init seed 0, this case's steps, lr, warm-up and clipping
-                references[key] = run_probe(cfg, replace(case, seed=0).probe(base, steps),
-                                            Policy.bf16(case.policy.clip_grad), data, backend, device)
-            result = run_probe(cfg, probe, case.policy, data, backend, device)
-            calls[label].append(verdict(result, references[key], args.limit))
-            row[label] = vars(calls[label][-1]) | {"reference_eval_loss": references[key].eval_loss}
-        rows.append(row)
+        key = case.reference_key()
+        if key not in references:  # BF16 at each seed, this case's lr, warm-up and clipping, cut the same way
+            bf16 = replace(case, seed=0)
+            references[key] = [run_in_rungs(cfg, base, Policy.bf16(case.policy.clip_grad), bf16, seed, args.rungs,
+                                            data, backend, device, work / f"ref{len(references)}-{seed}")
+                               for seed in range(args.seeds)]
+        refs = references[key]
+        runs = [run_in_rungs(cfg, base, case.policy_for(args.rungs), case, seed, args.rungs, data, backend, device,
+                             work / f"{len(rows)}-{seed}") for seed in range(args.seeds)]
+        rows.append(_row(name, case, runs, refs, args))
         if args.partial:
-            args.partial.write_text(json.dumps({"rows": rows, "short_steps": args.short, "long_steps": args.long},
-                                               indent=1, default=str))
-        print(f"  {name}: short gap {row['short']['gap']:+.4f}, long gap {row['long']['gap']:+.4f} "
-              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
-    short, long = calls["short"], calls["long"]
-    summary = {"kendall_tau": kendall_tau([_rank_value(v) for v in short], [_rank_value(v) for v in long]),
-               "agreement": sum(s.stable == lg.stable for s, lg in zip(short, long)) / len(rows),
-               "n_policies": len(rows), "limit": args.limit}
+            args.partial.write_text(json.dumps({"rows": rows, "rungs": args.rungs}, indent=1, default=str))
+        print(f"  {name}: gaps {[_fmt(v['gap'], v['diverged']) for v in rows[-1]['rungs']]}, risk "
+              f"{rows[-1]['risk']:.2f} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "transformer_engine": te_version(), "backend": backend_name,
             "date": datetime.date.today().isoformat(), "model": cfg.__dict__ | {"rope_scaling": str(cfg.rope_scaling)},
-            "probe": base.model_dump(mode="json"), "short_steps": args.short, "long_steps": args.long,
+            "probe": base.model_dump(mode="json"), "rungs": args.rungs, "seeds": args.seeds,
+            "short_steps": args.rungs[0], "long_steps": args.rungs[-1], "tail_fraction": TAIL_FRACTION,
             "corpus": {"path": str(corpus), "tokens": int(tokens.numel()), "source": "stdlib bytes, .npy"},
             "wall_s": time.perf_counter() - start}
-    return {"meta": meta, "summary": summary, "rows": rows}
+    return {"meta": meta, "summary": summarise(rows, args.limit), "rows": rows}
+
+
+def _row(name: str, case: Case, runs: list[list[ProbeResult]], refs: list[list[ProbeResult]], args) -> dict:
+    """Per rung the verdict over seeds; the first rung's risk score (seed 0, BF16 seeds' spread)."""
+    rungs = [verdict([r[i] for r in runs], [r[i] for r in refs], args.limit) for i in range(len(args.rungs))]
+    spread = seed_spread([Signals.from_dict(r[0].signals) for r in refs if r[0].signals])
+    first, ref = runs[0][0], refs[0][0]
+    risk = risk_score(Signals.from_dict(first.signals), Signals.from_dict(ref.signals), spread=spread) \
+        if first.signals and ref.signals else None
+    promoted = rungs[1] if len(rungs) > 2 else rungs[0]
+    return {"policy": name, "detail": case.policy.to_dict(), "lr_multiplier": case.lr_multiplier,
+            "lr_warmup": case.lr_warmup, "seed_offset": case.seed, "fragile": case.fragile,
+            "rungs": [vars(v) for v in rungs], "short": vars(rungs[0]), "promoted": vars(promoted),
+            "long": vars(rungs[-1]), "risk": risk.score if risk else math.nan,
+            "risk_excess": risk.excess if risk else {},
+            "flagged_before_long": (not rungs[0].stable or not promoted.stable or not rungs[0].tail_stable
+                                    or bool(risk and risk.risky))}
+
+
+def _rank(v: dict) -> float:
+    return math.inf if v["diverged"] else v["gap"]  # a diverged run is worse than any gap
+
+
+def summarise(rows: list[dict], limit: float) -> dict:
+    """Tau-b against the long gap and stable/unstable agreement, for each early reading."""
+    truth = [_rank(r["long"]) for r in rows]
+    unstable = [not r["long"]["stable"] for r in rows]
+    readings = {
+        "short": ([_rank(r["short"]) for r in rows], [not r["short"]["stable"] for r in rows]),
+        "short_tail": ([math.inf if r["short"]["diverged"] else max(r["short"]["tail_gap"], 0.0) for r in rows],
+                       [not r["short"]["tail_stable"] for r in rows]),
+        "promoted": ([_rank(r["promoted"]) for r in rows], [not r["promoted"]["stable"] for r in rows]),
+        "risk_score": ([r["risk"] for r in rows], [r["risk"] >= THRESHOLD for r in rows]),
+        "promoted_or_risk": ([_rank(r["promoted"]) for r in rows],
+                             [not r["promoted"]["stable"] or r["risk"] >= THRESHOLD for r in rows]),
+    }
+    out = {name: {"kendall_tau": kendall_tau(values, truth),
+                  "agreement": sum(f == u for f, u in zip(flags, unstable)) / len(rows)}
+           for name, (values, flags) in readings.items()}
+    fragile = [r for r in rows if r["fragile"]]
+    return out | {"n_policies": len(rows), "limit": limit,
+                  "kendall_tau": out["short"]["kendall_tau"], "agreement": out["short"]["agreement"],
+                  "fragile_flagged_before_long": {r["policy"]: r["flagged_before_long"] for r in fragile}}
+
+
+def _fmt(gap: float, diverged: bool) -> str:
+    return "diverged" if diverged else f"{100 * gap:+.2f}%"
 
 
 def format_table(report: dict) -> str:
-    def cell(v: dict) -> str:
-        gap = "diverged" if v["diverged"] else f"{100 * v['gap']:+7.3f}%"
-        return f"{gap:>9} {'stable' if v['stable'] else 'UNSTABLE':>8}"
-
-    lines = [f"{'policy':44s} {'short gap':>9} {'call':>8} {'long gap':>9} {'call':>8} agree"]
+    rungs = report["meta"]["rungs"]
+    head = " ".join(f"{f'{n} steps':>17}" for n in rungs)
+    lines = [f"{'policy':46s} {head} {'risk':>5}  (gap final / tail per rung; * unstable)"]
     for r in report["rows"]:
-        lines.append(f"{r['policy']:44s} {cell(r['short'])} {cell(r['long'])} "
-                     f"{'yes' if r['short']['stable'] == r['long']['stable'] else 'NO':>5}")
+        cells = " ".join(f"{_fmt(v['gap'], v['diverged']):>8}/{_fmt(v['tail_gap'], v['diverged']):>8}"
+                         + ("*" if not v["stable"] else " ") for v in r["rungs"])
+        lines.append(f"{r['policy']:46s} {cells} {r['risk']:5.2f}")
     s = report["summary"]
-    lines.append(f"Kendall tau-b (short vs long gap): {s['kendall_tau']:+.3f}; stable/unstable agreement "
-                 f"{100 * s['agreement']:.0f}% of {s['n_policies']} (limit {100 * s['limit']:.1f}%)")
+    lines.append(f"against the {rungs[-1]}-step final gap (mean of {report['meta']['seeds']} seeds), limit "
+                 f"{100 * s['limit']:.1f}%:")
+    for name in ("short", "short_tail", "promoted", "risk_score", "promoted_or_risk"):
+        lines.append(f"  {name:18s} Kendall tau-b {s[name]['kendall_tau']:+.3f}   stable/unstable agreement "
+                     f"{100 * s[name]['agreement']:.0f}% of {s['n_policies']}")
+    flagged = s["fragile_flagged_before_long"]
+    lines.append(f"fragile policies flagged before the long run: {sum(flagged.values())} of {len(flagged)} "
+                 + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in flagged.items()))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--short", type=int, default=60, help="steps of the short probe")
-    ap.add_argument("--long", type=int, default=600, help="steps of the long run (>= 10x --short)")
+    ap.add_argument("--rungs", type=int, nargs="+", default=[50, 200, 2000],
+                    help="steps at each rung: the probe, the promoted probe(s), the long run (>= 10x the probe)")
+    ap.add_argument("--seeds", type=int, default=2, help="init seeds every run and reference is trained with")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -246,9 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (emulated FP8): the code path, < 60 s")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.short, args.long, args.tokens, args.eval_batches = 2, 20, 2**16, 1
-    if args.long < 10 * args.short:
-        ap.error(f"--long ({args.long}) must be at least 10x --short ({args.short})")
+        args.rungs, args.seeds, args.tokens, args.eval_batches = [12, 30, 120], 2, 2**16, 1
+    if sorted(set(args.rungs)) != args.rungs or len(args.rungs) < 2:
+        ap.error(f"--rungs must be increasing, at least two of them (got {args.rungs})")
+    if args.rungs[-1] < 10 * args.rungs[0]:
+        ap.error(f"the last rung ({args.rungs[-1]}) must be at least 10x the first ({args.rungs[0]})")
     report = run(args)
     print(format_table(report))
     path = args.out / f"{report['meta']['date']}_bench_fidelity{'_smoke' if args.smoke else ''}.json"

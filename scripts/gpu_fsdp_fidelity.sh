@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Last H200 x2 call of 2026-11-29 (~9 min): the 70B-width FSDP2 probes of issue 9 on both GPUs, then the
-# rest of the probe-fidelity comparison (same settings as the first part: --short 50 --long 500) split
+# rest of the probe-fidelity comparison (same settings as the first part: --rungs 50 500 --seeds 1) split
 # over the two GPUs, and the corrected diagnostics GPU test.
 #   run(command="bash scripts/gpu_fsdp_fidelity.sh", kind="nvidia-h200-x2", carry=[".gpu"], timeout_s=590)
 set -uo pipefail
@@ -11,7 +11,7 @@ timeout "${FSDP_TIMEOUT:-250}" python3 scripts/gpu_fsdp_trials.py search_spaces/
     | grep -v Warning | tee "$OUT/fsdp_trials.log"
 fid() {  # GPU, JSON name, policies...
     local gpu=$1 name=$2; shift 2
-    CUDA_VISIBLE_DEVICES=$gpu timeout "${FID_TIMEOUT:-280}" python3 scripts/bench_fidelity.py --short 50 --long 500 \
+    CUDA_VISIBLE_DEVICES=$gpu timeout "${FID_TIMEOUT:-280}" python3 scripts/bench_fidelity.py --rungs 50 500 --seeds 1 \
         --only "$@" --partial "$OUT/$name.json" --out /tmp > "$OUT/$name.log" 2>&1
 }
 fid 0 fidelity_fragile "E4M3" "fp8_delayed, 4x lr" &

@@ -13,7 +13,7 @@ mem=$!
   OUT="$OUT" bash scripts/gpu_check.sh > /dev/null 2>&1
   python3 scripts/diagnose_example.py --out /tmp/diagnose > "$OUT/diagnose.log" 2>&1
   tar czf "$OUT/diagnose.tgz" -C /tmp diagnose 2>/dev/null
-  timeout "${FID_TIMEOUT:-330}" python3 scripts/bench_fidelity.py --short "${SHORT:-50}" --long "${LONG:-500}" \
+  timeout "${FID_TIMEOUT:-330}" python3 scripts/bench_fidelity.py --rungs ${RUNGS:-50 500} --seeds "${SEEDS:-1}" \
       --out "$OUT" > "$OUT/fidelity.log" 2>&1
   echo "fidelity exit $?" >> "$OUT/fidelity.log"
 ) &

@@ -29,8 +29,8 @@ def test_kendall_tau_b_on_known_rankings():
 
 @pytest.mark.slow
 def test_smoke_run_writes_a_table_and_json(tmp_path, capsys):
-    """The CPU smoke mode runs the whole pipeline: pre-tokenized corpus, short and 10x long runs
-    against paired BF16 references, and a summary with tau and agreement."""
+    """The CPU smoke mode runs the whole pipeline: pre-tokenized corpus, one run per policy and seed cut
+    into three rungs continuing each other, paired BF16 references cut the same way, and a summary."""
     assert bench.main(["--smoke", "--out", str(tmp_path), "--corpus-dir", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("*_bench_fidelity_smoke.json")).read_text())
     assert (tmp_path / "stdlib_bytes.npy").exists()
@@ -38,4 +38,42 @@ def test_smoke_run_writes_a_table_and_json(tmp_path, capsys):
     assert report["summary"]["n_policies"] == len(report["rows"]) == 3
     assert 0.0 <= report["summary"]["agreement"] <= 1.0
     assert all({"gap", "stable", "diverged"} <= set(r["short"]) for r in report["rows"])
+    assert all(len(r["rungs"]) == 3 and r["rungs"][-1] == r["long"] for r in report["rows"])
+    assert [v["steps"] for v in report["rows"][1]["rungs"]] == report["meta"]["rungs"]  # continued, not retrained
+    assert {"short", "short_tail", "promoted", "risk_score"} <= set(report["summary"])
     assert "Kendall tau-b" in capsys.readouterr().out
+
+
+def _v(gap: float, stable: bool, diverged: bool = False, tail: float = 0.0) -> dict:
+    return {"gap": gap, "tail_gap": tail, "stable": stable, "tail_stable": stable, "diverged": diverged}
+
+
+def test_summary_reads_each_early_verdict_against_the_long_gap():
+    """Each reading's tau is against the long run's gap and its agreement against the long call; a
+    fragile policy counts as flagged when any early reading called it unstable or risky."""
+    rows = [
+        {"policy": "a", "short": _v(0.00, True), "promoted": _v(0.00, True), "long": _v(0.00, True), "risk": 0.1,
+         "fragile": False, "flagged_before_long": False},
+        {"policy": "b", "short": _v(-0.03, True), "promoted": _v(0.02, False), "long": _v(0.05, False), "risk": 0.9,
+         "fragile": True, "flagged_before_long": True},
+        {"policy": "c", "short": _v(0.02, False), "promoted": _v(0.01, True), "long": _v(0.01, True), "risk": 0.2,
+         "fragile": False, "flagged_before_long": True},
+    ]
+    s = bench.summarise(rows, 0.01)
+    assert s["short"]["agreement"] == pytest.approx(1 / 3)  # a right; b missed; c a false alarm
+    assert s["promoted"]["agreement"] == 1.0 and s["promoted"]["kendall_tau"] == 1.0
+    assert s["risk_score"]["agreement"] == 1.0 and s["risk_score"]["kendall_tau"] == pytest.approx(1.0)
+    assert s["fragile_flagged_before_long"] == {"b": True}
+
+
+def test_a_verdict_averages_seeds_and_a_diverged_seed_diverges_it():
+    from precsearch.probe.result import ProbeResult
+
+    def run(eval_loss: float, diverged: bool = False) -> ProbeResult:
+        return ProbeResult(losses=[2.0] * 8, eval_loss=eval_loss, diverged=diverged)
+
+    refs = [run(2.0), run(2.0)]
+    mean = bench.verdict([run(2.02), run(2.06)], refs, 0.01)
+    assert mean.gap == pytest.approx(0.02) and not mean.stable and mean.tail_gap == 0.0 and mean.tail_stable
+    gone = bench.verdict([run(2.0), run(math.nan, diverged=True)], refs, 0.01)
+    assert gone.diverged and not gone.stable and math.isnan(gone.gap)
