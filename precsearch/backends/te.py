@@ -86,10 +86,11 @@ the NVIDIA/TransformerEngine repository):
   incorrect amax reduction behavior"; ``transformer_block.py`` uses one outer
   context for delayed scaling and per-layer contexts otherwise). precsearch
   allows BF16 layers anywhere with delayed scaling, and mixes recipes per
-  layer: BF16 layers are plain ``nn.Linear`` that TE never sees, every FP8
-  layer nests its own context inside the one outer context, and the amax
-  bookkeeping is then the once-per-step update Megatron gets from its outer
-  context (checked on the GPU by ``tests/backends/test_gpu_backends.py``).
+  unit: BF16 units nest ``te.autocast(enabled=False)`` and FP8 units their own
+  recipe's context inside the one outer context, so the amax bookkeeping is
+  the once-per-step update Megatron gets from its outer context (checked on
+  the GPU by ``tests/backends/test_gpu_backends.py``, with the probe built
+  from TE's fused modules).
 * TE honours ``torch.autocast``: ``TransformerEngineBaseModule.
   set_activation_dtype`` (``module/base.py``) takes the autocast GPU dtype when
   autocast is on, and ``module/linear.py`` casts the input, the weight (BF16
