@@ -46,10 +46,11 @@ def signals_metrics(policy: Signals, reference: Signals | None,
     return metrics
 
 
-def signals_tags(policy: Signals, reference: Signals | None) -> dict[str, str]:
+def signals_tags(policy: Signals, reference: Signals | None,
+                 spread: dict[str, float] | None = None) -> dict[str, str]:
     """``risk_missing`` when the score had to leave signals out; where the worst amax growth is."""
     tags = {"signal_amax_growth_at": policy.amax_growth_at} if policy.amax_growth_at else {}
-    risk: Risk | None = risk_score(policy, reference) if reference is not None else None
+    risk: Risk | None = risk_score(policy, reference, spread=spread) if reference is not None else None
     if risk is not None and risk.missing:
         tags["risk_missing"] = ",".join(risk.missing)
     return tags
@@ -66,8 +67,10 @@ def _scalars(signals: Signals, prefix: str) -> dict[str, float]:
     return {prefix + name: value for name, value in values.items() if math.isfinite(value)}
 
 
-def signals_plot(policy: Signals, reference: Signals | None, title: str = "") -> bytes:
-    """A PNG with one panel per signal over steps, the policy against its BF16 reference (dashed)."""
+def signals_plot(policy: Signals, reference: Signals | None, title: str = "",
+                 spread: dict[str, float] | None = None) -> bytes:
+    """A PNG with one panel per signal over steps, the policy against its BF16 reference (dashed); the
+    title's risk is the one the metrics report (same ``spread``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,7 +86,8 @@ def signals_plot(policy: Signals, reference: Signals | None, title: str = "") ->
             ax.set_yscale("log")
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
-    risk = f"risk {risk_score(policy, reference).score:.2f}" if reference is not None else "no reference"
+    risk = ("no reference" if reference is None
+            else f"risk {risk_score(policy, reference, spread=spread).score:.2f}")
     fig.suptitle(f"{title} early-warning signals ({risk})".strip(), fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -118,5 +122,5 @@ def trial_signals(policy: dict | None, reference: dict | None, seeds: list[dict 
     mine = Signals.from_dict(policy)
     ref = Signals.from_dict(reference) if reference is not None else None
     spread = seed_spread([Signals.from_dict(s) for s in seeds if s is not None])
-    return (signals_metrics(mine, ref, spread), signals_tags(mine, ref), signals_artifacts(mine, ref),
-            signals_plot(mine, ref))
+    return (signals_metrics(mine, ref, spread), signals_tags(mine, ref, spread), signals_artifacts(mine, ref),
+            signals_plot(mine, ref, spread=spread))
