@@ -31,24 +31,12 @@ import torch
 import yaml
 
 from precsearch.backends import resolve_device
+from precsearch.search.evaluate import te_version
 from precsearch.config.loader import parse_space
 from precsearch.config.space import Space
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_SPACE = Path("search_spaces/llama3_8b_h100.yaml")
-#: Hand-loop steps left out of the timing (allocations, first FP8 casts, autotuning).
-SKIP_STEPS = 3
-
-
-# ---------------------------------------------------------------- environment
-
-def te_version() -> str | None:
-    """Transformer Engine's version, or None without it."""
-    try:
-        import transformer_engine
-    except Exception:  # noqa: BLE001
-        return None
-    return getattr(transformer_engine, "__version__", "unknown")
 
 
 # ---------------------------------------------------------------- spaces

@@ -190,15 +190,14 @@ def _copier(*sources: Tensor) -> Callable[[Tensor], None]:
 
 def _make(build: Callable[..., nn.Module], like: nn.Module, te_recipe: Any, fp8_weights: bool, **kwargs: Any
           ) -> nn.Module:
-    """A TE module in ``like``'s dtype, device and train mode; FP8 primary weights when asked."""
+    """A TE module in ``like``'s dtype, device and train mode, with its bias and fused norm weight if it has
+    them (the weights come in through ``init_method``); FP8 primary weights when asked."""
     te = require_te()
     ctx = (te.quantized_model_init(enabled=True, recipe=te_recipe, preserve_high_precision_init_val=True)
            if fp8_weights and te_recipe is not None else contextlib.nullcontext())
-    weight = like.weight if hasattr(like, "weight") else like.linear_fc1.weight
-    bias = getattr(like, "bias", None)
+    weight, bias, norm = like.weight, like.bias, getattr(like, "layer_norm_weight", None)
     with ctx:
         module = build(bias=bias is not None, params_dtype=weight.dtype, device=weight.device, **kwargs)
-    norm = getattr(like, "layer_norm_weight", None) if hasattr(like, "weight") else like.linear_fc1.layer_norm_weight
     with torch.no_grad():
         if norm is not None:
             module.layer_norm_weight.copy_(norm.detach())
@@ -228,8 +227,8 @@ def te_layernorm_linear(name: str, lin: nn.Linear, te_recipe: Any, fp8_weights: 
 def te_layernorm_mlp(mlp: nn.Module, te_recipe: Any, fp8_weights: bool) -> nn.Module:
     """``te.LayerNormMLP`` (RMSNorm, SwiGLU) holding ``mlp``'s fc1 (gate, up) and fc2 weights."""
     te = require_te()
-    fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2
-    return _make(te.LayerNormMLP, mlp, te_recipe, fp8_weights, hidden_size=fc1.in_features,
+    fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2  # fc1 carries the dtype, device, mode and norm; neither has a bias
+    return _make(te.LayerNormMLP, fc1, te_recipe, fp8_weights, hidden_size=fc1.in_features,
                  ffn_hidden_size=fc2.in_features, eps=fc1.eps, normalization="RMSNorm", activation="swiglu",
                  init_method=_copier(fc1.weight), output_layer_init_method=_copier(fc2.weight))
 

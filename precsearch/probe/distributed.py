@@ -301,7 +301,7 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
     gathered = (root + 2 * block) * (4 if probe.param_dtype == "fp32" else 2)
     return dataclasses.replace(
         own, params=_split(own.params, nproc), grads=_split(own.grads, nproc),
-        optimizer=_split(own.optimizer, nproc), optimizer_temp=_split(own.optimizer_temp, nproc),
+        optimizer=_split(own.optimizer, nproc),
         weight_copies=bf16_copies + gathered)
 
 

@@ -92,7 +92,6 @@ class MemoryBreakdown:
         params: Stored parameters (fp32, BF16, or FP8 under ``fp8_weights``).
         grads: Gradients (alive at the optimizer step, not at the start of the backward).
         optimizer: AdamW moments plus FP32 master weights.
-        optimizer_temp: Temporaries of the optimizer step (torch AdamW's ``sqrt(exp_avg_sq)``).
         weight_copies: Low-precision weight copies saved for the backward.
         linear_inputs: Linear inputs saved for the backward, BF16 or quantized.
         other_activations: Norm, attention and SwiGLU tensors saved for the backward.
@@ -102,7 +101,6 @@ class MemoryBreakdown:
     params: int
     grads: int
     optimizer: int
-    optimizer_temp: int
     weight_copies: int
     linear_inputs: int
     other_activations: int
@@ -117,7 +115,7 @@ class MemoryBreakdown:
     @property
     def step_peak(self) -> int:
         """Bytes alive during the optimizer step."""
-        return self.params + self.grads + self.optimizer + self.optimizer_temp
+        return self.params + self.grads + self.optimizer
 
     @property
     def total(self) -> int:
@@ -163,7 +161,6 @@ def predict_peak(
         params=int((n_params - fp8_stored) * width + stored_bytes),
         grads=n_params * width,
         optimizer=n_params * (2 * moment + master),
-        optimizer_temp=0,  # fused Adam on the GPU (torch AdamW(fused=True), or TE FusedAdam for any knob)
         weight_copies=int(copies),
         linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, param_dtype)),
         other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,

@@ -469,7 +469,7 @@ def _update_front(ctx: StudyRun) -> None:
     scored = {t.number for t in complete if "score" in t.user_attrs}
     # every worker tags every run, also those other workers started since this one opened the study:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
-    ctx.run_ids |= {t.number: t.user_attrs["mlflow_run_id"] for t in complete if "mlflow_run_id" in t.user_attrs}
+    ctx.run_ids |= _run_ids(ctx.study)
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
     ctx.tracker.log_front(files)

@@ -173,8 +173,7 @@ def test_short_sequences_peak_at_the_optimizer_step():
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
     n = cfg.num_params()
     adam = predict_peak(cfg, {}, seq_len=16, micro_batch=1, param_dtype="bf16")
-    assert adam.total == adam.step_peak == n * (2 + 2 + 4) > adam.backward_peak
-    assert adam.optimizer_temp == 0
+    assert adam.total == adam.step_peak == n * (2 + 2 + 4) > adam.backward_peak  # no temporaries counted
 
 
 def test_one_fused_unit_saves_one_input_copy_in_its_precision():
