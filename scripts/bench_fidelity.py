@@ -31,10 +31,13 @@ import argparse
 import datetime
 import json
 import math
+import multiprocessing
 import os
+import re
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from precsearch.backends import get_backend
+from precsearch.config.loader import load_space
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
@@ -53,6 +57,7 @@ from precsearch.probe.risk import THRESHOLD, risk_score, seed_spread
 from precsearch.probe.runner import run_probe
 from precsearch.probe.signals import Signals
 from precsearch.search.evaluate import front_policies, te_version
+from precsearch.search.sampling import policy_from_params
 from precsearch.search.scoring import tail_gap
 
 BLOCKS = "decoder.layers.*"
@@ -70,6 +75,7 @@ class Case:
     seed: int = 0  # added to the run's seed (the BF16 control trains from another init than its reference)
     fragile: bool = False
     warmup_share: float = 0.0  # BF16 warm-up as a share of the first rung
+    param_dtype: str | None = None  # the probe's parameter dtype, if not the bench's (study trials: their space's)
 
     def policy_for(self, rungs: list[int]) -> Policy:
         return replace(self.policy, warmup_steps=int(self.warmup_share * rungs[0]))
@@ -77,10 +83,11 @@ class Case:
     def probe(self, base: ProbeSection, steps: int, horizon: int, seed: int) -> ProbeSection:
         warmup = max(1, horizon // 20) if self.lr_warmup else 0
         return base.model_copy(update={"steps": steps, "lr": base.lr * self.lr_multiplier,
-                                       "lr_warmup_steps": warmup, "seed": seed + self.seed})
+                                       "lr_warmup_steps": warmup, "seed": seed + self.seed,
+                                       "param_dtype": self.param_dtype or base.param_dtype})
 
     def reference_key(self) -> tuple:
-        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad)
+        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad, self.param_dtype)
 
 
 def cases(clip: float | None) -> dict[str, Case]:
@@ -115,6 +122,32 @@ def cases(clip: float | None) -> dict[str, Case]:
         "fp8_current incl. output_layer, 4x lr, no clip": Case(Policy(default=Precision.FP8_CURRENT),
                                                                lr_multiplier=4.0, fragile=True),
     }
+
+
+# The three best stable trials by memory saved of the 16-trial study of search_spaces/llama3_8b_h100.yaml
+# on the H200 (2026-11-30, scripts/results/2026-11-30_h200_llama3_8b_h100_study_trials.txt): trial 15 is
+# its Pareto front; 1 and 11 the next stable ones. Params as the study stored them.
+STUDY_TRIALS = {
+    15: {"precision.edge_blocks": "bf16", "precision.attention": "bf16", "precision.mlp": "fp8_current",
+         "recipe.amax_history_len": 16, "recipe.amax_compute_algo": "most_recent", "warmup_steps": 0,
+         "clip_grad": 1.0, "memory.moment_dtype": "bf16", "memory.fp8_weights": False},
+    1: {"precision.edge_blocks": "bf16", "precision.attention": "fp8_delayed", "precision.mlp": "fp8_delayed",
+        "recipe.amax_history_len": 1024, "recipe.amax_compute_algo": "most_recent", "warmup_steps": 0,
+        "clip_grad": 1.0, "memory.moment_dtype": "fp32", "memory.fp8_weights": True},
+    11: {"precision.edge_blocks": "fp8_current", "precision.attention": "fp8_delayed", "precision.mlp": "fp8_current",
+         "recipe.amax_history_len": 1024, "recipe.amax_compute_algo": "max", "warmup_steps": 0,
+         "clip_grad": 1.0, "memory.moment_dtype": "fp32", "memory.fp8_weights": True},
+}
+
+
+def study_cases(space_file: Path | None) -> dict[str, Case]:
+    """The study trials above, rebuilt from their params by the space that proposed them."""
+    if space_file is None:
+        return {}
+    space = load_space(space_file)
+    return {f"H200 study trial {n} ({space.study.name})": Case(policy_from_params(space, params),
+                                                              param_dtype=space.probe.param_dtype)
+            for n, params in STUDY_TRIALS.items()}
 
 
 @dataclass
@@ -202,50 +235,175 @@ def run_in_rungs(cfg, base, policy, case, seed, rungs, data, backend, device, wo
     return results
 
 
+@dataclass(frozen=True)
+class Job:
+    """One training run cut into rungs: a policy's, or the BF16 reference of a group of cases, at one seed."""
+
+    key: str  # file name of its cached result
+    case: Case
+    policy: Policy
+    seed: int
+
+
+def plan_jobs(chosen: dict[str, Case], seeds: int, rungs: list[int]) -> tuple[list[Job], dict]:
+    """Every run the comparison needs, references first, and per case the keys of its (refs, runs).
+
+    Keys are made from what a run is (the policy's name; a reference's lr, warm-up, clipping and
+    dtype), so a cache filled by one subset (``--only``) serves another.
+    """
+    refs: dict[tuple, list[Job]] = {}
+    runs: list[Job] = []
+    layout = {}
+    for name, case in chosen.items():
+        group = case.reference_key()
+        if group not in refs:  # BF16 at each seed, this case's lr, warm-up and clipping, cut the same way
+            stem = _slug("ref " + " ".join(map(str, group)))
+            refs[group] = [Job(f"{stem}-seed{s}", replace(case, seed=0), Policy.bf16(case.policy.clip_grad), s)
+                           for s in range(seeds)]
+        mine = [Job(f"{_slug(name)}-seed{s}", case, case.policy_for(rungs), s) for s in range(seeds)]
+        runs += mine
+        layout[name] = ([j.key for j in refs[group]], [j.key for j in mine])
+    return [j for group in refs.values() for j in group] + runs, layout
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_")
+
+
+_WORKER: dict = {}
+
+
+def _setup(args) -> dict:
+    """What every run shares: model shape, probe settings, device, backend and the token batches."""
+    cfg, base, device, backend_name = _settings(args)
+    tokens = load_tokens("tokens", path=args.corpus, vocab_size=cfg.vocab_size)
+    data = TokenBatches(tokens, seq_len=base.seq_len, micro_batch=base.micro_batch, seed=0,
+                        eval_batches=args.eval_batches)
+    return {"cfg": cfg, "base": base, "device": device, "backend": get_backend(backend_name, device), "data": data,
+            "rungs": args.rungs, "work": Path(tempfile.mkdtemp(prefix="precsearch-fidelity-"))}
+
+
+def _init_worker(args) -> None:
+    _WORKER.update(_setup(args))
+
+
+def _run_job(job: Job) -> list[dict]:
+    """Run one job in this process; rungs as dicts (signals kept for the first rung only, no layer stats)."""
+    w = _WORKER
+    results = run_in_rungs(w["cfg"], w["base"], job.policy, job.case, job.seed, w["rungs"], w["data"],
+                           w["backend"], w["device"], w["work"] / job.key)
+    return [r.to_dict() | {"layer_stats": [], "signals": r.signals if i == 0 else None}
+            for i, r in enumerate(results)]
+
+
+def run_jobs(args, jobs: list[Job]) -> dict[str, list[ProbeResult]]:
+    """Run the jobs not yet in ``args.cache``, ``args.jobs`` at a time, each saved as it finishes.
+
+    With several jobs at once they share the GPU (one process each: a small probe leaves it mostly
+    idle). No job starts once ``args.deadline`` seconds could not hold it (judged by the slowest so
+    far); what is left runs when the script is run again with the same cache.
+    """
+    _check_cache(args)
+    done = {j.key: json.loads((args.cache / f"{j.key}.json").read_text()) for j in jobs
+            if (args.cache / f"{j.key}.json").exists()}
+    todo = [j for j in jobs if j.key not in done]
+    print(f"{len(done)} of {len(jobs)} runs cached in {args.cache}; running {len(todo)}, {args.jobs} at a time",
+          file=sys.stderr, flush=True)
+    start, slowest = time.perf_counter(), 0.0
+
+    def fits() -> bool:
+        return args.deadline is None or time.perf_counter() - start + 1.1 * slowest < args.deadline
+
+    def finish(job: Job, rungs: list[dict], began: float) -> None:
+        nonlocal slowest
+        slowest = max(slowest, time.perf_counter() - began)
+        partial = args.cache / f"{job.key}.json.part"  # renamed when whole: a killed write leaves no bad file
+        partial.write_text(json.dumps(rungs, default=str))
+        partial.rename(args.cache / f"{job.key}.json")
+        done[job.key] = rungs
+        last = rungs[-1]
+        print(f"  [{len(done)}/{len(jobs)}] {job.key} ({_describe(job)}): eval loss per rung "
+              f"{[round(r['eval_loss'], 4) for r in rungs]}{' diverged' if last['diverged'] else ''} "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+
+    if args.jobs == 1:
+        _init_worker(args)
+        for job in todo:
+            if not fits():
+                break
+            began = time.perf_counter()
+            finish(job, _run_job(job), began)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # the children's CPU threads: they mostly wait on the GPU
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init_worker, initargs=(args,)) as pool:
+            queue, running = list(todo), {}
+            while queue or running:
+                while queue and len(running) < args.jobs and fits():
+                    job = queue.pop(0)
+                    running[pool.submit(_run_job, job)] = (job, time.perf_counter())
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    job, began = running.pop(future)
+                    if future.exception() is None:
+                        finish(job, future.result(), began)
+                    else:  # the others go on; this one stays missing (and its policy out of the table)
+                        print(f"  {job.key} ({_describe(job)}) failed: {future.exception()!r}", file=sys.stderr,
+                              flush=True)
+    return {k: [ProbeResult.from_dict(r) for r in v] for k, v in done.items()}
+
+
+def _check_cache(args) -> None:
+    """The cache holds runs of one set of settings: refuse to mix in runs of other ones."""
+    args.cache.mkdir(parents=True, exist_ok=True)
+    keys = ("rungs", "seeds", "layers", "dim", "seq_len", "micro_batch", "lr", "clip", "tokens", "eval_batches",
+            "smoke")
+    settings = {k: getattr(args, k) for k in keys}
+    path = args.cache / "settings.json"
+    if path.exists() and json.loads(path.read_text()) != settings:
+        raise SystemExit(f"{args.cache} holds runs of other settings ({path.read_text().strip()}); "
+                         f"use another --cache")
+    path.write_text(json.dumps(settings))
+
+
+def _describe(job: Job) -> str:
+    return f"init seed {job.seed + job.case.seed}, lr x{job.case.lr_multiplier:g}"
+
+
 def run(args) -> dict:
     start = time.perf_counter()
     cfg, base, device, backend_name = _settings(args)
-    backend = get_backend(backend_name, device)
     args.out.mkdir(parents=True, exist_ok=True)
     corpus_dir = args.corpus_dir or Path(tempfile.mkdtemp(prefix="precsearch-corpus-"))
     corpus_dir.mkdir(parents=True, exist_ok=True)
-    corpus = pretokenize(corpus_dir, args.tokens)
-    tokens = load_tokens("tokens", path=corpus, vocab_size=cfg.vocab_size)
-    data = TokenBatches(tokens, seq_len=base.seq_len, micro_batch=base.micro_batch, seed=0,
-                        eval_batches=args.eval_batches)
+    args.corpus = pretokenize(corpus_dir, args.tokens)
     chosen = cases(args.clip)
-    if args.study_dir:
-        chosen |= {name: Case(p) for name, p in front_policies(args.study_dir, args.top).items()}
     if args.smoke:  # the control, one FP8 policy, one fragile one with its own reference
         chosen = dict(list(chosen.items())[:2] + list(chosen.items())[-1:])
-    if args.only:  # split one comparison over several calls or GPUs (same settings), merged afterwards
+    else:
+        chosen |= study_cases(args.study_space)
+    if args.study_dir:
+        chosen |= {name: Case(p) for name, p in front_policies(args.study_dir, args.top).items()}
+    if args.only:  # a part of the comparison (same settings)
         chosen = {k: v for k, v in chosen.items() if any(o in k for o in args.only)}
-    work = Path(tempfile.mkdtemp(prefix="precsearch-fidelity-"))
-    references: dict[tuple, list[list[ProbeResult]]] = {}
-    rows = []
-    for name, case in chosen.items():
-        key = case.reference_key()
-        if key not in references:  # BF16 at each seed, this case's lr, warm-up and clipping, cut the same way
-            bf16 = replace(case, seed=0)
-            references[key] = [run_in_rungs(cfg, base, Policy.bf16(case.policy.clip_grad), bf16, seed, args.rungs,
-                                            data, backend, device, work / f"ref{len(references)}-{seed}")
-                               for seed in range(args.seeds)]
-        refs = references[key]
-        runs = [run_in_rungs(cfg, base, case.policy_for(args.rungs), case, seed, args.rungs, data, backend, device,
-                             work / f"{len(rows)}-{seed}") for seed in range(args.seeds)]
-        rows.append(_row(name, case, runs, refs, args))
-        if args.partial:
-            args.partial.write_text(json.dumps({"rows": rows, "rungs": args.rungs}, indent=1, default=str))
-        print(f"  {name}: gaps {[_fmt(v['gap'], v['diverged']) for v in rows[-1]['rungs']]}, risk "
-              f"{rows[-1]['risk']:.2f} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    jobs, layout = plan_jobs(chosen, args.seeds, args.rungs)
+    results = run_jobs(args, jobs)
+    rows, missing = [], []
+    for name, (ref_keys, run_keys) in layout.items():
+        if all(k in results for k in ref_keys + run_keys):
+            rows.append(_row(name, chosen[name], [results[k] for k in run_keys], [results[k] for k in ref_keys], args))
+        else:
+            missing.append(name)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "transformer_engine": te_version(), "backend": backend_name,
             "date": datetime.date.today().isoformat(), "model": cfg.__dict__ | {"rope_scaling": str(cfg.rope_scaling)},
             "probe": base.model_dump(mode="json"), "rungs": args.rungs, "seeds": args.seeds,
             "short_steps": args.rungs[0], "long_steps": args.rungs[-1], "tail_fraction": TAIL_FRACTION,
-            "corpus": {"path": str(corpus), "tokens": int(tokens.numel()), "source": "stdlib bytes, .npy"},
-            "wall_s": time.perf_counter() - start}
-    return {"meta": meta, "summary": summarise(rows, args.limit), "rows": rows}
+            "corpus": {"path": str(args.corpus), "tokens": args.tokens, "source": "stdlib bytes, .npy"},
+            "parallel_runs": args.jobs, "wall_s": time.perf_counter() - start, "missing": missing}
+    return {"meta": meta, "summary": summarise(rows, args.limit) if rows else {}, "rows": rows}
 
 
 def _row(name: str, case: Case, runs: list[list[ProbeResult]], refs: list[list[ProbeResult]], args) -> dict:
@@ -334,10 +492,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--gpu", type=int, default=0, help="CUDA device index (or set CUDA_VISIBLE_DEVICES)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "scripts/results")))
+    ap.add_argument("--study-space", type=Path, default=Path("search_spaces/llama3_8b_h100.yaml"),
+                    help="the space STUDY_TRIALS' params are read with (their policies join the comparison)")
     ap.add_argument("--only", nargs="+", help="run only the policies whose name contains one of these")
-    ap.add_argument("--partial", type=Path, help="rewrite this JSON with the rows so far after each policy")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once (processes sharing the one GPU)")
+    ap.add_argument("--cache", type=Path, help="each finished run is saved here and not run again "
+                    "(default: OUT/fidelity_runs); split a long comparison over calls with the same cache")
+    ap.add_argument("--deadline", type=float, help="start no run that would end after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (emulated FP8): the code path, < 60 s")
     args = ap.parse_args(argv)
+    args.cache = args.cache or args.out / "fidelity_runs"
     if args.smoke:
         args.rungs, args.seeds, args.tokens, args.eval_batches = [12, 30, 120], 2, 2**16, 1
     if sorted(set(args.rungs)) != args.rungs or len(args.rungs) < 2:
@@ -345,8 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.rungs[-1] < 10 * args.rungs[0]:
         ap.error(f"the last rung ({args.rungs[-1]}) must be at least 10x the first ({args.rungs[0]})")
     report = run(args)
-    print(format_table(report))
-    path = args.out / f"{report['meta']['date']}_bench_fidelity{'_smoke' if args.smoke else ''}.json"
+    stem = f"{report['meta']['date']}_bench_fidelity{'_smoke' if args.smoke else ''}"
+    if report["meta"]["missing"]:  # some runs not done yet: no summary until every case has its runs
+        print(f"incomplete: {len(report['meta']['missing'])} policies still miss runs; run again with "
+              f"--cache {args.cache}")
+        stem += "_partial"
+    else:
+        print(format_table(report))
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {path}")
     return 0

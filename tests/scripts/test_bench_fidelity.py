@@ -28,10 +28,13 @@ def test_kendall_tau_b_on_known_rankings():
 
 
 @pytest.mark.slow
-def test_smoke_run_writes_a_table_and_json(tmp_path, capsys):
-    """The CPU smoke mode runs the whole pipeline: pre-tokenized corpus, one run per policy and seed cut
-    into three rungs continuing each other, paired BF16 references cut the same way, and a summary."""
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--corpus-dir", str(tmp_path)]) == 0
+def test_smoke_run_writes_a_table_and_json(tmp_path, capsys, monkeypatch):
+    """The CPU smoke mode runs the whole pipeline, two runs at a time in worker processes: pre-tokenized
+    corpus, one run per policy and seed cut into three rungs continuing each other, paired BF16
+    references cut the same way, and a summary. A second call with the same cache and ``--only`` runs
+    nothing and reads the same numbers; a cache of other settings is refused."""
+    monkeypatch.syspath_prepend(str(_PATH.parent))  # the spawned workers import the script by name
+    assert bench.main(["--smoke", "--jobs", "2", "--out", str(tmp_path), "--corpus-dir", str(tmp_path)]) == 0
     report = json.loads(next(tmp_path.glob("*_bench_fidelity_smoke.json")).read_text())
     assert (tmp_path / "stdlib_bytes.npy").exists()
     assert report["meta"]["long_steps"] >= 10 * report["meta"]["short_steps"]
@@ -41,7 +44,25 @@ def test_smoke_run_writes_a_table_and_json(tmp_path, capsys):
     assert all(len(r["rungs"]) == 3 and r["rungs"][-1] == r["long"] for r in report["rows"])
     assert [v["steps"] for v in report["rows"][1]["rungs"]] == report["meta"]["rungs"]  # continued, not retrained
     assert {"short", "short_tail", "promoted", "risk_score"} <= set(report["summary"])
-    assert "Kendall tau-b" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "Kendall tau-b" in captured.out and "running 10, 2 at a time" in captured.err
+
+    again = tmp_path / "again"
+    assert bench.main(["--smoke", "--only", "fp8_delayed", "--out", str(again), "--corpus-dir", str(tmp_path),
+                       "--cache", str(tmp_path / "fidelity_runs")]) == 0
+    assert "running 0" in capsys.readouterr().err
+    row = json.loads(next(again.glob("*_bench_fidelity_smoke.json")).read_text())["rows"]
+    assert [r["policy"] for r in row] == ["fp8_delayed, blocks"] and row[0]["rungs"] == report["rows"][1]["rungs"]
+    with pytest.raises(SystemExit, match="other settings"):
+        bench.main(["--smoke", "--lr", "0.5", "--out", str(again), "--cache", str(tmp_path / "fidelity_runs")])
+
+
+def test_an_unfinished_comparison_writes_a_partial_report(tmp_path, capsys):
+    """No run fits a zero deadline: nothing is summarised, every policy is listed as missing."""
+    assert bench.main(["--smoke", "--deadline", "0", "--out", str(tmp_path), "--corpus-dir", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("*_partial.json")).read_text())
+    assert report["rows"] == [] and len(report["meta"]["missing"]) == 3
+    assert "incomplete: 3 policies" in capsys.readouterr().out
 
 
 def _v(gap: float, stable: bool, diverged: bool = False, tail: float = 0.0) -> dict:
