@@ -22,12 +22,19 @@ advance the delayed-scaling history.
 
 A checkpoint is the size of the model plus its optimizer state (a few MB for
 the CPU probes, about 16 bytes per parameter with fp32 AdamW). It is written
-atomically and read with ``weights_only=True`` (no pickled code).
+atomically and read with ``weights_only=True``. One exception to "no pickles":
+Transformer Engine keeps a delayed-scaling module's FP8 metadata (scales, amax
+history) in its ``_extra_state`` as a pickle inside a byte tensor, and since TE
+2.20 refuses to unpickle it unless ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``.
+The checkpoints read here are the ones :func:`save` wrote for the same run (the
+study's own output directory), so :func:`restore` opts in for that one
+``load_state_dict`` call and puts the variable back afterwards.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +82,8 @@ def restore(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer,
     if leg is None or leg.resume_from is None:
         return 0
     state = torch.load(leg.resume_from, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
+    with _own_te_extra_state():
+        model.load_state_dict(state["model"])
     _load_scalers(model, state["scalers"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
@@ -110,6 +118,24 @@ def save(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer, sc
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a kill mid-write never leaves half a checkpoint
+
+
+#: Transformer Engine's opt-in to unpickling the FP8 metadata in a module's ``_extra_state``.
+TE_UNSAFE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+
+
+@contextmanager
+def _own_te_extra_state():
+    """Let TE read the delayed-scaling metadata of a checkpoint this run wrote (see the module docstring)."""
+    before = os.environ.get(TE_UNSAFE_PICKLE_ENV)
+    os.environ[TE_UNSAFE_PICKLE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TE_UNSAFE_PICKLE_ENV]
+        else:
+            os.environ[TE_UNSAFE_PICKLE_ENV] = before
 
 
 def _scalers(model: torch.nn.Module):

@@ -76,3 +76,52 @@ def test_a_diverged_leg_saves_nothing(tmp_path):
                        leg=Leg(horizon=16, save_to=str(ckpt)))
     assert result.diverged
     assert not ckpt.exists()
+
+
+class _PickledMeta(torch.nn.Module):
+    """Keeps its extra state as TE 2.20 keeps delayed-scaling metadata: a pickle in a byte tensor that
+    ``set_extra_state`` refuses to unpickle unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(2))
+        self.meta = {"amax_history": [0.0]}
+
+    def get_extra_state(self) -> torch.Tensor:
+        import pickle
+        return torch.frombuffer(bytearray(pickle.dumps(self.meta)), dtype=torch.uint8)
+
+    def set_extra_state(self, state: torch.Tensor) -> None:
+        import os
+        import pickle
+        if os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE") != "1":
+            raise RuntimeError("Refusing to load pickled Transformer Engine extra state")
+        self.meta = pickle.loads(state.numpy().tobytes())
+
+
+def test_a_te_delayed_scaling_checkpoint_of_this_run_loads(tmp_path, monkeypatch):
+    """TE's delayed-scaling metadata comes back (seen on the H200: every delayed-scaling rung after the
+    first failed with TE's refusal), and the opt-in does not outlive the load."""
+    from precsearch.probe import continuation
+    from precsearch.probe.events import StepMonitor
+    from precsearch.probe.result import ProbeResult
+
+    monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)
+
+    def build():
+        model = _PickledMeta()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), StepMonitor(0.25, 10.0)
+
+    model, opt, sched, monitor = build()
+    model.meta = {"amax_history": [3.5, 2.0]}
+    leg = Leg(horizon=4, save_to=str(tmp_path / "c.pt"))
+    continuation.save(leg, model, opt, sched, monitor, ProbeResult(losses=[1.0, 0.9]))
+    fresh, opt2, sched2, monitor2 = build()
+    with pytest.raises(RuntimeError, match="Refusing"):  # what a plain load does
+        fresh.load_state_dict(torch.load(leg.save_to, weights_only=True)["model"])
+    step = continuation.restore(Leg(horizon=4, resume_from=leg.save_to), fresh, opt2, sched2, monitor2,
+                                ProbeResult())
+    assert step == 2 and fresh.meta == {"amax_history": [3.5, 2.0]}
+    import os
+    assert "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ
