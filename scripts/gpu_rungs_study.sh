@@ -6,7 +6,14 @@ set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_rungs_out
 source "$(dirname "$0")/gpu_env.sh"
 SPACE="${SPACE:-search_spaces/llama3_8b_h100_rungs.yaml}"
+if [ -n "${RUNGS:-}${PROMOTE:-}" ]; then  # a shorter variant when device time is short: RUNGS="40, 120, 240" PROMOTE=3
+    sed -e "s/rungs: \[[0-9, ]*\]/rungs: [${RUNGS:-40, 120, 400}]/" -e "s/promote: [0-9]*/promote: ${PROMOTE:-4}/" \
+        "$SPACE" > /tmp/rungs_space.yaml
+    SPACE=/tmp/rungs_space.yaml
+    grep -E "rungs:|promote:" "$SPACE"
+fi
 DIR=/tmp/rungs_study
+df -h /tmp | tail -1
 start=$(date +%s)
 timeout "${STUDY_TIMEOUT:-480}" python3 -m precsearch run "$SPACE" --output-dir "$DIR" > "$OUT/study.log" 2>&1
 echo "precsearch run exit $? after $(( $(date +%s) - start )) s" >> "$OUT/study.log"
@@ -26,4 +33,5 @@ for t in study.trials:
     print(t.number, t.state.name, "steps", a.get("fidelity_steps"), "from", a.get("promoted_from"),
           "dup", a.get("duplicate_of"), shown, "params", t.params)
 PY
-tail -25 "$OUT/study.log"; cat "$OUT/rungs.txt"; cat "$OUT/front.txt"
+df -h /tmp | tail -1; ls -la "$DIR/checkpoints" "$DIR/references" 2>&1 | head -20
+grep -E "promoted|not written|trial [0-9]+ |finished" "$OUT/study.log" | tail -40; tail -5 "$OUT/study.log"; cat "$OUT/rungs.txt"; cat "$OUT/front.txt"

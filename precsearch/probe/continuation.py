@@ -34,6 +34,8 @@ study's own output directory), so :func:`restore` opts in for that one
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,10 +100,14 @@ def restore(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer,
 
 
 def save(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, monitor: StepMonitor,
-         result: ProbeResult) -> None:
-    """Write the state after ``len(result.losses)`` steps to ``leg.save_to`` (atomically); no-op without one."""
+         result: ProbeResult) -> bool:
+    """Write the state after ``len(result.losses)`` steps to ``leg.save_to`` (atomically).
+
+    Returns whether it was written: not without a leg to save, and not when it would leave less than
+    :func:`disk_reserve` free on that disk (said on stderr; the next rung then runs from step 0).
+    """
     if leg is None or leg.save_to is None:
-        return
+        return False
     state = {
         "step": len(result.losses),
         "model": model.state_dict(),
@@ -115,9 +121,31 @@ def save(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer, sc
     }
     path = Path(leg.save_to)
     path.parent.mkdir(parents=True, exist_ok=True)
+    size, disk = _tensor_bytes(state), shutil.disk_usage(path.parent)
+    if size > disk.free - disk_reserve(disk.total):
+        print(f"precsearch: checkpoint {path} not written: it needs {size / 2**30:.1f} GiB and "
+              f"{disk.free / 2**30:.1f} GiB are free (keeping {disk_reserve(disk.total) / 2**30:.1f} GiB); "
+              f"a promotion of this run will train from step 0", file=sys.stderr, flush=True)
+        return False
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a kill mid-write never leaves half a checkpoint
+    return True
+
+
+def disk_reserve(total: int) -> int:
+    """Bytes a checkpoint must leave free: 10% of the disk, at least 2 GiB."""
+    return max(2 * 2**30, total // 10)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 #: Transformer Engine's opt-in to unpickling the FP8 metadata in a module's ``_extra_state``.

@@ -98,6 +98,31 @@ def plan(trials: list[FrozenTrial], fidelity: FidelitySection, objectives: list[
     return Plan("done")
 
 
+def spent(trials: list[FrozenTrial], fidelity: FidelitySection, objectives: list[str]) -> set[int]:
+    """Trials whose checkpoint nothing will continue from any more.
+
+    A complete trial that is not feasible (never promoted); one whose rung was decided without it
+    (nothing of that rung running or queued, and every trial :func:`select` chose already claimed by
+    the next rung); and one whose promoted successor has completed. A worker that later needs a deleted
+    checkpoint runs its rung from step 0 (:mod:`precsearch.search.rungs`): the same run, slower.
+    """
+    done = [t for t in trials if t.state is TrialState.COMPLETE]
+    gone = {t.number for t in done if not t.user_attrs.get("score", {}).get("feasible")}
+    gone |= {t.user_attrs[PROMOTED_FROM] for t in done if is_promoted(t)}
+    for rung in fidelity.rungs[:-1]:
+        at_rung = [t for t in trials if rung_of(t, fidelity.rungs[0]) == rung]
+        if any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in at_rung):
+            continue
+        following = fidelity.next_rung(rung)
+        claimed = {t.user_attrs[PROMOTED_FROM] for t in trials
+                   if is_promoted(t) and rung_of(t, fidelity.rungs[0]) == following}
+        chosen = {t.number for t in select([t for t in at_rung if t.state is TrialState.COMPLETE],
+                                           fidelity.promote, objectives)}
+        if chosen <= claimed:
+            gone |= {t.number for t in at_rung if t.number not in chosen}
+    return gone
+
+
 def select(trials: list[FrozenTrial], k: int, objectives: list[str]) -> list[FrozenTrial]:
     """At most ``k`` of ``trials`` (one rung's complete trials) to promote, by the rule in the module docstring."""
     unique: dict[str, FrozenTrial] = {}

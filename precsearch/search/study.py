@@ -48,7 +48,7 @@ from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.liveness import WorkerId, trial_worker
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
-from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
+from precsearch.search.rungs import drop_spent, rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
@@ -246,6 +246,7 @@ def _promotions(ctx: StudyRun) -> str:
     with _ask_lock(ctx):  # one worker of this directory decides at a time; other machines: superseded_copy
         plan = promotion.plan(ctx.study.get_trials(deepcopy=False), fidelity, objective_names(ctx.space.objectives))
         promotion.enqueue(ctx.study, plan.promote)
+        drop_spent(ctx.workspace.output_dir, ctx.study, ctx.space, objective_names(ctx.space.objectives))
     for trial, rung in plan.promote:
         _say(ctx, f"trial {trial.number} promoted to {rung} steps  {policy_summary(trial.params)}")
     return plan.action

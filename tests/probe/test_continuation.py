@@ -125,3 +125,21 @@ def test_a_te_delayed_scaling_checkpoint_of_this_run_loads(tmp_path, monkeypatch
     assert step == 2 and fresh.meta == {"amax_history": [3.5, 2.0]}
     import os
     assert "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" not in os.environ
+
+
+def test_a_checkpoint_that_would_fill_the_disk_is_not_written(tmp_path, monkeypatch, capsys):
+    """On the H200 the 8B-wide study's first-rung checkpoints (about 30 GB each) filled the disk and the
+    study died in MLflow's sqlite ("database or disk is full"). Now the save is skipped and said."""
+    import collections
+
+    from precsearch.probe import continuation
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(continuation.shutil, "disk_usage", lambda path: usage(100 * 2**30, 98 * 2**30, 2 * 2**30))
+    ckpt = tmp_path / "leg.pt"
+    result = _run(6, DELAYED, Leg(horizon=14, save_to=str(ckpt)))
+    assert not ckpt.exists() and not result.diverged
+    assert "not written" in capsys.readouterr().err
+    monkeypatch.setattr(continuation.shutil, "disk_usage", lambda path: usage(100 * 2**30, 50 * 2**30, 50 * 2**30))
+    _run(6, DELAYED, Leg(horizon=14, save_to=str(ckpt)))
+    assert ckpt.exists()

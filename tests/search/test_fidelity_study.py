@@ -75,6 +75,13 @@ def test_the_best_first_rung_trials_continue_their_run_at_the_next_rung(rung_stu
         assert result["losses"][:12] == before["losses"]
 
 
+def test_no_trial_checkpoint_is_left_once_the_rungs_are_done(rung_study):
+    """Every first-rung trial saved one; the promoted ones were continued, the others were not chosen:
+    none is needed once the last rung finished, so none stays on disk."""
+    assert (rung_study / "checkpoints").is_dir()
+    assert sorted((rung_study / "checkpoints").glob("trial-*.pt")) == []
+
+
 def test_the_references_continue_across_rungs_too(rung_study):
     """Each seed's 24-step BF16 reference is its 12-step reference continued (same first 12 losses)."""
     refs = [json.loads(p.read_text()) for p in (rung_study / "references").glob("*.json")]

@@ -101,3 +101,20 @@ def test_the_first_rung_must_be_the_probe():
         check_space(space, file="space.yaml", environment=False)
     check_space(Space.model_validate(tiny_space_dict(**{"study.fidelity": {"rungs": [12, 40]}})),
                 file="space.yaml", environment=False)
+
+
+def test_checkpoints_are_spent_once_nothing_will_continue_them():
+    """Infeasible: never promoted. Decided without it: spent. Continued by a completed promotion: spent.
+    Chosen and still queued, or any trial of a rung that is still running: kept."""
+    from precsearch.search.promotion import spent
+
+    first = [_trial(0, 0.3, 0.0), _trial(1, 0.1, 0.0), _trial(2, 0.2, 0.01), _trial(3, 0.5, 0.3, feasible=False),
+             _trial(4, 0.05, 0.02)]  # promote=2 chooses 0 and 2
+    assert spent(first, RUNGS, OBJ) == {3}  # rung not decided yet: only the infeasible one goes
+    queued = [_trial(5, 0, 0, rung=20, source=0, state=TrialState.WAITING),
+              _trial(6, 0, 0, rung=20, source=2, state=TrialState.WAITING)]
+    assert spent(first + queued, RUNGS, OBJ) == {1, 3, 4}
+    running = [_trial(7, 0.0, 0.0, state=TrialState.RUNNING)]
+    assert spent(first + queued + running, RUNGS, OBJ) == {3}  # the first rung is not settled
+    done = [_trial(5, 0.3, 0.0, rung=20, source=0), queued[1]]
+    assert spent(first + done, RUNGS, OBJ) == {0, 1, 3, 4}
