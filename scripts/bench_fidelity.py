@@ -212,12 +212,14 @@ def _settings(args) -> tuple[ModelConfig, ProbeSection, torch.device, str]:
     if args.smoke:
         cfg = ModelConfig(vocab_size=256, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=32)
         return cfg, ProbeSection(micro_batch=2, seq_len=32, lr=3e-3, device="cpu"), torch.device("cpu"), "emulated"
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_fidelity runs on a GPU; use --smoke on CPU")
-    torch.cuda.set_device(args.gpu)
     cfg = ModelConfig(vocab_size=256, dim=args.dim, n_layers=args.layers, n_heads=args.dim // 64,
                       n_kv_heads=max(1, args.dim // 256), ffn_dim=args.dim * 7 // 2, max_seq_len=args.seq_len)
     probe = ProbeSection(micro_batch=args.micro_batch, seq_len=args.seq_len, lr=args.lr, device="cuda")
+    if args.report_only:  # the runs are all in the cache: no GPU needed to read them
+        return cfg, probe, torch.device("cpu"), "te"
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_fidelity runs on a GPU; use --smoke on CPU")
+    torch.cuda.set_device(args.gpu)
     return cfg, probe, torch.device("cuda", args.gpu), "te"
 
 
@@ -306,7 +308,7 @@ def run_jobs(args, jobs: list[Job]) -> dict[str, list[ProbeResult]]:
     _check_cache(args)
     done = {j.key: json.loads((args.cache / f"{j.key}.json").read_text()) for j in jobs
             if (args.cache / f"{j.key}.json").exists()}
-    todo = [j for j in jobs if j.key not in done]
+    todo = [] if args.report_only else [j for j in jobs if j.key not in done]
     print(f"{len(done)} of {len(jobs)} runs cached in {args.cache}; running {len(todo)}, {args.jobs} at a time",
           file=sys.stderr, flush=True)
     start, slowest = time.perf_counter(), 0.0
@@ -326,7 +328,9 @@ def run_jobs(args, jobs: list[Job]) -> dict[str, list[ProbeResult]]:
               f"{[round(r['eval_loss'], 4) for r in rungs]}{' diverged' if last['diverged'] else ''} "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
 
-    if args.jobs == 1:
+    if not todo:
+        pass
+    elif args.jobs == 1:
         _init_worker(args)
         for job in todo:
             if not fits():
@@ -391,19 +395,36 @@ def run(args) -> dict:
     jobs, layout = plan_jobs(chosen, args.seeds, args.rungs)
     results = run_jobs(args, jobs)
     rows, missing = [], []
+    noise = long_noise(results, layout, chosen)
     for name, (ref_keys, run_keys) in layout.items():
         if all(k in results for k in ref_keys + run_keys):
             rows.append(_row(name, chosen[name], [results[k] for k in run_keys], [results[k] for k in ref_keys], args))
         else:
             missing.append(name)
-    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    ran_on = next((r[0].device for r in results.values() if r), "cpu")
+    meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else ran_on,
             "torch": torch.__version__, "transformer_engine": te_version(), "backend": backend_name,
             "date": datetime.date.today().isoformat(), "model": cfg.__dict__ | {"rope_scaling": str(cfg.rope_scaling)},
             "probe": base.model_dump(mode="json"), "rungs": args.rungs, "seeds": args.seeds,
             "short_steps": args.rungs[0], "long_steps": args.rungs[-1], "tail_fraction": TAIL_FRACTION,
             "corpus": {"path": str(args.corpus), "tokens": args.tokens, "source": "stdlib bytes, .npy"},
-            "parallel_runs": args.jobs, "wall_s": time.perf_counter() - start, "missing": missing}
-    return {"meta": meta, "summary": summarise(rows, args.limit) if rows else {}, "rows": rows}
+            "parallel_runs": args.jobs, "wall_s": time.perf_counter() - start, "missing": missing,
+            "long_noise": noise}
+    return {"meta": meta, "summary": summarise(rows, args.limit, noise) if rows else {}, "rows": rows}
+
+
+def long_noise(results: dict[str, list[ProbeResult]], layout: dict, chosen: dict[str, Case]) -> float:
+    """The long rung's BF16 run-to-run spread: relative sample std of the held-out losses of every BF16 run
+    with the bench's own settings (the control's references and the control's runs); NaN if fewer than 3.
+
+    A long gap within two of these is not a verdict either way (two BF16 runs differ that much).
+    """
+    control = next((n for n, c in chosen.items() if not c.policy.rules and c.policy.default is Precision.BF16), None)
+    if control is None:
+        return math.nan
+    keys = [k for k in layout[control][0] + layout[control][1] if k in results]
+    losses = np.array([results[k][-1].eval_loss for k in keys if not results[k][-1].diverged])
+    return float(losses.std(ddof=1) / losses.mean()) if len(losses) >= 3 else math.nan
 
 
 def _row(name: str, case: Case, runs: list[list[ProbeResult]], refs: list[list[ProbeResult]], args) -> dict:
@@ -427,10 +448,16 @@ def _rank(v: dict) -> float:
     return math.inf if v["diverged"] else v["gap"]  # a diverged run is worse than any gap
 
 
-def summarise(rows: list[dict], limit: float) -> dict:
-    """Tau-b against the long gap and stable/unstable agreement, for each early reading."""
+def summarise(rows: list[dict], limit: float, noise: float = math.nan) -> dict:
+    """Tau-b against the long gap and stable/unstable agreement, for each early reading.
+
+    Also, where the long rung's BF16 spread ``noise`` is known, agreement on the *decided* policies only:
+    those whose long gap is beyond two spreads either way (worse: unstable; better: stable) or that
+    diverged. Elsewhere the long run itself cannot tell stable from unstable at the limit.
+    """
     truth = [_rank(r["long"]) for r in rows]
     unstable = [not r["long"]["stable"] for r in rows]
+    decided = [i for i, r in enumerate(rows) if r["long"]["diverged"] or abs(r["long"]["gap"]) > 2 * noise]
     readings = {
         "short": ([_rank(r["short"]) for r in rows], [not r["short"]["stable"] for r in rows]),
         "short_tail": ([math.inf if r["short"]["diverged"] else max(r["short"]["tail_gap"], 0.0) for r in rows],
@@ -441,10 +468,13 @@ def summarise(rows: list[dict], limit: float) -> dict:
                              [not r["promoted"]["stable"] or r["risk"] >= THRESHOLD for r in rows]),
     }
     out = {name: {"kendall_tau": kendall_tau(values, truth),
-                  "agreement": sum(f == u for f, u in zip(flags, unstable)) / len(rows)}
+                  "agreement": sum(f == u for f, u in zip(flags, unstable)) / len(rows),
+                  "decided_agreement": (sum(flags[i] == (truth[i] > 0) for i in decided) / len(decided)
+                                        if decided else math.nan)}
            for name, (values, flags) in readings.items()}
     fragile = [r for r in rows if r["fragile"]]
-    return out | {"n_policies": len(rows), "limit": limit,
+    return out | {"n_policies": len(rows), "limit": limit, "long_noise": noise,
+                  "decided": [rows[i]["policy"] for i in decided],
                   "kendall_tau": out["short"]["kendall_tau"], "agreement": out["short"]["agreement"],
                   "fragile_flagged_before_long": {r["policy"]: r["flagged_before_long"] for r in fragile}}
 
@@ -464,9 +494,13 @@ def format_table(report: dict) -> str:
     s = report["summary"]
     lines.append(f"against the {rungs[-1]}-step final gap (mean of {report['meta']['seeds']} seeds), limit "
                  f"{100 * s['limit']:.1f}%:")
+    decided = len(s.get("decided", []))
     for name in ("short", "short_tail", "promoted", "risk_score", "promoted_or_risk"):
         lines.append(f"  {name:18s} Kendall tau-b {s[name]['kendall_tau']:+.3f}   stable/unstable agreement "
-                     f"{100 * s[name]['agreement']:.0f}% of {s['n_policies']}")
+                     f"{100 * s[name]['agreement']:.0f}% of {s['n_policies']}; on the {decided} decided: "
+                     f"{100 * s[name].get('decided_agreement', math.nan):.0f}%")
+    lines.append(f"long-run BF16 spread {100 * s.get('long_noise', math.nan):.2f}%; decided (long gap beyond 2 "
+                 f"spreads, or diverged): {', '.join(s.get('decided', [])) or 'none'}")
     flagged = s["fragile_flagged_before_long"]
     lines.append(f"fragile policies flagged before the long run: {sum(flagged.values())} of {len(flagged)} "
                  + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in flagged.items()))
@@ -499,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, help="each finished run is saved here and not run again "
                     "(default: OUT/fidelity_runs); split a long comparison over calls with the same cache")
     ap.add_argument("--deadline", type=float, help="start no run that would end after this many seconds")
+    ap.add_argument("--report-only", action="store_true", help="run nothing: the report from the runs in --cache")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (emulated FP8): the code path, < 60 s")
     args = ap.parse_args(argv)
     args.cache = args.cache or args.out / "fidelity_runs"

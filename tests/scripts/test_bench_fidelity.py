@@ -98,3 +98,20 @@ def test_a_verdict_averages_seeds_and_a_diverged_seed_diverges_it():
     assert mean.gap == pytest.approx(0.02) and not mean.stable and mean.tail_gap == 0.0 and mean.tail_stable
     gone = bench.verdict([run(2.0), run(math.nan, diverged=True)], refs, 0.01)
     assert gone.diverged and not gone.stable and math.isnan(gone.gap)
+
+
+def test_only_policies_beyond_the_long_runs_own_spread_are_scored_as_decided():
+    """With a 2% BF16 spread at the long rung, a +1.5% long gap is no verdict; +6% is unstable, -5% stable.
+    A reading is scored on those alone: here the short one misses the +6% policy, the promoted one not."""
+    rows = [
+        {"policy": "noise", "short": _v(0.0, True), "promoted": _v(0.0, True), "long": _v(0.015, False), "risk": 0.0,
+         "fragile": False, "flagged_before_long": False},
+        {"policy": "bad", "short": _v(-0.03, True), "promoted": _v(0.05, False), "long": _v(0.06, False), "risk": 0.9,
+         "fragile": False, "flagged_before_long": True},
+        {"policy": "good", "short": _v(-0.02, True), "promoted": _v(-0.01, True), "long": _v(-0.05, True),
+         "risk": 0.0, "fragile": False, "flagged_before_long": False},
+    ]
+    s = bench.summarise(rows, 0.01, noise=0.02)
+    assert s["decided"] == ["bad", "good"]
+    assert s["short"]["decided_agreement"] == 0.5 and s["promoted"]["decided_agreement"] == 1.0
+    assert math.isnan(bench.summarise(rows, 0.01)["short"]["decided_agreement"])  # spread unknown: nothing decided
