@@ -22,8 +22,14 @@ def _load_checked_space(path: Path):
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
 
+    from precsearch.probe.data import check_data
+
     space = load_space(path)
     check_space(space, file=str(path))
+    try:
+        check_data(space)  # a bad data file must stop the run here, not fail every trial in its probe process
+    except UserError as exc:
+        raise exc.located(file=str(path)) from None
     return space
 
 

@@ -20,6 +20,7 @@ from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.redact import redact_url
 from precsearch.search import stores
+from precsearch.probe.data import check_data
 from precsearch.search.study import _say, finished_count, open_run, work
 from precsearch.search.workspace import DEFAULT_OUTPUT_ROOT, Workspace
 
@@ -38,6 +39,7 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
         raise UserError(f"give --storage or set ${STORAGE_ENV}", field="--storage")
     study = _load(study_name, url)
     space = Space.model_validate(study.user_attrs["space"])
+    check_data(space)  # this machine's copy of the data, before any trial
     tracking = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not tracking:
         raise UserError("give --tracking-uri (the study's MLflow server) or set $MLFLOW_TRACKING_URI",
