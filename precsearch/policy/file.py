@@ -129,8 +129,10 @@ def _check_rule(rule: Any, field: str) -> None:
         if layers.get(key) is not None:
             _check_count(layers[key], f"{field}.layers.{key}", minimum=0)
     indices = layers.get("indices")
-    _expect(indices is None or (isinstance(indices, list) and all(_is_int(i) and i >= 0 for i in indices)),
-            f"{field}.layers.indices", "a list of block numbers >= 0", indices)
+    _expect(indices is None or (isinstance(indices, list) and bool(indices)
+                                and all(_is_int(i) and i >= 0 for i in indices)),
+            f"{field}.layers.indices", "a non-empty list of block numbers >= 0 (an empty one selects no block)",
+            indices)
 
 
 def _check_keys(value: Any, field: str, allowed: tuple[str, ...]) -> None:
