@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "section, or an Accelerate snippet")
     p.add_argument("--n-layers", type=int, metavar="N",
                    help="blocks of the model the files are for (default: the study's target model)")
-    p.add_argument("-o", "--output", type=Path,
+    p.add_argument("-o", "--output",  # a str: Path would drop the trailing '/' that says "a directory"
                    help="file to write, or a directory (formats that write several files need one); "
                         "default: standard output")
     p.set_defaults(func=cmd_export)
