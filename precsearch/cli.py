@@ -92,10 +92,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     at_least("--trial", args.trial, 0, "trial numbers start at 0")
     at_least("--n-layers", args.n_layers, 1, "the blocks of the model the files are for")
+    at_least("--pipeline-parallel", args.pipeline_parallel, 1, "model chunks of the Megatron run")
     check_fraction("--max-instability", args.max_instability)
     study, ws = _open_study(args.output_dir)
     result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
-                    fmt=args.format, n_layers=args.n_layers)
+                    fmt=args.format, n_layers=args.n_layers, pipeline=args.pipeline_parallel)
     from precsearch.search.promotion import rung_warnings
 
     print(f"exporting {result.reason}", file=sys.stderr)
@@ -198,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "section, or an Accelerate snippet")
     p.add_argument("--n-layers", type=int, metavar="N",
                    help="blocks of the model the files are for (default: the study's target model)")
+    p.add_argument("--pipeline-parallel", type=int, default=1, metavar="N",
+                   help="megatron: the run's --pipeline-model-parallel-size, times its virtual stages per rank "
+                        "with an interleaved schedule (default 1); per-block precision is then written in the "
+                        "block numbers each pipeline chunk sees")
     p.add_argument("-o", "--output",  # a str: Path would drop the trailing '/' that says "a directory"
                    help="file to write, or a directory (formats that write several files need one); "
                         "default: standard output")

@@ -69,7 +69,8 @@ class Export:
 
 
 def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick: str | None = None,
-           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None) -> Export:
+           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None,
+           pipeline: int = 1) -> Export:
     """Choose a trial (by number, or by ``pick`` rule) and render it in format ``fmt``.
 
     Args:
@@ -78,6 +79,7 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
         max_instability: Only trials at or below this instability qualify (with ``pick``).
         fmt: ``policy``, ``megatron``, ``torchtitan`` or ``accelerate``.
         n_layers: Blocks of the model the files are for (default: the study's target model).
+        pipeline: Megatron only: model chunks of the run (pipeline stages x virtual stages).
     """
     if (trial is None) == (pick is None):
         raise UserError("give either a trial number or a rule to pick one", field="--trial/--pick")
@@ -94,7 +96,8 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
     policy, provenance = trial_policy(study, ws, trial)
     if pick is not None:
         provenance["chosen_by"] = {"pick": pick, "max_instability": max_instability, "reason": reason}
-    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance)
+    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance,
+                      pipeline=pipeline)
     verdict = infeasible_warning(study, trial)
     return Export(trial, reason, rendered.files, ([verdict] if verdict else []) + rendered.warnings)
 
