@@ -11,6 +11,7 @@ import fnmatch
 
 from precsearch.arch.config import ModelConfig
 from precsearch.arch.units import hf_names, unit_names
+from precsearch.config.knob import Knob
 from precsearch.config.space import Group, Space
 from precsearch.errors import UserError
 from precsearch.policy.rules import Rule, member_rules
@@ -26,7 +27,7 @@ def check_groups(space: Space) -> None:
     rules = tuple(g.to_rule(Precision.BF16) for g in space.search.groups)
     for i, rule in enumerate(rules):
         _check_matches(rule, f"search.groups[{i}].modules", names, cfg)
-    _check_shadowed(rules, names, cfg.n_layers)
+    _check_shadowed(rules, names, cfg.n_layers, space.search.default_precision)
     for name in names:
         _check_one_group(name, member_rules(rules, name, cfg.n_layers), rules)
 
@@ -71,23 +72,26 @@ def _check_matches(rule: Rule, field: str, names: list[str], cfg: ModelConfig) -
                             f"{names[0]} or model.layers.0.self_attn.q_proj", field=f"{field}[{k}]")
 
 
-def _check_shadowed(rules: tuple[Rule, ...], names: list[str], n_layers: int) -> None:
+def _check_shadowed(rules: tuple[Rule, ...], names: list[str], n_layers: int, default: Knob) -> None:
     """A group that decides no layer: every layer it matches goes to an earlier group (first match wins)."""
-    deciders: set[str] = set()
+    deciders: set[str | None] = set()
     takers: dict[str, set[str]] = {r.name: set() for r in rules}
     for name in names:
         for alias in hf_names(name):
             matching = [r for r in rules if r.matches(name, n_layers, alias=alias)]
-            if matching:
-                deciders.add(matching[0].name)
-                for later in matching[1:]:
-                    takers[later.name].add(matching[0].name)
+            deciders.add(matching[0].name if matching else None)
+            for later in matching[1:]:
+                takers[later.name].add(matching[0].name)
     for i, rule in enumerate(rules):
         if rule.name not in deciders:
             earlier = ", ".join(sorted(takers[rule.name]))
             raise UserError(f"group '{rule.name}' decides no layer: every layer it matches is taken by an earlier "
                             f"group ({earlier}), since the first matching group wins; remove it or move it up",
                             field=f"search.groups[{i}].modules")
+    if None not in deciders and not default.is_fixed:
+        raise UserError("searched, but every layer is in a group, so no layer runs the default precision: "
+                        "the study would spend trials on a setting that changes nothing; give it one value",
+                        field="search.default_precision")
 
 
 def _check_one_group(unit: str, chosen: dict, rules: tuple) -> None:

@@ -18,6 +18,7 @@ from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN
 def check_values(space: Space) -> None:
     """The recipe, clipping and schedule checks, in the order a user would fix them."""
     _check_model_shape(space)
+    _check_data_keys(space)
     _check_recipe(space)
     _check_clip(space.search.clip_grad)
     _check_lr_warmup(space)
@@ -34,6 +35,18 @@ def _check_model_shape(space: Space) -> None:
     if layers is not None and layers > target.n_layers:
         raise UserError(f"probe_layers {layers} exceeds model.n_layers {target.n_layers}: the probe is the target "
                         f"with fewer blocks; valid: 1 to {target.n_layers}", field="model.probe_layers")
+
+
+def _check_data_keys(space: Space) -> None:
+    """A path or tokenizer the source never reads: the user believes the probe trains on their file."""
+    data = space.data
+    source = data.source.value
+    if data.path is not None and source in ("stdlib", "synthetic"):
+        raise UserError(f"source '{source}' does not read a file, so this path would be ignored; for a file give "
+                        f"source tokens (.npy/.bin) or text", field="data.path")
+    if data.tokenizer is not None and source != "text":
+        raise UserError(f"only source 'text' is tokenized; with source '{source}' the tokenizer would be ignored",
+                        field="data.tokenizer")
 
 
 def _check_recipe(space: Space) -> None:

@@ -59,6 +59,13 @@ CASES = [
     ("group_pattern_matching_nothing", _groups(ATTN, {**MLP, "modules": ["*.mlp.*", "*.feed_forward.*"]}),
      "search.groups[1].modules[1]", "matches no"),
     ("group_empty_name", _groups({**ATTN, "name": ""}, MLP), "search.groups[0].name", "letters"),
+    ("default_searched_but_unused", {"search.default_precision": {"choices": ["bf16", "fp8_current"]},
+                                     **_groups(ATTN, MLP, {"name": "head", "modules": ["output_layer"]})},
+     "search.default_precision", "no layer"),
+    # --- data settings the source never reads --------------------------------------------------------
+    ("path_with_stdlib", {"data.path": "tokens.npy"}, "data.path", "ignored"),
+    ("tokenizer_with_tokens", {"data": {"source": "tokens", "path": "t.npy", "tokenizer": "tok.json"}},
+     "data.tokenizer", "ignored"),
     # --- the probe's schedule and optimizer -----------------------------------------------------
     ("lr_warmup_longer_than_probe", {"probe.lr_warmup_steps": 12}, "probe.lr_warmup_steps", "probe.steps"),
     ("beta1_one", {"probe.betas": [1.0, 0.95]}, "probe.betas", "[0, 1)"),
