@@ -347,7 +347,8 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pi
         flag = flags[i]
         value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
         if flag == "--te-precision-config-file":
-            value = f'"$(dirname "${{BASH_SOURCE[0]}}")/{CONFIG_FILE}"'
+            # absolute when sourced: a relative dirname would break once the launcher changes directory
+            value = f'"$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/{CONFIG_FILE}"'
         lines.append(f"  {flag}" + (f" {value}" if value is not None else ""))
         i += 2 if value is not None else 1
     lines.append(")")

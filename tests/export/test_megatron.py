@@ -389,3 +389,17 @@ def test_uneven_pipeline_split_is_refused():
         megatron_export(SINGLE, PP_N, 3)
     with pytest.raises(UserError, match="--pipeline-parallel.*megatron only"):
         render("torchtitan", SINGLE, PP_N, {}, pipeline=2)
+
+
+def test_the_config_path_is_absolute_when_sourced_by_a_relative_path(tmp_path):
+    """Sourced as ../m/megatron_args.sh, the YAML path must still hold after the launcher changes directory."""
+    rendered = render("megatron", POLICIES["edges"], N, {})
+    (tmp_path / "m").mkdir()
+    (tmp_path / "work").mkdir()
+    for name, text in rendered.files.items():
+        (tmp_path / "m" / name).write_text(text)
+    script = ('source ../m/megatron_args.sh && cd / && a=("${PRECSEARCH_MEGATRON_ARGS[@]}") && '
+              'for i in "${!a[@]}"; do [ "${a[$i]}" = --te-precision-config-file ] && echo "${a[$((i+1))]}"; done; true')
+    path = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                          cwd=tmp_path / "work").stdout.strip()
+    assert Path(path).is_absolute() and Path(path).resolve() == (tmp_path / "m" / CONFIG_FILE).resolve()
