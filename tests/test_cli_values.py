@@ -38,10 +38,15 @@ def test_run_flags_are_refused_before_anything_runs(tmp_path, capsys, extra, fla
     assert not out.exists(), "a refused run must not create its output directory"
 
 
-def test_workers_up_to_the_cpu_count_are_accepted():
+def test_workers_up_to_twice_the_cpu_count_are_accepted_and_no_more():
     from precsearch.cli_checks import check_workers
+    from precsearch.errors import UserError
 
-    check_workers(usable_cpus(), False, 1)  # raises if refused
+    check_workers(2 * usable_cpus(), False, 1)  # raises if refused
+    with pytest.raises(UserError, match="--workers"):
+        check_workers(2 * usable_cpus() + 1, False, 1)
+    with pytest.raises(UserError, match="probe processes"):
+        check_workers(usable_cpus(), False, 4)  # each probe on 4 processes
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
