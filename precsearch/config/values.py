@@ -22,6 +22,7 @@ def check_values(space: Space) -> None:
     _check_recipe(space)
     _check_clip(space.search.clip_grad)
     _check_lr_warmup(space)
+    _check_limit(space)
 
 
 def _check_model_shape(space: Space) -> None:
@@ -85,6 +86,15 @@ def _check_lr_warmup(space: Space) -> None:
         raise UserError(f"an LR warm-up of {probe.lr_warmup_steps} steps never reaches probe.lr in a {steps}-step "
                         f"run; valid: fewer than {steps} (probe.steps{' or the longest rung' if fidelity else ''})",
                         field="probe.lr_warmup_steps")
+
+
+def _check_limit(space: Space) -> None:
+    objectives = space.objectives
+    limit = objectives.stability_limit
+    if objectives.stability_unit == "relative" and limit >= 1:
+        raise UserError(f"{limit:g} is {100 * limit:g}% of the BF16 loss (stability_unit relative): every trial "
+                        f"that does not diverge would pass; for {limit:g}% write {limit / 100:g}",
+                        field="objectives.stability_limit")
 
 
 def _shown(knob: Knob) -> str:

@@ -91,6 +91,7 @@ CASES = [
     ("duplicate_choices_precision", _groups({**ATTN, "precision": {"choices": ["bf16", "bf16"]}}, MLP),
      "search.groups[0].precision", "duplicates"),
     # --- the study's own settings ---------------------------------------------------------------
+    ("relative_limit_in_percent", {"objectives.stability_limit": 5}, "objectives.stability_limit", "write 0.05"),
     ("stale_before_heartbeat", {"study.heartbeat_s": 10, "study.stale_after_s": 5}, "study.stale_after_s",
      "heartbeat_s"),
     ("study_name_empty", {"study.name": ""}, "study.name", "empty"),
@@ -123,9 +124,10 @@ def test_nonsense_value_is_refused_naming_its_field(tmp_path, capsys, overrides,
     {"search.clip_grad": None}, {"search.clip_grad": {"choices": [None, 0.5, 1.0]}},
     {"search.recipe.amax_history_len": {"choices": [1, 1024]}}, {"search.recipe.margin": {"low": 0, "high": 3}},
     {"probe.lr_warmup_steps": 11}, {"probe.betas": [0.0, 0.999]}, {"study.name": "my-study_2.v1"},
+    {"objectives": {"stability_unit": "noise", "stability_limit": 5, "reference_seeds": 2}},
     _groups({**ATTN, "layers": {"first": 1, "last": 1}}, MLP), _groups({**ATTN, "layers": {"first": 2}}, MLP),
     _groups(ATTN, MLP, {"name": "head", "modules": ["output_layer"], "precision": "bf16"}),
-], ids=["clip_null", "clip_choices", "amax_1", "margin_range", "lr_warmup_one_less", "betas_edges", "name_chars",
+], ids=["clip_null", "clip_choices", "amax_1", "margin_range", "lr_warmup_one_less", "betas_edges", "name_chars", "noise_limit_5",
         "first_and_last", "first_all", "head_group"])
 def test_sensible_values_still_pass(tmp_path, capsys, overrides):
     """The refusals above must not catch their sensible neighbours (a check that refuses everything passes them)."""
