@@ -196,8 +196,8 @@ def _child_main(conn, space_json: dict) -> None:
     try:
         host = ProbeHost(Space.model_validate(space_json))
         setup_error = None
-    except UserError as exc:  # bad data: answer every request with it rather than die with a traceback
-        host, setup_error = None, ("setup_error", exc.field or "data", exc.detail)
+    except Exception as exc:  # noqa: BLE001 - it would recur for every probe: answer each request with it
+        host, setup_error = None, ("setup_error", *_setup_problem(exc))
     while True:
         try:
             request = conn.recv()
@@ -215,6 +215,15 @@ def _child_main(conn, space_json: dict) -> None:
             conn.send(("error", type(exc).__name__, _describe(exc)))
             if type(exc).__name__ in _POISONING:
                 os._exit(1)
+
+
+def _setup_problem(exc: Exception) -> tuple[str, str]:
+    """(field, message) for a probe process that could not load its space's data or backend."""
+    if isinstance(exc, UserError):
+        return exc.field or "data", exc.detail
+    if type(exc).__name__ == "BackendUnavailable":
+        return "backend", str(exc)
+    return "probe", f"{type(exc).__name__}: {_describe(exc)}"
 
 
 def _describe(exc: Exception) -> str:

@@ -147,3 +147,17 @@ def test_a_study_stopped_by_bad_data_runs_its_trials_once_the_data_is_fixed(tmp_
     assert len(rows) == 2
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     assert len(done) == 2
+
+
+def test_any_start_up_failure_of_the_probe_process_is_reported_with_its_field():
+    """Whatever stops the probe process from loading its space recurs for every probe: it is reported (and the
+    run stopped) instead of failing each trial with 'exited with status 1'. The field says where to look."""
+    from precsearch.backends import BackendUnavailable
+    from precsearch.errors import DataError
+    from precsearch.search.executor import _setup_problem
+
+    assert _setup_problem(DataError("t.bin holds only 0 tokens", field="data.path")) == (
+        "data.path", "t.bin holds only 0 tokens")
+    assert _setup_problem(BackendUnavailable("transformer_engine is not installed"))[0] == "backend"
+    field, message = _setup_problem(RuntimeError("boom"))
+    assert field == "probe" and message.startswith("RuntimeError: boom")
