@@ -21,7 +21,6 @@ RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are k
 def _load_checked_space(path: Path):
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
-
     from precsearch.probe.data import check_data
 
     space = load_space(path)
