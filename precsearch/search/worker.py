@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 import optuna
+from pydantic import ValidationError
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
@@ -38,7 +39,14 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
     if not url:
         raise UserError(f"give --storage or set ${STORAGE_ENV}", field="--storage")
     study = _load(study_name, url)
-    space = Space.model_validate(study.user_attrs["space"])
+    try:
+        space = Space.model_validate(study.user_attrs["space"])
+    except ValidationError as exc:  # stored by an older precsearch that accepted it
+        problem = exc.errors()[0]
+        problem["msg"] = problem["msg"].removeprefix("Value error, ")
+        where = ".".join(str(p) for p in problem["loc"])
+        raise UserError(f"study '{study_name}' was stored with a space this precsearch refuses ({where}: "
+                        f"{problem['msg']}); start a new study with a corrected space file", field="--study") from None
     check_data(space)  # this machine's copy of the data, before any trial
     tracking = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not tracking:
