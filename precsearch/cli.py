@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from precsearch import __version__
+from precsearch.cli_checks import at_least, check_fraction, check_gpus_present, check_workers
 from precsearch.errors import UserError
 from precsearch.policy.rules import PrecisionConflict
 
@@ -20,9 +21,14 @@ RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are k
 def _load_checked_space(path: Path):
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
+    from precsearch.probe.data import check_data
 
     space = load_space(path)
     check_space(space, file=str(path))
+    try:
+        check_data(space)  # a bad data file must stop the run here, not fail every trial in its probe process
+    except UserError as exc:
+        raise exc.located(file=str(path)) from None
     return space
 
 
@@ -40,10 +46,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from precsearch.search.launcher import parse_gpus
     from precsearch.search.study import run_study
 
+    at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
     space = _load_checked_space(args.space)
-    if args.workers < 1:
-        raise UserError(f"--workers must be at least 1 (got {args.workers})", field="--workers")
+    check_workers(args.workers, args.gpus is not None, space.probe.nproc)
     gpus = parse_gpus(args.gpus)
+    check_gpus_present(args.gpus)
     try:
         rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
                          progress=not args.no_progress, workers=args.workers, gpus=gpus)
@@ -58,6 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from precsearch.search.worker import run_worker
 
+    at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
     try:
         done = run_worker(args.study, args.storage, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
                           n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
@@ -81,9 +89,13 @@ def cmd_front(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from precsearch.export.policy_export import export, write_export
 
+    at_least("--trial", args.trial, 0, "trial numbers start at 0")
+    at_least("--n-layers", args.n_layers, 1, "the blocks of the model the files are for")
+    at_least("--pipeline-parallel", args.pipeline_parallel, 1, "model chunks of the Megatron run")
+    check_fraction("--max-instability", args.max_instability)
     study, ws = _open_study(args.output_dir)
     result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
-                    fmt=args.format, n_layers=args.n_layers)
+                    fmt=args.format, n_layers=args.n_layers, pipeline=args.pipeline_parallel)
     from precsearch.search.promotion import rung_warnings
 
     print(f"exporting {result.reason}", file=sys.stderr)
@@ -104,6 +116,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.search.workspace import Workspace
     from precsearch.tracking.server import mlflow_server_command
 
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
     ws = Workspace.load(args.output_dir)
     try:
         cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
@@ -184,7 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "section, or an Accelerate snippet")
     p.add_argument("--n-layers", type=int, metavar="N",
                    help="blocks of the model the files are for (default: the study's target model)")
-    p.add_argument("-o", "--output", type=Path,
+    p.add_argument("--pipeline-parallel", type=int, default=1, metavar="N",
+                   help="megatron: the run's --pipeline-model-parallel-size, times its virtual stages per rank "
+                        "with an interleaved schedule (default 1); per-block precision is then written in the "
+                        "block numbers each pipeline chunk sees")
+    p.add_argument("-o", "--output",  # a str: Path would drop the trailing '/' that says "a directory"
                    help="file to write, or a directory (formats that write several files need one); "
                         "default: standard output")
     p.set_defaults(func=cmd_export)

@@ -42,6 +42,14 @@ class AmaxAlgo(str, Enum):
     MOST_RECENT = "most_recent"
 
 
+#: Longest amax history accepted: far above the 1024 of TE and Megatron defaults; each FP8 tensor keeps
+#: one float per step of it, so 10**12 would try to allocate terabytes at the first step.
+MAX_AMAX_HISTORY = 65536
+#: Largest margin accepted: with a margin of 18, E4M3's largest value (448) scaled by 2**-18 falls below
+#: its smallest subnormal (2**-9), so every value of a delayed-scaling tensor would flush to zero.
+MAX_MARGIN = 17
+
+
 @dataclass(frozen=True)
 class LayerRecipe:
     """The numeric recipe one Linear layer runs with.
@@ -64,10 +72,10 @@ class LayerRecipe:
         object.__setattr__(self, "precision", Precision(self.precision))
         object.__setattr__(self, "fp8_format", Fp8Format(self.fp8_format))
         object.__setattr__(self, "amax_compute_algo", AmaxAlgo(self.amax_compute_algo))
-        if self.amax_history_len < 1:
-            raise ValueError("amax_history_len must be >= 1")
-        if self.margin < 0:
-            raise ValueError("margin must be >= 0")
+        if not 1 <= self.amax_history_len <= MAX_AMAX_HISTORY:
+            raise ValueError(f"amax_history_len must be >= 1 and at most {MAX_AMAX_HISTORY}")
+        if not 0 <= self.margin <= MAX_MARGIN:
+            raise ValueError(f"margin must be >= 0 and at most {MAX_MARGIN}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (enum values as strings)."""

@@ -8,11 +8,12 @@ from __future__ import annotations
 import torch
 
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
+from precsearch.config.group_checks import check_groups
 from precsearch.config.space import DataSource, Space
+from precsearch.config.values import check_values
 from precsearch.errors import UserError
-from precsearch.policy.rules import MemoryKnobs, member_rules
-from precsearch.precision import LayerRecipe, Precision
-from precsearch.arch.units import hf_names, unit_names
+from precsearch.policy.rules import MemoryKnobs
+from precsearch.precision import LayerRecipe
 
 
 def check_space(space: Space, *, file: str, environment: bool = True) -> None:
@@ -22,7 +23,7 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     files present, backend and GPU able to run each precision) are skipped, so
     a space written for another machine can be checked here.
     """
-    checks = [_check_model, _check_warmup, _check_groups, _check_nproc, _check_fidelity]
+    checks = [check_values, _check_model, _check_warmup, check_groups, _check_nproc, _check_fidelity]
     if environment:
         checks += [_check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
@@ -56,35 +57,6 @@ def _check_warmup(space: Space) -> None:
         raise UserError("warm-up steps must be >= 0", field="search.warmup_steps")
 
 
-def _check_groups(space: Space) -> None:
-    cfg = space.model.probe()
-    names = unit_names(cfg)
-    rules = tuple(g.to_rule(Precision.BF16) for g in space.search.groups)
-    for i, rule in enumerate(rules):
-        if not any(rule.matches(n, cfg.n_layers, alias=a) for n in names for a in hf_names(n)):
-            raise UserError(
-                f"group '{rule.name}' matches no Linear layer of the {cfg.n_layers}-layer probe; "
-                f"layer names look like: {', '.join(names[:3])}, …, {names[-1]} "
-                f"(or Hugging Face names such as model.layers.0.self_attn.q_proj)",
-                field=f"search.groups[{i}].modules",
-            )
-    for name in names:
-        _check_one_group(name, member_rules(rules, name, cfg.n_layers), rules)
-
-
-def _check_one_group(unit: str, chosen: dict, rules: tuple) -> None:
-    """Every Hugging Face name of a fused unit must fall in the same group."""
-    groups = {m: r.name if r else "search.default_precision" for m, r in chosen.items()}
-    if len(set(groups.values())) > 1:
-        first = next(i for i, r in enumerate(rules) if r.name in groups.values())
-        listed = ", ".join(f"{m.rsplit('.', 1)[-1]} in {g}" for m, g in groups.items())
-        raise UserError(
-            f"{unit} is one fused GEMM (Megatron-Core / Transformer Engine), but its projections fall in "
-            f"different groups ({listed}); put q/k/v (and gate/up) in one group",
-            field=f"search.groups[{first}].modules",
-        )
-
-
 def _check_fidelity(space: Space) -> None:
     fidelity = space.study.fidelity
     if fidelity is None:
@@ -113,6 +85,9 @@ def _check_data(space: Space) -> None:
 def _check_backend(space: Space) -> None:
     try:
         device = resolve_device(space.probe.device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="probe.device") from None
+    try:
         backend = get_backend(space.backend.value, device)
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="backend") from None

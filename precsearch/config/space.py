@@ -14,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
@@ -132,6 +132,14 @@ class ProbeSection(Section):
     grad_blowup_factor: float = Field(
         10.0, gt=1, description="a gradient norm above this multiple of the recent median is a blow-up"
     )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        # AdamW divides by 1 - beta**step: beta 1 divides by zero, beyond 1 or below 0 the averages diverge
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"AdamW betas must each lie in [0, 1), got {list(v)}; e.g. [0.9, 0.95]")
+        return v
 
 
 class Backend(str, Enum):
@@ -299,6 +307,10 @@ class Sampler(str, Enum):
     RANDOM = "random"
 
 
+#: A study name becomes a directory (precsearch-runs/<name>) and is quoted in MLflow searches.
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
 class StudySection(Section):
     """The Optuna study."""
 
@@ -323,12 +335,38 @@ class StudySection(Section):
         None, description="rungs of longer probes the best policies continue to (off if unset)"
     )
 
+    @field_validator("name")
+    @classmethod
+    def _usable_name(cls, v: str) -> str:
+        if not v:
+            raise ValueError("the study name is empty; e.g. my-study")
+        if not STUDY_NAME.fullmatch(v):
+            raise ValueError(f"study name {v!r} may use letters, digits, '.', '_' and '-' (at most 100, starting "
+                             f"with a letter or digit): it names a directory and is quoted in MLflow searches")
+        return v
+
+    @field_validator("stale_after_s")
+    @classmethod
+    def _stale_after_heartbeats(cls, v: int | None, info: ValidationInfo) -> int | None:
+        beat = info.data.get("heartbeat_s")
+        if v is not None and beat is not None and v <= beat:
+            raise ValueError(f"{v} s is not longer than heartbeat_s ({beat} s): every running trial would be "
+                             f"taken for dead and run again; valid: > {beat}, e.g. {3 * beat}")
+        return v
+
 
 class TrackingSection(Section):
     """MLflow tracking."""
 
     uri: str | None = Field(None, description="default: $MLFLOW_TRACKING_URI, else sqlite in the output dir")
     experiment: str | None = Field(None, description="default: the study name")
+
+    @field_validator("experiment")
+    @classmethod
+    def _named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("the experiment name is empty; leave it out to use the study name")
+        return v
 
 
 class Space(Section):

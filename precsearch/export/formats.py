@@ -91,18 +91,26 @@ def warning_lines(warnings: list[str], comment: str = "#") -> list[str]:
     return [f"{comment} WARNING: {w}" for w in warnings]
 
 
-def render(fmt: str, policy: Policy, n_layers: int, provenance: dict[str, Any] | None = None) -> Rendered:
-    """Render ``policy`` for a model with ``n_layers`` blocks in format ``fmt``."""
+def render(fmt: str, policy: Policy, n_layers: int, provenance: dict[str, Any] | None = None, *,
+           pipeline: int = 1) -> Rendered:
+    """Render ``policy`` for a model with ``n_layers`` blocks in format ``fmt``.
+
+    ``pipeline`` (Megatron only): model chunks of the run, pipeline stages x virtual stages.
+    """
     provenance = provenance or {}
     if n_layers < 1:
         raise UserError(f"n_layers must be at least 1, got {n_layers}", field="--n-layers")
+    if pipeline != 1 and fmt != "megatron":
+        raise UserError(f"applies to --format megatron only (got --format {fmt})", field="--pipeline-parallel")
+    if fmt == "megatron":
+        from precsearch.export.megatron import megatron_files
+
+        return megatron_files(policy, n_layers, provenance, pipeline)
     if fmt == "policy":
         from precsearch.policy.file import dump_policy
 
         return Rendered({"policy.yaml": dump_policy(policy, provenance)})
-    if fmt == "megatron":
-        from precsearch.export.megatron import megatron_files as fn
-    elif fmt == "torchtitan":
+    if fmt == "torchtitan":
         from precsearch.export.torchtitan import torchtitan_files as fn
     elif fmt == "accelerate":
         from precsearch.export.accelerate import accelerate_files as fn

@@ -36,6 +36,14 @@ What cannot be expressed, and is therefore not written (a warning says so):
 * The output layer is a plain ``ColumnParallelLinear`` (never FP8) unless
   ``--fp8-output-proj`` with ``--fp8-recipe mxfp8``.
 * There is no FP8 warm-up flag.
+
+Pipeline parallelism: each pipeline stage (each model chunk, with a virtual pipeline) builds its
+blocks as ``decoder.layers.0 .. k-1`` and Megatron matches the precision config against those
+local names (``GPTModel.named_modules()`` -> ``get_quant_config_or_none``), whereas
+``--first-last-layers-bf16`` counts global layers (``is_first_last_bf16_layer``). So with
+``pipeline`` chunks of ``k`` blocks, a matcher for block ``j`` selects blocks ``j, j + k, ...``:
+an export for a pipelined run writes per-block matchers in local numbers, and where blocks that
+share a local number need different precisions it keeps the commoner one and warns, naming them.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from precsearch.export.formats import (
     header,
     warning_lines,
 )
+from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
 
@@ -146,17 +155,27 @@ def _edge_blocks(table: dict[tuple[int, str], Precision], n_layers: int) -> tupl
     return start, end
 
 
-def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: Precision,
-              fp8_format: str) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """(configs, matchers, uses per-block patterns) making every module in ``blocks`` run its precision.
+def _slot_precision(members: dict[int, Precision], common: Precision) -> Precision:
+    """The precision blocks sharing one local number get: their commonest (ties: ``common``, then BF16)."""
+    counts = Counter(members.values())
+    order = list(Precision)
+    return min(counts, key=lambda p: (-counts[p], p is not common, p is not Precision.BF16, order.index(p)))
+
+
+def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: Precision, fp8_format: str,
+              chunk: int) -> tuple[dict[str, Any], dict[str, Any], bool, list[tuple[int, str, Precision, Precision]]]:
+    """(configs, matchers, uses per-block patterns, blocks run otherwise) for every module in ``blocks``.
 
     Per module kind: the commonest precision over ``blocks`` gets one wildcard matcher
-    (unless it is the global recipe, which needs none), preceded by exact-name matchers
-    for the blocks that differ from it. First match wins, so exceptions come first.
+    (unless it is the global recipe, which needs none), preceded by matchers for the local
+    block numbers (block mod ``chunk``) that differ from it. First match wins, so exceptions
+    come first. Blocks sharing a local number that the policy gives different precisions
+    cannot all be served: they are returned as (block, module, policy's, run) precisions.
     """
     configs: dict[str, Any] = {}
     matchers: dict[str, Any] = {}
     per_block = False
+    wrong: list[tuple[int, str, Precision, Precision]] = []
     order = list(Precision)
 
     def use(p: Precision) -> str:
@@ -175,22 +194,51 @@ def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: 
         else:
             common = min(counts, key=lambda p: (-counts[p], p is not glob, order.index(p)))
         short = module.split(".")[-1]
+        slots: dict[int, dict[int, Precision]] = {}
         for b, p in precs.items():
+            slots.setdefault(b % chunk, {})[b] = p
+        for j, members in sorted(slots.items()):
+            p = _slot_precision(members, common)
+            wrong += [(b, module, want, p) for b, want in members.items() if want is not p]
             if p is not common:
                 per_block = True
-                matchers[f"layer{b}_{short}_{CONFIG_KEYS[p]}"] = {
-                    "config": use(p), "type": "glob", "pattern": megatron_name(b, module), "enabled": True}
+                matchers[f"layer{j}_{short}_{CONFIG_KEYS[p]}"] = {
+                    "config": use(p), "type": "glob", "pattern": megatron_name(j, module), "enabled": True}
         if common is not glob:
             matchers[f"all_{short}_{CONFIG_KEYS[common]}"] = {
                 "config": use(common), "type": "glob", "pattern": megatron_name("*", module), "enabled": True}
-    return configs, matchers, per_block
+    return configs, matchers, per_block, wrong
 
 
-def megatron_export(policy: Policy, n_layers: int) -> tuple[list[str], dict[str, Any] | None, list[str]]:
+def _pipeline_warnings(wrong: list[tuple[int, str, Precision, Precision]], pipeline: int, chunk: int) -> list[str]:
+    """One warning per (module, policy's precision, run precision) the pipeline layout cannot serve."""
+    grouped: dict[tuple[str, Precision, Precision], list[int]] = {}
+    for b, module, want, got in wrong:
+        grouped.setdefault((module, want, got), []).append(b)
+    return [f"with {pipeline} pipeline chunks of {chunk} blocks, Megatron's precision matchers see block numbers "
+            f"within a chunk (0 to {chunk - 1}), so blocks sharing one cannot differ: {module} of blocks "
+            f"{block_ranges(blocks)} runs {got.value} where the policy says {want.value}"
+            for (module, want, got), blocks in grouped.items()]
+
+
+def chunk_layers(n_layers: int, pipeline: int) -> int:
+    """Blocks per model chunk of a run with ``pipeline`` chunks (pipeline stages x virtual stages)."""
+    if pipeline < 1 or n_layers % pipeline:
+        raise UserError(f"{n_layers} blocks do not split evenly into {pipeline} pipeline chunks; valid: a "
+                        f"divisor of {n_layers} (uneven first/last stages are not supported)",
+                        field="--pipeline-parallel")
+    return n_layers // pipeline
+
+
+def megatron_export(policy: Policy, n_layers: int,
+                    pipeline: int = 1) -> tuple[list[str], dict[str, Any] | None, list[str]]:
     """(flags, precision config dict or None, warnings) expressing ``policy`` for Megatron.
 
-    The flags refer to the config file as ``te_precision_config.yaml`` when one is needed.
+    ``pipeline`` is the number of model chunks of the run: ``--pipeline-model-parallel-size``, times
+    the virtual stages per rank with an interleaved schedule. The flags refer to the config file as
+    ``te_precision_config.yaml`` when one is needed.
     """
+    chunk = chunk_layers(n_layers, pipeline)
     table, warnings = megatron_table(policy, n_layers)
     recipe = policy.recipe
     fp8_format = recipe.fp8_format.value
@@ -216,18 +264,23 @@ def megatron_export(policy: Policy, n_layers: int) -> tuple[list[str], dict[str,
                 f"{block_ranges(list(range(start)) + list(range(n_layers - end, n_layers)))}) are kept BF16 "
                 "by per-module bf16 matchers in the precision config file instead")
             start = end = 0
+        # Megatron allows at most num_layers // pipeline-parallel size BF16 blocks at each end
+        start, end = min(start, n_layers // pipeline), min(end, n_layers // pipeline)
         if start or end:
             flags += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(start),
                       "--num-layers-at-end-in-bf16", str(end)]
-        configs, matchers, per_block = _matchers(table, list(range(start, n_layers - end)), glob, fp8_format)
+        configs, matchers, per_block, wrong = _matchers(table, list(range(start, n_layers - end)), glob,
+                                                        fp8_format, chunk)
         if matchers:
             config = {"configs": configs, "matchers": matchers}
             flags += ["--te-precision-config-file", CONFIG_FILE]
-            if per_block:
+            if per_block and pipeline == 1:
                 warnings.append(
-                    "the precision config names single blocks (decoder.layers.N...); Megatron matches module "
-                    "paths whose N counts layers within one pipeline stage, so run it with "
-                    "--pipeline-model-parallel-size 1 (and no virtual pipeline) or the wrong blocks are selected")
+                    "the precision config names single blocks (decoder.layers.N...); Megatron matches them "
+                    "against block numbers within one pipeline stage, so these files are for "
+                    "--pipeline-model-parallel-size 1; for a pipelined run export with --pipeline-parallel N "
+                    "(stages x virtual stages)")
+        warnings += _pipeline_warnings(wrong, pipeline, chunk)
         if lm_head is Precision.MXFP8 and glob is Precision.MXFP8:
             flags.append("--fp8-output-proj")
         elif lm_head.is_fp8:
@@ -264,9 +317,9 @@ def _memory_flags(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
     return flags, warnings
 
 
-def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
+def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pipeline: int = 1) -> Rendered:
     """``megatron_args.sh`` (a bash array of flags) and, when needed, ``te_precision_config.yaml``."""
-    flags, config, warnings = megatron_export(policy, n_layers)
+    flags, config, warnings = megatron_export(policy, n_layers, pipeline)
     files: dict[str, str] = {}
     if config is not None:
         head = header(provenance, f"Megatron-LM --te-precision-config-file for a {n_layers}-layer Llama 3")
@@ -282,6 +335,9 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) ->
         lines.append("# --te-precision-config-file needs Megatron-LM core_v0.16.0 or newer")
     if "--fp8-output-proj" in flags:
         lines.append("# --fp8-output-proj needs Megatron-LM core_v0.18.0 or newer")
+    if pipeline > 1:
+        lines.append(f"# for {pipeline} pipeline chunks (--pipeline-model-parallel-size x virtual stages) of "
+                     f"{n_layers // pipeline} blocks, split evenly")
     if "--first-last-layers-bf16" in flags:
         lines.append("# --num-layers-at-{start,end}-in-bf16 may not exceed the layers of one pipeline stage")
     lines += warning_lines(warnings)
@@ -291,7 +347,8 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) ->
         flag = flags[i]
         value = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
         if flag == "--te-precision-config-file":
-            value = f'"$(dirname "${{BASH_SOURCE[0]}}")/{CONFIG_FILE}"'
+            # absolute when sourced: a relative dirname would break once the launcher changes directory
+            value = f'"$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/{CONFIG_FILE}"'
         lines.append(f"  {flag}" + (f" {value}" if value is not None else ""))
         i += 2 if value is not None else 1
     lines.append(")")
@@ -299,5 +356,5 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) ->
     return Rendered(files, warnings)
 
 
-__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "hf_to_megatron", "megatron_export", "megatron_files",
+__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "chunk_layers", "hf_to_megatron", "megatron_export", "megatron_files",
            "megatron_name", "megatron_table"]

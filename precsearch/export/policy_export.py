@@ -69,7 +69,8 @@ class Export:
 
 
 def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick: str | None = None,
-           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None) -> Export:
+           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None,
+           pipeline: int = 1) -> Export:
     """Choose a trial (by number, or by ``pick`` rule) and render it in format ``fmt``.
 
     Args:
@@ -78,6 +79,7 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
         max_instability: Only trials at or below this instability qualify (with ``pick``).
         fmt: ``policy``, ``megatron``, ``torchtitan`` or ``accelerate``.
         n_layers: Blocks of the model the files are for (default: the study's target model).
+        pipeline: Megatron only: model chunks of the run (pipeline stages x virtual stages).
     """
     if (trial is None) == (pick is None):
         raise UserError("give either a trial number or a rule to pick one", field="--trial/--pick")
@@ -94,19 +96,46 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
     policy, provenance = trial_policy(study, ws, trial)
     if pick is not None:
         provenance["chosen_by"] = {"pick": pick, "max_instability": max_instability, "reason": reason}
-    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance)
-    return Export(trial, reason, rendered.files, rendered.warnings)
+    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance,
+                      pipeline=pipeline)
+    verdict = infeasible_warning(study, trial)
+    return Export(trial, reason, rendered.files, ([verdict] if verdict else []) + rendered.warnings)
 
 
-def write_export(files: dict[str, str], output: Path | None) -> list[Path]:
+def infeasible_warning(study: optuna.Study, number: int) -> str | None:
+    """Why trial ``number`` is not feasible (diverged, or instability over the limit), or None if it is."""
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+    score = trial.user_attrs.get("score", {})
+    if score.get("feasible", True):
+        return None
+    if score.get("diverged"):
+        return f"trial {number} diverged in its probe: this policy broke training where BF16 did not"
+    objectives = study.user_attrs["space"]["objectives"]
+    limit, unit = objectives["stability_limit"], objectives["stability_unit"]
+    if not score.get("stable", False):
+        measured = score["instability"]
+        if unit == "noise":
+            floor = score.get("noise_floor") or float("nan")
+            shown = f"{measured / floor:.2f} BF16 seed spreads" if floor > 0 else "unknown (no noise floor)"
+            return (f"trial {number} is not feasible: instability {shown} > objectives.stability_limit {limit} "
+                    f"(in noise units); it trained measurably worse than BF16 in its probe")
+        return (f"trial {number} is not feasible: instability {100 * measured:.2f}% > objectives.stability_limit "
+                f"{100 * limit:.2f}% of the BF16 loss; it trained measurably worse than BF16 in its probe")
+    return (f"trial {number} is not feasible: stable at probe.lr, but not under stress "
+            f"(objectives.stress, in the constraint)")
+
+
+def write_export(files: dict[str, str], output: str | Path | None) -> list[Path]:
     """Write the files: one file to ``output`` unless it is a directory; several into the directory ``output``.
 
+    ``output`` is a directory when it exists as one, ends with a path separator (``out/``: give it as
+    the user wrote it, since ``Path`` drops the trailing slash), or there are several files.
     Returns the paths written (none when ``output`` is None: the caller prints instead).
     """
     if output is None:
         return []
+    as_dir = str(output).endswith(("/", "\\")) or Path(output).is_dir() or len(files) > 1
     output = Path(output)
-    as_dir = output.is_dir() or str(output).endswith(("/", "\\")) or len(files) > 1
     if not as_dir:
         (name, text), = files.items()
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -123,4 +152,5 @@ def write_export(files: dict[str, str], output: Path | None) -> list[Path]:
     return written
 
 
-__all__ = ["Export", "export", "export_trial", "target_layers", "trial_policy", "write_export"]
+__all__ = ["Export", "export", "export_trial", "infeasible_warning", "target_layers", "trial_policy",
+           "write_export"]

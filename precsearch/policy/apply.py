@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 
 from precsearch.backends import Backend, get_backend
-from precsearch.policy.rules import Policy, Rule, block_index
+from precsearch.policy.rules import Policy, Rule, block_index, member_rules
 from precsearch.precision import LayerRecipe, Precision
 
 NameMap = Callable[[str], "str | None"]
@@ -94,9 +95,13 @@ class PolicyRuntime:
                 ``model`` (the model names its layers differently: give ``name_map``).
         """
         mapped = _mapped_linear_names(model, name_map)
+        whole = n_layers is None
         if n_layers is None:
             indices = [i for i in (block_index(n) for n in mapped.values()) if i is not None]
             n_layers = max(indices) + 1 if indices else 0
+        if not mapped and self.policy.uses_fp8:
+            raise PolicyError(f"{type(model).__name__} has no nn.Linear layer (after name_map) for the policy to "
+                              "convert; FP8 would run nowhere")
         if self.policy.rules and not any(_could_match(r, p) for r in self.policy.rules for p in mapped.values()):
             patterns = sorted({m for r in self.policy.rules for m in r.modules})
             sample = list(mapped.values())[:3] or ["(the model has no nn.Linear)"]
@@ -105,6 +110,7 @@ class PolicyRuntime:
                 f"no rule of the policy matches any Linear layer of {type(model).__name__}: the rules "
                 f"match {', '.join(patterns)}; the model's layers are named like {', '.join(sample)}{hint}"
             )
+        _check_every_rule_decides(self.policy.rules, list(mapped.values()), n_layers, whole=whole)
         recipes = self.policy.layer_recipes(list(mapped.values()), n_layers)
         return {name: recipes[policy_name] for name, policy_name in mapped.items()}
 
@@ -214,6 +220,33 @@ def _mapped_linear_names(model: nn.Module, name_map: NameMap | None) -> dict[str
         if mapped is not None:
             out[name] = mapped
     return out
+
+
+def _check_every_rule_decides(rules: tuple[Rule, ...], names: list[str], n_layers: int, *, whole: bool) -> None:
+    """A rule that decides no layer converts nothing: the policy was made for another model.
+
+    Blocks past ``n_layers`` and empty block selections are errors. A rule that matches no layer, or
+    whose layers all go to earlier rules, is an error for a whole model (``n_layers`` inferred) and a
+    warning when ``n_layers`` is given: the model may be one pipeline stage, its other blocks elsewhere.
+    """
+    for i, rule in enumerate(rules):
+        where = f"policy.rules[{i}] ('{rule.name}')"
+        past = [b for b in (rule.indices or ()) if b >= n_layers]
+        if past:
+            raise PolicyError(f"{where} names block {past[0]}, past this model's {n_layers} blocks (0 to "
+                              f"{n_layers - 1}): the policy was made for a deeper model")
+        if rule.limits_blocks and not (rule.first or rule.last or rule.indices):
+            raise PolicyError(f"{where} selects no block (first/last 0 or no indices): it can convert nothing")
+    deciding = {id(r) for name in names for r in member_rules(rules, name, n_layers).values() if r is not None}
+    for i, rule in enumerate(rules):
+        if id(rule) in deciding:
+            continue
+        message = (f"policy.rules[{i}] ('{rule.name}') decides no layer of this {n_layers}-block model: no Linear "
+                   f"matches {', '.join(rule.modules)} in the blocks it selects, or earlier rules take them all")
+        if whole:
+            raise PolicyError(message + "; the policy was made for another model (pass n_layers if this is a part "
+                                        "of a deeper one)")
+        warnings.warn(message + " (n_layers was given: the layers it decides may be elsewhere)", stacklevel=4)
 
 
 def _could_match(rule: Rule, name: str) -> bool:

@@ -20,7 +20,7 @@ import yaml
 
 from precsearch.errors import UserError
 from precsearch.policy.rules import MOMENT_DTYPES, MemoryKnobs, Policy
-from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
+from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN, AmaxAlgo, Fp8Format, LayerRecipe, Precision
 
 SCHEMA_VERSION = 1
 
@@ -94,9 +94,9 @@ def _check_policy(policy: Any) -> None:
         _check_rule(rule, f"policy.rules[{i}]")
     recipe = policy.get("recipe", {})
     _check_keys(recipe, "policy.recipe", _RECIPE_KEYS)
-    for key in ("amax_history_len", "margin"):
+    for key, low, high in (("amax_history_len", 1, MAX_AMAX_HISTORY), ("margin", 0, MAX_MARGIN)):
         if key in recipe:
-            _check_count(recipe[key], f"policy.recipe.{key}", minimum=1 if key == "amax_history_len" else 0)
+            _check_count(recipe[key], f"policy.recipe.{key}", minimum=low, maximum=high)
     for key, names in (("fp8_format", Fp8Format), ("amax_compute_algo", AmaxAlgo)):
         if key in recipe:
             _check_name(recipe[key], f"policy.recipe.{key}", names)
@@ -129,8 +129,10 @@ def _check_rule(rule: Any, field: str) -> None:
         if layers.get(key) is not None:
             _check_count(layers[key], f"{field}.layers.{key}", minimum=0)
     indices = layers.get("indices")
-    _expect(indices is None or (isinstance(indices, list) and all(_is_int(i) and i >= 0 for i in indices)),
-            f"{field}.layers.indices", "a list of block numbers >= 0", indices)
+    _expect(indices is None or (isinstance(indices, list) and bool(indices)
+                                and all(_is_int(i) and i >= 0 for i in indices)),
+            f"{field}.layers.indices", "a non-empty list of block numbers >= 0 (an empty one selects no block)",
+            indices)
 
 
 def _check_keys(value: Any, field: str, allowed: tuple[str, ...]) -> None:
@@ -146,8 +148,12 @@ def _check_name(value: Any, field: str, names: type[Enum]) -> None:
     _expect(isinstance(value, str) and value in valid, field, f"one of {', '.join(valid)}", value)
 
 
-def _check_count(value: Any, field: str, *, minimum: int) -> None:
-    _expect(_is_int(value) and value >= minimum, field, f"a whole number >= {minimum}", value)
+def _check_count(value: Any, field: str, *, minimum: int, maximum: int | None = None) -> None:
+    if maximum is None:
+        _expect(_is_int(value) and value >= minimum, field, f"a whole number >= {minimum}", value)
+    else:
+        _expect(_is_int(value) and minimum <= value <= maximum, field, f"a whole number from {minimum} to {maximum}",
+                value)
 
 
 def _is_int(value: Any) -> bool:

@@ -82,13 +82,16 @@ def load_tokens(
     elif source == "synthetic":
         n_tokens = DEFAULT_SYNTHETIC_TOKENS if max_tokens is None else max_tokens
         tokens = synthetic_tokens(n_tokens, vocab_size or DEFAULT_SYNTHETIC_VOCAB, seed)
-    elif source == "tokens":
-        tokens = _load_token_file(_existing(path, source), dtype, max_tokens)
-    elif source == "text":
-        tokens = _load_text(_existing(path, source), tokenizer, max_tokens)
+    elif source in ("tokens", "text"):
+        try:
+            tokens = (_load_token_file(_existing(path, source), dtype, max_tokens) if source == "tokens"
+                      else _load_text(_existing(path, source), tokenizer, max_tokens))
+        except OSError as exc:  # unreadable (permissions, a special file): the user's file, not a bug
+            raise DataError(f"cannot read {exc.filename or path}: {exc.strerror or exc}", field="data.path") from None
     else:
         raise DataError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}", field="data.source")
-    _check_tokens(tokens, vocab_size, field="data.path" if path is not None else "data.source")
+    where = f"{path}" if source in ("tokens", "text") else f"the {source} stream"
+    _check_tokens(tokens, vocab_size, where, field="data.path" if source in ("tokens", "text") else "data.source")
     return tokens
 
 
@@ -101,16 +104,15 @@ def _existing(path: Path | None, source: str) -> Path:
     return path
 
 
-def _check_tokens(tokens: torch.Tensor, vocab_size: int | None, *, field: str) -> None:
+def _check_tokens(tokens: torch.Tensor, vocab_size: int | None, where: str, *, field: str) -> None:
     if tokens.numel() < MIN_TOKENS:
-        raise DataError(f"only {tokens.numel()} tokens; need at least {MIN_TOKENS}", field=field)
+        raise DataError(f"{where} holds only {tokens.numel()} tokens; need at least {MIN_TOKENS}", field=field)
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0:
-        raise DataError(f"negative token id {low}", field=field)
+        raise DataError(f"{where} has a negative token id {low}", field=field)
     if vocab_size is not None and high >= vocab_size:
-        raise DataError(
-            f"token id {high} is out of range for the model's vocab_size {vocab_size}", field=field
-        )
+        raise DataError(f"{where} has token id {high}, out of range for the model's vocab_size {vocab_size} "
+                        f"(model.vocab_size, or the preset's)", field=field)
 
 
 # --- stdlib ---------------------------------------------------------------------------
@@ -218,8 +220,10 @@ def _load_token_file(path: Path, dtype: str, max_tokens: int | None) -> torch.Te
 def _open_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise DataError(f"cannot read {path} as .npy: {exc}", field="data.path") from exc
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path} as .npy: {exc}", field="data.path") from None
+    if not isinstance(array, np.ndarray):  # an .npz archive under an .npy name
+        raise DataError(f"{path} is not a single .npy array (an .npz archive?)", field="data.path")
     if not np.issubdtype(array.dtype, np.integer):
         raise DataError(f"{path} holds {array.dtype}, not integer token ids", field="data.path")
     return array.reshape(-1)
@@ -368,6 +372,8 @@ __all__ = [
     "SOURCES",
     "TOKEN_DTYPES",
     "TokenBatches",
+    "check_data",
+    "load_batches",
     "load_tokens",
     "stdlib_bytes",
     "stdlib_tokens",
@@ -377,9 +383,31 @@ __all__ = [
 
 
 def load_batches(space: "Space") -> TokenBatches:
-    """The space's token stream as deterministic training batches plus the fixed held-out set."""
+    """The space's token stream as deterministic training batches plus the fixed held-out set.
+
+    Raises:
+        DataError: naming the data file (or source) and the field to change.
+    """
     d, p = space.data, space.probe
     tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
                          max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
-    return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
-                        eval_batches=d.eval_batches)
+    try:
+        return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
+                            eval_batches=d.eval_batches)
+    except DataError as exc:
+        where = d.path if d.path is not None else f"the {d.source.value} stream"
+        limited = d.max_tokens is not None and tokens.numel() == d.max_tokens
+        raise DataError(f"{where}: {exc.detail}; give more tokens or lower probe.seq_len, probe.micro_batch or "
+                        f"data.eval_batches", field="data.max_tokens" if limited else
+                        "data.path" if d.path is not None else "data.source") from None
+
+
+def check_data(space: "Space") -> None:
+    """Read the space's data once as a probe would, so that a bad file stops the run before any trial.
+
+    Costs one load of the stream (what each probe process does at its start).
+
+    Raises:
+        DataError: naming the data file (or source) and the field to change.
+    """
+    load_batches(space)

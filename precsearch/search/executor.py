@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 
 from precsearch.config.space import ProbeSection, Space
+from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
@@ -38,6 +39,13 @@ class ProbeFailed(RuntimeError):
 
 class ProbeCrashed(RuntimeError):
     """The probe's process died (signal, exit code) or ran past its time limit."""
+
+
+class ProbeSetupFailed(UserError):
+    """The probe process could not load the space's data (or backend): no probe of this study can run.
+
+    A user error, not a verdict on the trial's policy: the trial is queued again and the run stops.
+    """
 
 
 class ProbeExecutor:
@@ -82,6 +90,10 @@ class ProbeExecutor:
                             on_step(*message[1:])
                     elif message[0] == "done":
                         return ProbeResult.from_dict(message[1])
+                    elif message[0] == "setup_error":
+                        self._kill()  # a fresh child re-reads the data once the user has fixed it
+                        raise ProbeSetupFailed(f"the probe process could not start: {message[2]}",
+                                               field=message[1])
                     else:
                         self._after_error(message[1])
                         raise ProbeFailed(f"{message[1]}: {message[2]}")
@@ -181,7 +193,11 @@ def _child_main(conn, space_json: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides what Ctrl-C means
     from precsearch.search.probe_host import ProbeHost
 
-    host = ProbeHost(Space.model_validate(space_json))
+    try:
+        host = ProbeHost(Space.model_validate(space_json))
+        setup_error = None
+    except Exception as exc:  # noqa: BLE001 - it would recur for every probe: answer each request with it
+        host, setup_error = None, ("setup_error", *_setup_problem(exc))
     while True:
         try:
             request = conn.recv()
@@ -189,6 +205,9 @@ def _child_main(conn, space_json: dict) -> None:
             return
         if request is None:
             return
+        if setup_error is not None:
+            conn.send(setup_error)
+            continue
         try:
             result = host.run(request, on_step=lambda *step: conn.send(("step", *step)))
             conn.send(("done", result.to_dict()))
@@ -196,6 +215,15 @@ def _child_main(conn, space_json: dict) -> None:
             conn.send(("error", type(exc).__name__, _describe(exc)))
             if type(exc).__name__ in _POISONING:
                 os._exit(1)
+
+
+def _setup_problem(exc: Exception) -> tuple[str, str]:
+    """(field, message) for a probe process that could not load its space's data or backend."""
+    if isinstance(exc, UserError):
+        return exc.field or "data", exc.detail
+    if type(exc).__name__ == "BackendUnavailable":
+        return "backend", str(exc)
+    return "probe", f"{type(exc).__name__}: {_describe(exc)}"
 
 
 def _describe(exc: Exception) -> str:

@@ -15,11 +15,13 @@ import zlib
 from pathlib import Path
 
 import optuna
+from pydantic import ValidationError
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.redact import redact_url
 from precsearch.search import stores
+from precsearch.probe.data import check_data
 from precsearch.search.study import _say, finished_count, open_run, work
 from precsearch.search.workspace import DEFAULT_OUTPUT_ROOT, Workspace
 
@@ -37,7 +39,15 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
     if not url:
         raise UserError(f"give --storage or set ${STORAGE_ENV}", field="--storage")
     study = _load(study_name, url)
-    space = Space.model_validate(study.user_attrs["space"])
+    try:
+        space = Space.model_validate(study.user_attrs["space"])
+    except ValidationError as exc:  # stored by an older precsearch that accepted it
+        problem = exc.errors()[0]
+        problem["msg"] = problem["msg"].removeprefix("Value error, ")
+        where = ".".join(str(p) for p in problem["loc"])
+        raise UserError(f"study '{study_name}' was stored with a space this precsearch refuses ({where}: "
+                        f"{problem['msg']}); start a new study with a corrected space file", field="--study") from None
+    check_data(space)  # this machine's copy of the data, before any trial
     tracking = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not tracking:
         raise UserError("give --tracking-uri (the study's MLflow server) or set $MLFLOW_TRACKING_URI",

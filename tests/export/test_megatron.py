@@ -106,8 +106,13 @@ def _recipe_precision(training_recipe) -> Precision:
                                 training_recipe.fp8_quantization_recipe))]
 
 
-def _effective(flags: list[str], config: dict | None, tmp_path: Path, n_layers: int) -> dict:
-    """(block, module) -> precision Megatron would run, decided by Megatron's own code when installed."""
+def _effective(flags: list[str], config: dict | None, tmp_path: Path, n_layers: int, chunks: int = 1) -> dict:
+    """(block, module) -> precision Megatron would run, decided by Megatron's own code when installed.
+
+    With ``chunks`` pipeline chunks, each builds its blocks as decoder.layers.0..k-1 and Megatron's matcher
+    sees those local names (GPTModel.named_modules() -> get_quant_config_or_none), while the first/last
+    BF16 flags count global layers (fp8_utils.is_first_last_bf16_layer).
+    """
     args = _flag_dict(flags)
     glob = P.NVFP4 if "--fp4-recipe" in args else _RECIPE.get(args.get("--fp8-recipe"))
     edges = "--first-last-layers-bf16" in args
@@ -124,7 +129,7 @@ def _effective(flags: list[str], config: dict | None, tmp_path: Path, n_layers: 
     for b in range(n_layers):
         for module in MODULES:
             ctx_quantized = glob is not None and start <= b < n_layers - end
-            name = megatron_name(b, module)
+            name = megatron_name(b % (n_layers // chunks), module)
             if mc is None:
                 out[b, module] = _effective_from_structure(name, config, ctx_quantized, glob)
                 continue
@@ -167,7 +172,7 @@ def _effective_from_structure(name: str, config: dict | None, ctx_quantized: boo
     return P.NVFP4 if "fp4_quantization_recipe" in tr else _RECIPE[tr["fp8_quantization_recipe"]]
 
 
-def _check_transformer_config(flags: list[str], n_layers: int) -> None:
+def _check_transformer_config(flags: list[str], n_layers: int, pipeline: int = 1) -> None:
     mc = _megatron()
     if mc is None:
         return
@@ -180,6 +185,10 @@ def _check_transformer_config(flags: list[str], n_layers: int) -> None:
         if name is None or name not in fields:  # --clip-grad, the config file; fp8_output_proj after 0.16
             continue
         kwargs[name] = True if value is None else int(value) if value.isdigit() else value
+    if pipeline > 1:
+        import torch
+
+        kwargs |= {"pipeline_model_parallel_size": pipeline, "pipeline_dtype": torch.bfloat16}
     mc[4](num_layers=n_layers, hidden_size=64, num_attention_heads=4, **kwargs)  # raises if Megatron refuses
 
 
@@ -318,3 +327,79 @@ def test_memory_knobs_become_megatron_optimizer_flags():
     flags, _ = _memory_flags(MemoryKnobs(fp8_weights=True, moment_dtype="bf16"))
     assert flags == ["--fp8-param-gather"]  # FP8 weights force FP32 moments
     assert _memory_flags(MemoryKnobs()) == ([], [])
+
+
+# ---- pipeline parallelism ---------------------------------------------------------------------
+
+PP_N = 8
+#: Blocks 2 and 6 BF16 (local block 2 of both 4-block stages): expressible with 2 stages, not with 4.
+PERIODIC = Policy(rules=(Rule("b2", ("*",), P.BF16, indices=(2, 6)), Rule("rest", ("model.*",), P.FP8_CURRENT)))
+#: Only block 3 BF16: with 2 stages, local block 3 is also block 7.
+SINGLE = Policy(rules=(Rule("b3", ("*.mlp.*",), P.BF16, indices=(3,)), Rule("rest", ("model.*",), P.FP8_BLOCK)))
+#: BF16 edges wider than one pipeline stage allows for the first/last flags.
+WIDE_EDGES = Policy(rules=(Rule("edges", ("*",), P.BF16, first=5, last=1), Rule("rest", ("model.*",), P.FP8_CURRENT)))
+
+
+@pytest.mark.parametrize("name, pipeline", [("PERIODIC", 2), ("edges", 2), ("edges", 3), ("WIDE_EDGES", 2)],
+                         ids=["periodic_pp2", "edges_pp2", "edges_pp3", "wide_edges_pp2"])
+def test_pipelined_export_runs_what_the_policy_says(name, pipeline, tmp_path):
+    """Where the policy's shape allows it, a pipelined run gets every block right: per-block matchers in the
+    numbers each stage sees, edges by the global first/last flags (within Megatron's per-stage limit)."""
+    policy = POLICIES.get(name) or globals()[name]
+    n = 6 if name == "edges" else PP_N
+    flags, config, warnings = megatron_export(policy, n, pipeline)
+    _check_transformer_config(flags, n, pipeline)
+    table, _ = megatron_table(policy, n)
+    assert _effective(flags, config, tmp_path, n, chunks=pipeline) == table
+    assert not any("pipeline" in w for w in warnings), warnings
+
+
+def test_wide_edges_are_capped_at_one_stage_and_the_rest_matched():
+    flags, config, _ = megatron_export(WIDE_EDGES, PP_N, 2)  # 4 blocks per stage: at most 4 BF16 blocks per end
+    args = _flag_dict(flags)
+    assert (args["--num-layers-at-start-in-bf16"], args["--num-layers-at-end-in-bf16"]) == ("4", "1")
+    assert "decoder.layers.0.self_attention.linear_qkv" in {m["pattern"] for m in config["matchers"].values()}
+    flags, _, _ = megatron_export(WIDE_EDGES, PP_N, 1)
+    assert _flag_dict(flags)["--num-layers-at-start-in-bf16"] == "5"
+
+
+def test_what_a_pipeline_cannot_express_is_warned_block_by_block(tmp_path):
+    """Block 3 alone BF16 with 2 stages of 4: local block 3 is blocks 3 and 7, which the policy gives different
+    precisions. The warning names exactly the blocks that will run otherwise, and Megatron runs just that."""
+    flags, config, warnings = megatron_export(SINGLE, PP_N, 2)
+    table, _ = megatron_table(SINGLE, PP_N)
+    effective = _effective(flags, config, tmp_path, PP_N, chunks=2)
+    differ = {k for k in table if effective[k] is not table[k]}
+    assert differ, "the case must be one a 2-stage pipeline cannot express"
+    assert len(warnings) == 2, warnings  # fc1 and fc2 of block 3
+    for (block, module) in differ:
+        assert any(f"{module} of blocks {block} runs" in w and "within a chunk (0 to 3)" in w for w in warnings)
+    assert not any("--pipeline-model-parallel-size 1" in w for w in warnings)
+
+
+def test_pp1_export_of_per_block_policy_points_at_the_pipeline_flag():
+    _, _, warnings = megatron_export(SINGLE, PP_N)
+    assert any("--pipeline-model-parallel-size 1" in w and "--pipeline-parallel N" in w for w in warnings)
+
+
+def test_uneven_pipeline_split_is_refused():
+    from precsearch.errors import UserError
+
+    with pytest.raises(UserError, match="--pipeline-parallel.*do not split evenly"):
+        megatron_export(SINGLE, PP_N, 3)
+    with pytest.raises(UserError, match="--pipeline-parallel.*megatron only"):
+        render("torchtitan", SINGLE, PP_N, {}, pipeline=2)
+
+
+def test_the_config_path_is_absolute_when_sourced_by_a_relative_path(tmp_path):
+    """Sourced as ../m/megatron_args.sh, the YAML path must still hold after the launcher changes directory."""
+    rendered = render("megatron", POLICIES["edges"], N, {})
+    (tmp_path / "m").mkdir()
+    (tmp_path / "work").mkdir()
+    for name, text in rendered.files.items():
+        (tmp_path / "m" / name).write_text(text)
+    script = ('source ../m/megatron_args.sh && cd / && a=("${PRECSEARCH_MEGATRON_ARGS[@]}") && '
+              'for i in "${!a[@]}"; do [ "${a[$i]}" = --te-precision-config-file ] && echo "${a[$((i+1))]}"; done; true')
+    path = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                          cwd=tmp_path / "work").stdout.strip()
+    assert Path(path).is_absolute() and Path(path).resolve() == (tmp_path / "m" / CONFIG_FILE).resolve()
