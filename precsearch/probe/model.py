@@ -70,7 +70,8 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` without bias whose BF16 GEMMs run in float32 on a CPU (:func:`precsearch.cpu_bf16.linear`)."""
+    """``nn.Linear`` without bias; on a CPU without BF16 dot products its BF16 GEMMs run in float32
+    (:func:`precsearch.cpu_bf16.linear`)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
