@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from precsearch import cpu_bf16
 from precsearch.backends.base import Backend, keep_input_norm, linear_modules, model_device, norm_input
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
@@ -122,7 +123,7 @@ class EmulatedFP8Linear(nn.Module):
         bias: The original layer's bias Parameter, or None.
         layer_norm_weight: The RMSNorm fused into the original's input (same Parameter), or None.
         recipe: The layer's numeric recipe.
-        fp8_enabled: When False the layer is exactly ``F.linear``.
+        fp8_enabled: When False the layer is exactly :func:`precsearch.cpu_bf16.linear`.
         input_scaler, weight_scaler, grad_output_scaler: One scaler per role.
         last_stats: Role -> diagnostics of the latest forward/backward: ``amax``,
             ``saturated_frac``, ``underflow_frac``, ``nonfinite_frac`` and, for
@@ -159,8 +160,8 @@ class EmulatedFP8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``norm(x) @ weight.T + bias``, through FP8 quantization when enabled."""
         x = norm_input(self, x)
-        if not self.fp8_enabled:
-            return F.linear(x, self.weight, self.bias)
+        if not self.fp8_enabled:  # as the unconverted probe's Linear computes
+            return cpu_bf16.linear(x, self.weight, self.bias)
         device_type = x.device.type
         # match what nn.Linear returns: the autocast dtype inside autocast, else x's dtype
         if torch.is_autocast_enabled(device_type):

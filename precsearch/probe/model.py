@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from precsearch import cpu_bf16
 from precsearch.arch.config import PRESETS, ModelConfig, RopeScaling, rope_inv_freq
 from precsearch.arch.units import OUTPUT_LAYER, unit_names
 
@@ -68,7 +69,19 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class NormLinear(nn.Linear):
+class Linear(nn.Linear):
+    """``nn.Linear`` without bias; on a CPU without BF16 dot products its BF16 GEMMs run in float32
+    (:func:`precsearch.cpu_bf16.linear`)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T``."""
+        return cpu_bf16.linear(x, self.weight)
+
+
+class NormLinear(Linear):
     """A Linear whose input is RMS-normalised first (TE ``LayerNormLinear`` with RMSNorm, no bias).
 
     It is an ``nn.Linear`` (``weight`` is the GEMM's) with one more Parameter,
@@ -77,13 +90,13 @@ class NormLinear(nn.Linear):
     """
 
     def __init__(self, in_features: int, out_features: int, eps: float):
-        super().__init__(in_features, out_features, bias=False)
+        super().__init__(in_features, out_features)
         self.eps = eps
         self.layer_norm_weight = nn.Parameter(torch.ones(in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``rms_norm(x) @ weight.T``."""
-        return F.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
+        return cpu_bf16.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +142,7 @@ class SelfAttention(nn.Module):
         qkv_dim = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
         self.linear_qkv = NormLinear(cfg.dim, qkv_dim, cfg.norm_eps)
         self.core_attention = CoreAttention(cfg)
-        self.linear_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.linear_proj = Linear(cfg.dim, cfg.dim)
         self.rope: RopeFn = apply_rope  # a backend may put a fused kernel here
         #: Called with (q, k) after RoPE when set (the early-warning signals read attention logits).
         self.observe_qk: Callable[[torch.Tensor, torch.Tensor], None] | None = None
@@ -149,7 +162,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.linear_fc1 = NormLinear(cfg.dim, 2 * cfg.ffn_dim, cfg.norm_eps)
-        self.linear_fc2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        self.linear_fc2 = Linear(cfg.ffn_dim, cfg.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(silu(gate) * up)`` with ``[gate, up] = fc1(norm(x))``."""
@@ -225,7 +238,7 @@ class Llama3(nn.Module):
         self.embedding = Embedding(cfg)
         self.rotary_pos_emb = RotaryEmbedding(cfg)
         self.decoder = Decoder(cfg)
-        self.output_layer = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output_layer = Linear(cfg.dim, cfg.vocab_size)
 
     @staticmethod
     def linear_names(cfg: ModelConfig) -> list[str]:

@@ -7,6 +7,7 @@ verdict), the lower ones are superseded (:mod:`precsearch.search.promotion`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import optuna
@@ -14,7 +15,7 @@ from optuna.trial import TrialState
 
 from precsearch.search.pareto import pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
-from precsearch.search.scoring import DIRECTIONS
+from precsearch.search.scoring import DIRECTIONS, noise_text
 
 
 def policy_summary(params: dict[str, Any]) -> str:
@@ -57,6 +58,8 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "memory_saved": score["memory_saved"],
         "instability": score["instability"],
         "loss_gap": score["loss_gap"],
+        "noise_floor": score.get("noise_floor", math.nan),
+        "gap_in_noise": score.get("gap_in_noise", math.nan),
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
         "diverged": score["diverged"],
@@ -69,10 +72,12 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table of rows, best memory saving first."""
-    header = f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  {'steps':>6}  policy"
+    header = (f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'BF16 seed noise':>16}  "
+              f"{'tok/s':>8}  {'steps':>6}  policy")
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
+        noise = "-" if r["diverged"] else noise_text(r["noise_floor"], r["gap_in_noise"])
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
-                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}  {r['policy']}")
+                     f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}  {r['policy']}")
     return "\n".join(lines)

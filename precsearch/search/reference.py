@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from precsearch import cpu_bf16
 from precsearch.config.space import ObjectivesSection, ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.probe.continuation import Leg
@@ -43,7 +44,8 @@ from precsearch.probe.result import ProbeResult
 from precsearch.search.scoring import measure_noise_floor
 
 #: Bump when the probe loop changes what a reference measures.
-RUNNER_VERSION = 4  # 2: per-step events recorded; 4: Megatron-Core layout on TE fused modules, fused AdamW on GPU
+RUNNER_VERSION = 5  # 2: per-step events recorded; 4: Megatron-Core layout on TE fused modules, fused AdamW on GPU;
+# 5: CPU BF16 Linear layers without native BF16 run float32 GEMMs on BF16 operands (precsearch.cpu_bf16)
 
 
 def reference_key(space: Space, clip_grad: float | None, device: torch.device,
@@ -64,6 +66,8 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device,
         "torch": torch.__version__,
         "runner": RUNNER_VERSION,
     }
+    if device.type == "cpu":  # native BF16 GEMMs or float32 ones round differently (precsearch.cpu_bf16)
+        payload["cpu_bf16_gemms"] = cpu_bf16.gemm_path()
     if horizon is not None:  # absent for a study without rungs: its cached references keep their keys
         payload["horizon"] = horizon
     blob = json.dumps(payload, sort_keys=True, default=str)

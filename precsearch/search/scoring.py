@@ -275,14 +275,21 @@ def stability_metrics(s: Score) -> dict[str, float]:
 
 
 def verdict(s: Score) -> str:
-    """The trial's verdict in words: ``feasible``, ``unstable`` or ``diverged``, with noise and stress."""
+    """The trial's verdict in words: ``feasible``, ``unstable`` or ``diverged``, with the gap, the noise floor
+    it is read against, and stress (``unstable; gap +3.10% vs BF16 seed noise 0.80% (+3.9x)``)."""
     words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
     if not s.diverged:
-        noise = f"{s.gap_in_noise:+.2f}x" if math.isfinite(s.gap_in_noise) else "unknown"
-        words += f"; gap in BF16 seed noise: {noise}"
+        words += f"; gap {100 * s.instability_gap:+.2f}% vs BF16 seed noise {noise_text(s.noise_floor, s.gap_in_noise)}"
         if s.reading == "tail" and s.reference_tail_descent > TRANSIENT_DESCENT:
             words += f"; BF16 still falling {100 * s.reference_tail_descent:.1f}% over the tail (early descent)"
     if s.stable_under_stress is not None:
         under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
         words += f"; under stress: {under}"
     return words
+
+
+def noise_text(floor: float, gap_in_noise: float) -> str:
+    """The noise floor and a gap in its units, as shown next to a verdict: ``0.80% (+3.9x)``."""
+    if not math.isfinite(floor):
+        return "unknown (one seed)"
+    return f"{100 * floor:.2f}% ({gap_in_noise:+.1f}x)" if math.isfinite(gap_in_noise) else f"{100 * floor:.2f}%"

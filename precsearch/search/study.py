@@ -447,7 +447,7 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
               "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
               "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),
-              "stability_unit": objectives.stability_unit, "fidelity_steps": str(rung),
+              "stability_unit": objectives.stability_unit, "fidelity_steps": str(rung), "verdict": verdict(s),
               "promoted_from": str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-"))} | diagnostics_tags(result)
              | sig_tags,
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),

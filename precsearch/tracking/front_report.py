@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "loss_gap",
-           "tokens_per_s", "diverged", "policy")
+           "noise_floor", "gap_in_noise", "tokens_per_s", "diverged", "policy")
 
 
 def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: float) -> list[Path]:

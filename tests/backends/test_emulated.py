@@ -13,6 +13,7 @@ from precsearch.backends.base import UnsupportedRecipe
 from precsearch.backends.emulated import EmulatedBackend, EmulatedFP8Linear
 from precsearch.fp8.scaling import MXScaler
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.model import Linear as ProbeLinear
 
 FP8_PRECISIONS = [
     Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK, Precision.MXFP8
@@ -87,9 +88,10 @@ class Toy(nn.Module):
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
-def test_disabled_is_f_linear_bit_for_bit(autocast):
-    """With FP8 off the layer would not be a plain Linear, so BF16 warm-up steps would differ."""
-    linear = make_linear()
+def test_disabled_is_the_probes_linear_bit_for_bit(autocast):
+    """With FP8 off the layer would not be the probe's BF16 Linear, so BF16 warm-up steps would differ."""
+    linear = ProbeLinear(256, 160)
+    linear.weight.data.copy_(make_linear(bias=False).weight)
     layer = EmulatedFP8Linear.from_linear(linear, LayerRecipe(Precision.FP8_CURRENT))
     layer.fp8_enabled = False
     x, g = inputs(linear)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from precsearch import cpu_bf16
 from precsearch.precision import Precision
 from precsearch.probe.memory import activation_bytes, linear_shapes, predict_peak
 from precsearch.probe.model import PRESETS, ModelConfig, build_model, linear_layer_names
@@ -114,7 +115,10 @@ def _saved_by_autograd(model, ids) -> int:
         if fn is None or fn in done:
             continue
         done.add(fn)
-        for attr in (a for a in dir(fn) if a.startswith("_saved_")):
+        # built-in nodes expose _saved_<name>; a custom autograd.Function's node its saved_tensors
+        names = [a for a in dir(fn) if a.startswith("_saved_")]
+        names += ["saved_tensors"] if isinstance(fn, torch.autograd.function.BackwardCFunction) else []
+        for attr in names:
             value = getattr(fn, attr)
             for t in value if isinstance(value, (tuple, list)) else [value]:
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
@@ -123,12 +127,15 @@ def _saved_by_autograd(model, ids) -> int:
     return sum(seen.values())
 
 
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["native-bf16-gemms", "float32-gemms"])
 @pytest.mark.parametrize("param_dtype", ["bf16", "fp32"])
-def test_activation_bytes_equal_what_autograd_saves(param_dtype):
+def test_activation_bytes_equal_what_autograd_saves(param_dtype, native_bf16, monkeypatch):
     """The model's activations (and, with fp32 params, autocast's weight casts) are exactly the
     storages autograd keeps for the backward of the probe model. Odd sizes keep tensors apart;
-    GQA (1 kv head) checks k/v are saved unexpanded. A mismatch means a component is miscounted.
+    GQA (1 kv head) checks k/v are saved unexpanded. A mismatch means a component is miscounted
+    (or, for float32 GEMMs, that they save more than a BF16 GEMM: precsearch.cpu_bf16).
     """
+    monkeypatch.setattr(cpu_bf16, "native_bf16_gemms", lambda: native_bf16)
     cfg = ModelConfig(vocab_size=256, dim=96, n_layers=2, n_heads=3, n_kv_heads=1, ffn_dim=160, max_seq_len=64)
     model = build_model(cfg, 0).to(dtype=PARAM_DTYPES[param_dtype])
     model.rotary_pos_emb.reset_inv_freq()

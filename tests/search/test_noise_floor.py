@@ -17,7 +17,7 @@ from precsearch.config.space import ObjectivesSection, ProbeSection
 from precsearch.errors import UserError
 from precsearch.probe.result import ProbeResult
 from precsearch.search.reference import ReferenceCache, gather_references, reference_key
-from precsearch.search.scoring import measure_noise_floor, score
+from precsearch.search.scoring import measure_noise_floor, score, verdict
 from precsearch.search.workspace import Workspace
 
 CPU = torch.device("cpu")
@@ -53,6 +53,14 @@ def test_gap_is_reported_in_both_units_and_the_limit_read_in_the_chosen_one():
     assert not relative.feasible and relative.gap_in_noise == pytest.approx(1.5)
     tight = score(mine, ref, ObjectivesSection(stability_unit="noise", stability_limit=1.0), noise_floor=0.01)
     assert not tight.feasible
+
+
+def test_every_verdict_shows_the_noise_floor_it_is_read_against():
+    """A verdict without the floor hid that the quickstart called 0.8-sigma gaps unstable (issue 16)."""
+    s = score(_result(2.03), _result(2.0), ObjectivesSection(stability_limit=0.01), noise_floor=0.05)
+    assert verdict(s) == "unstable; gap +1.50% vs BF16 seed noise 5.00% (+0.3x)"
+    one_seed = score(_result(2.0), _result(2.0), ObjectivesSection(reference_seeds=1))
+    assert verdict(one_seed) == "feasible; gap +0.00% vs BF16 seed noise unknown (one seed)"
 
 
 def test_noise_unit_never_passes_a_diverged_or_unmeasured_probe():
@@ -136,7 +144,7 @@ def test_a_bf16_reference_diverging_under_stress_blames_the_multiplier(tmp_path:
     assert exc.value.field == "objectives.stress.lr_multiplier"
 
 
-def test_a_study_logs_noise_and_stress_figures(tmp_path: Path):
+def test_a_study_logs_noise_and_stress_figures(tmp_path: Path, capsys):
     """End to end: two seeds, a stress probe; the figures must reach Optuna and MLflow, not only the Score."""
     data = tiny_space_dict(**{"study.n_trials": 2, "probe.steps": 6,
                               "objectives": {"reference_seeds": 2, "stress": {"lr_multiplier": 3.0}}})
@@ -153,3 +161,9 @@ def test_a_study_logs_noise_and_stress_figures(tmp_path: Path):
     assert {"noise_floor", "gap_in_noise", "stress_loss_gap", "stable_under_stress", "reference_seeds"} \
         <= set(run.data.metrics)
     assert len(client.get_metric_history(run.info.run_id, "stress_train_loss")) == 6
+    floor = f"vs BF16 seed noise {100 * score_['noise_floor']:.2f}%"
+    assert floor in run.data.tags["verdict"]  # the verdict and the floor it was read against, side by side
+    capsys.readouterr()
+    assert main(["front", "--output-dir", str(out), "--all"]) == 0
+    table = capsys.readouterr().out
+    assert "BF16 seed noise" in table.splitlines()[0] and f"{100 * score_['noise_floor']:.2f}%" in table
