@@ -57,6 +57,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "memory_saved": score["memory_saved"],
         "instability": score["instability"],
         "loss_gap": score["loss_gap"],
+        "noise_floor": score.get("noise_floor", float("nan")),
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
         "diverged": score["diverged"],
@@ -67,12 +68,19 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
     }
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table of rows, best memory saving first."""
-    header = f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  {'steps':>6}  policy"
+def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
+    """A plain-text table of rows, best memory saving first; ``flags`` adds feasible and pareto columns."""
+    extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
+    header = (f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'tok/s':>8}  {'steps':>6}{extra}"
+              "  policy")
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
+        marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
-                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}  {r['policy']}")
+                     f"{gap:>8}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  {r['policy']}")
     return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
