@@ -167,9 +167,14 @@ def _optuna_dashboard(ws, host: str, port: int) -> int:
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise UserError("--optuna needs optuna-dashboard: pip install 'precsearch[dashboard]' "
                         "(or pip install optuna-dashboard)", field="--optuna")
+    from optuna_dashboard import run_server
+
     print(f"optuna-dashboard for study '{ws.study_name}' at http://{host}:{port} (Ctrl-C to stop)")
-    return subprocess.call([sys.executable, "-m", "optuna_dashboard", ws.storage_url, "--host", host,
-                            "--port", str(port)])
+    try:
+        run_server(ws.storage_url, host=host, port=port)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _open_study(output_dir: Path):

@@ -55,6 +55,12 @@ class StudyStatus:
 
     def refresh(self) -> None:
         self._line.set_description_str(self.line())
+        self._shown = time.monotonic()
+
+    def tick(self) -> None:
+        """Keep the elapsed time current (called per probe step; redraws at most once a second)."""
+        if time.monotonic() - self._shown >= 1.0:
+            self.refresh()
 
     def trial_started(self, number: int) -> None:
         self.running = number

@@ -171,6 +171,10 @@ def _open_study(space: Space, storage: optuna.storages.BaseStorage, tracker: Tra
     study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
                                 sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
+    if study.metric_names is None:  # optuna-dashboard and Optuna's plots name the objectives with these
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
     if stored is None:
         study.set_user_attr("objectives", names)
         study.set_user_attr("space", space.model_dump(mode="json"))
@@ -425,6 +429,8 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
     def on_step(step: int, loss: float, grad_norm: float) -> None:
         steps.update(1)
         steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if ctx.status is not None:
+            ctx.status.tick()
 
     try:
         return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)

@@ -61,11 +61,13 @@ def loss_curves(result: ProbeResult, reference: ProbeResult, title: str = "") ->
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    for run, label, style in ((reference, "BF16 reference", "--"), (result, "trial", "-")):
+    # the reference dashed on top: where the two agree (BF16 warm-up) both stay visible
+    for run, label, style in ((result, "trial", {"color": "tab:orange", "linewidth": 2.0}),
+                              (reference, "BF16 reference", {"color": "black", "linewidth": 1.0, "linestyle": "--"})):
         points = [(s, v) for s, v in enumerate(run.losses) if math.isfinite(v)]
         held_out = f", held-out {run.eval_loss:.4f}" if math.isfinite(run.eval_loss) else ""
         if points:
-            ax.plot(*zip(*points), style, linewidth=1.2, label=f"{label}{held_out}")
+            ax.plot(*zip(*points), label=f"{label}{held_out}", **style)
     warmup = result.fp8_steps.index(True) if True in result.fp8_steps else 0
     if 0 < warmup < len(result.losses):
         ax.axvspan(0, warmup, color="grey", alpha=0.12, label="BF16 warm-up")

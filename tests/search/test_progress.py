@@ -59,3 +59,20 @@ def test_ui_optuna_without_the_dashboard_is_one_line_exit_2(tmp_path, capsys, mo
     assert main(["ui", "--optuna", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "optuna-dashboard" in err[0] and "--optuna" in err[0]
+
+
+def test_ui_optuna_serves_the_study_storage(tmp_path, capsys, monkeypatch):
+    import sys
+    import types
+
+    from precsearch.search.workspace import Workspace
+
+    ws = Workspace(tmp_path, "s", f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db", "s")
+    ws.save()
+    served = {}
+    fake = types.ModuleType("optuna_dashboard")
+    fake.__spec__ = types.SimpleNamespace(name="optuna_dashboard")
+    fake.run_server = lambda storage, host, port: served.update(storage=storage, host=host, port=port)
+    monkeypatch.setitem(sys.modules, "optuna_dashboard", fake)
+    assert main(["ui", "--optuna", "--output-dir", str(tmp_path), "--port", "5099"]) == 0
+    assert served == {"storage": ws.storage_url, "host": "127.0.0.1", "port": 5099}
