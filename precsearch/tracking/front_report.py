@@ -6,20 +6,21 @@ stability limit drawn in the space's ``stability_unit``: percent of the BF16
 loss (``relative``), or BF16 seed spreads (``noise``, where each trial's
 instability is divided by its reference's noise floor, as the verdict does).
 
-``front.html`` holds the same plot as inline SVG (hovering a point shows its
-trial, objectives and policy) and a table of every trial. It has no script, so
-MLflow's artifact viewer renders it; the earlier plotly page (4.7 MB of inline
-JavaScript) stayed blank there.
+``front.html`` holds the same plot (the PNG inline, with an image map: hovering
+a point shows its trial, objectives and policy) and a table of every trial. It
+has no script, so MLflow's artifact viewer renders it; the earlier plotly page
+(4.7 MB of inline JavaScript) stayed blank there. The map reuses the PNG, so
+the page costs no second rendering of the plot.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import html
 import io
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,12 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
         writer.writerows(front)
     paths[1].write_text(json.dumps([_finite(r) for r in front], indent=2, default=str))
     fig = front_figure(rows, stability_limit, unit)
-    fig.savefig(paths[2])
-    svg = io.StringIO()
-    fig.savefig(svg, format="svg")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    areas = _point_areas(fig, rows, unit)
     _close(fig)
-    paths[3].write_text(front_html(rows, _with_tooltips(svg.getvalue(), rows), stability_limit, unit))
+    paths[2].write_bytes(png.getvalue())
+    paths[3].write_text(front_html(rows, png.getvalue(), areas, stability_limit, unit))
     return paths
 
 
@@ -134,12 +136,13 @@ def _y_ticks(ax, unit: str) -> None:
 def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]]) -> None:
     """Label each point with its trial numbers (trials on one spot share a label), avoiding earlier labels."""
     ax.figure.canvas.draw()  # fixes the limits, so display coordinates hold
-    taken: list[tuple[float, float, float, float]] = []
+    centres = {spot: ax.transData.transform(spot) for spot in points}
+    taken = [(px - 6, py - 6, px + 6, py + 6) for px, py in centres.values()]  # the markers themselves
     for (x, y), members in points.items():
         text = ",".join(str(r["trial"]) for r in members)
-        px, py = ax.transData.transform((x, y))
+        px, py = centres[(x, y)]
         width, height = 6.5 * len(text) + 2, 11
-        for dx, dy in ((4, 3), (4, -13), (-4 - width, 3), (-4 - width, -13), (4, 14), (4, -24)):
+        for dx, dy in ((7, 4), (7, -15), (-7 - width, 4), (-7 - width, -15), (7, 16), (7, -27), (-7 - width, 16)):
             box = (px + dx, py + dy, px + dx + width, py + dy + height)
             if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
                 break
@@ -155,24 +158,25 @@ def _close(fig) -> None:
     plt.close(fig)
 
 
-def _with_tooltips(svg: str, rows: list[dict[str, Any]]) -> str:
-    """Add a ``<title>`` (the hover text) inside each point's ``<g id="trial-N">`` of matplotlib's SVG."""
-    by_trial = {r["trial"]: r for r in rows}
-
-    def title(match: re.Match) -> str:
-        r = by_trial.get(int(match.group(1)))
-        if r is None:
-            return match.group(0)
+def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, int, str]]:
+    """Each plotted trial's pixel position in the saved PNG and its hover text."""
+    ax = fig.axes[0]
+    height = fig.bbox.height
+    areas = []
+    for r in rows:
+        y = y_value(r, unit)
+        if not math.isfinite(y):
+            continue
+        px, py = ax.transData.transform((100 * r["memory_saved"], y))
         text = (f"trial {r['trial']} ({kind(r)}): memory saved {100 * r['memory_saved']:.2f}%, "
                 f"instability {100 * r['instability']:.3f}%; {r['policy']}")
-        return f"{match.group(0)}<title>{html.escape(text)}</title>"
-
-    svg = svg[svg.find("<svg"):]  # drop the XML prolog and DOCTYPE: the SVG goes inside HTML
-    return re.sub(r'<g id="trial-(\d+)">', title, svg)
+        areas.append((round(px), round(height - py), text))
+    return areas
 
 
-def front_html(rows: list[dict[str, Any]], svg: str, limit: float, unit: str) -> str:
-    """A script-free page: the plot (SVG with hover text) and a table of every trial, best memory first."""
+def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, int, str]], limit: float,
+               unit: str) -> str:
+    """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
     head = ("trial", "kind", "memory saved", "instability", "loss gap", "tokens/s", "steps", "policy")
     body = []
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
@@ -180,9 +184,14 @@ def front_html(rows: list[dict[str, Any]], svg: str, limit: float, unit: str) ->
         cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", f"{100 * r['instability']:.3f}%", gap,
                  f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    style = ("body{font-family:sans-serif;font-size:13px;margin:12px}svg{max-width:100%;height:auto}"
+    image = base64.b64encode(png).decode()
+    spots = "".join(f'<area shape="circle" coords="{x},{y},7" title="{html.escape(t)}" alt="{html.escape(t)}">'
+                    for x, y, t in areas)
+    style = ("body{font-family:sans-serif;font-size:13px;margin:12px}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>precsearch front</title>"
             f"<style>{style}</style></head><body>"
-            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit))}.</p>{svg}"
+            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit))}.</p>"
+            f"<img src='data:image/png;base64,{image}' usemap='#front' alt='the front plot'>"
+            f"<map name='front'>{spots}</map>"
             f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table></body></html>")

@@ -75,7 +75,8 @@ def test_html_page_has_no_script_and_a_hover_text_per_trial(tmp_path):
     paths = write_front(ROWS, tmp_path, 0.01)
     page = paths[3].read_text()
     assert "<script" not in page.lower()
-    assert page.count("<title>trial ") == len(ROWS)
+    assert page.count('<area shape="circle"') == len(ROWS) and page.count('title="trial ') == len(ROWS)
+    assert "data:image/png;base64," in page
     assert paths[3].stat().st_size < 500_000
     assert all(p.stat().st_size > 0 for p in paths)
     assert math.isfinite(len(page))
