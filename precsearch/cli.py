@@ -147,6 +147,7 @@ def ui_banner(ws, base_url: str) -> str:
     return (f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):\n"
             f"  trials and objectives:  {experiment_url(base_url, experiment)}\n"
             f"  front trials only:      {experiment_url(base_url, experiment, front=True)}\n"
+            f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}\n"
             f"  front plot: run 'study-{ws.study_name}', Artifacts, front/front.png")
 
 

@@ -153,6 +153,9 @@ def run_checks(base: str, output_dir: Path, browser: str, results: Path, prefix:
     shown = trial_names(dom)
     check("front view: exactly the front trials", shown == front, f"rows {sorted(shown)}")
 
+    dom = page(browser, experiment_url(base, eid, charts=True), results / f"{prefix}_charts.png", budget_ms)
+    check("chart view: the trade-off scatter is there", "memory_saved vs. instability" in dom)
+
     best = _best_front_run(runs, tags)
     parent = next(rid for rid, t in tags.items() if t.get("precsearch.role") == "study")
     route = f"{base}/#/experiments/{eid}/runs"

@@ -29,6 +29,9 @@ FRONT_FILTER = "tags.pareto = 'true'"
 
 #: Trial metrics shown as columns, in order (the objectives first).
 METRIC_COLUMNS = ("memory_saved", "instability", "tokens_per_s", "gap_in_noise")
+#: Scatter charts (x, y) of the chart view, in a section of their own.
+CHARTS = (("memory_saved", "instability"), ("memory_saved", "tokens_per_s"))
+SECTION = "precsearch-tradeoff"
 #: Trial tags shown as columns.
 TAG_COLUMNS = ("pareto", "feasible")
 
@@ -51,7 +54,17 @@ def view_state(param_names: list[str], search_filter: str = "") -> dict:
         "selectedColumns": columns,
         "columnOrder": columns,
         "runsHiddenMode": "SHOW_ALL",
+        "compareRunSections": [{"uuid": SECTION, "name": "precsearch trade-off", "display": True,
+                                "isReordered": False, "deleted": False, "isGenerated": False}],
+        "compareRunCharts": [_scatter(x, y) for x, y in CHARTS],
     }
+
+
+def _scatter(x: str, y: str) -> dict:
+    """A chart view scatter of two metrics over every run shown (MLflow's RunsChartsScatterCardConfig)."""
+    return {"uuid": f"precsearch-{x}-{y}", "type": "SCATTER", "runsCountToCompare": 100, "metricSectionId": SECTION,
+            "deleted": False, "isGenerated": False, "xaxis": {"key": x, "type": "METRIC"},
+            "yaxis": {"key": y, "type": "METRIC"}}
 
 
 def experiment_tags(param_names: list[str]) -> dict[str, str]:
@@ -61,9 +74,11 @@ def experiment_tags(param_names: list[str]) -> dict[str, str]:
             VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER))}
 
 
-def experiment_url(base_url: str, experiment_id: str, front: bool = False) -> str:
-    """The experiment's runs table in model-training mode on a shared view (``front``: front trials only)."""
+def experiment_url(base_url: str, experiment_id: str, front: bool = False, charts: bool = False) -> str:
+    """The experiment's runs in model-training mode on a shared view (``front``: front trials only), as the
+    table or (``charts``) the chart view."""
     from urllib.parse import urlencode
 
-    query = urlencode({"workflowType": "machine_learning", "viewStateShareKey": FRONT_KEY if front else VIEW_KEY})
+    query = {"workflowType": "machine_learning", "viewStateShareKey": FRONT_KEY if front else VIEW_KEY}
+    query = urlencode(query | ({"compareRunsMode": "CHART"} if charts else {}))
     return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"

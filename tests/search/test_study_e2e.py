@@ -105,6 +105,8 @@ def test_experiment_opens_in_model_training_mode_on_the_study_view(finished_stud
     assert {f"params.`{p}`" for p in params} <= set(view["selectedColumns"])
     assert view["orderByKey"] == "metrics.`memory_saved`" and view["orderByAsc"] is False
     assert json.loads(tags[VIEW_PREFIX + FRONT_KEY])["searchFilter"] == FRONT_FILTER
+    axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"]]
+    assert ("memory_saved", "instability") in axes  # the chart view opens on the trade-off
 
 
 def test_study_run_carries_study_metrics(finished_study):
