@@ -87,14 +87,20 @@ def wait_up(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
     sys.exit(f"ui_check: the MLflow UI did not answer within {timeout_s:.0f} s")
 
 
-def page(browser: str, url: str, screenshot: Path | None, budget_ms: int) -> str:
-    """The DOM ``url`` renders after ``budget_ms`` of virtual time; with ``screenshot``, also a PNG of it."""
+def page(browser: str, url: str, screenshot: Path | None, budget_ms: int, timeout_s: float = 600) -> str:
+    """The DOM ``url`` renders after ``budget_ms`` of virtual time ("" if Chromium timed out); with
+    ``screenshot``, also a PNG of it."""
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
               "--window-size=1900,1000", f"--virtual-time-budget={budget_ms}"]
-    if screenshot is not None:
-        subprocess.run(common + [f"--screenshot={screenshot}", url], capture_output=True, timeout=300, check=True)
-    out = subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=300, check=True)
-    return out.stdout
+    try:
+        if screenshot is not None:
+            subprocess.run(common + [f"--screenshot={screenshot}", url], capture_output=True, timeout=timeout_s,
+                           check=True)
+        return subprocess.run(common + ["--dump-dom", url], capture_output=True, text=True, timeout=timeout_s,
+                              check=True).stdout
+    except subprocess.TimeoutExpired:
+        print(f"Chromium timed out after {timeout_s:.0f} s on {url}", flush=True)
+        return ""
 
 
 def trial_names(dom: str) -> set[int]:
