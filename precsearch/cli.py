@@ -57,9 +57,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\n{RESUME_HINT}", file=sys.stderr)
         return 130
+    from precsearch.search.workspace import Workspace
+
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     print(format_table([r for r in rows if r["pareto"]]))
+    print(next_commands(Workspace.for_space(space, args.output_dir).output_dir))
     return 0
+
+
+def next_commands(output_dir: Path) -> str:
+    """What to run after a study: the front, the MLflow UI, the export."""
+    out = _shell_path(output_dir)
+    return ("\nNext:\n"
+            f"  precsearch front --all --output-dir {out}     # every trial, feasible and pareto columns\n"
+            f"  precsearch ui --output-dir {out}              # MLflow: trials, objectives, the front plot\n"
+            f"  precsearch export --output-dir {out} --pick max-memory -o policy.yaml")
+
+
+def _shell_path(path: Path) -> str:
+    import shlex
+
+    try:
+        path = Path(path).resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return shlex.quote(str(path))
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -82,7 +104,7 @@ def cmd_front(args: argparse.Namespace) -> int:
     study, _ = _open_study(args.output_dir)
     rows = trial_rows(study, study.user_attrs["objectives"])
     shown = rows if args.all else [r for r in rows if r["pareto"]]
-    print(format_table(shown) if shown else "no finished feasible trial yet")
+    print(format_table(shown, flags=args.all) if shown else "no finished feasible trial yet")
     return 0
 
 
@@ -119,12 +141,55 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
     ws = Workspace.load(args.output_dir)
+    if args.optuna:
+        return _optuna_dashboard(ws, args.host, args.port)
     try:
         cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
     except ValueError as exc:
         raise UserError(str(exc), field="--host/--port") from None
-    print(f"MLflow UI for study '{ws.study_name}' at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    print(ui_banner(ws, f"http://{args.host}:{args.port}"))
     return subprocess.call(cmd)
+
+
+def ui_banner(ws, base_url: str) -> str:
+    """Where the MLflow UI shows the study: the runs table on precsearch's views, and the front trials."""
+    from precsearch.tracking.experiment_view import experiment_url
+
+    experiment = _experiment_id(ws)
+    if experiment is None:
+        return f"MLflow UI for study '{ws.study_name}' at {base_url} (Ctrl-C to stop); no experiment logged yet"
+    return (f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):\n"
+            f"  trials and objectives:  {experiment_url(base_url, experiment)}\n"
+            f"  front trials only:      {experiment_url(base_url, experiment, front=True)}\n"
+            f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}\n"
+            f"  front plot: run 'study-{ws.study_name}', Artifacts, front/front.png")
+
+
+def _experiment_id(ws) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    try:
+        found = MlflowClient(tracking_uri=ws.tracking_uri).get_experiment_by_name(ws.experiment)
+    except Exception:  # noqa: BLE001 - the banner only loses its links; the server reports store errors
+        return None
+    return found.experiment_id if found is not None else None
+
+
+def _optuna_dashboard(ws, host: str, port: int) -> int:
+    """optuna-dashboard on the study's Optuna storage (the optional ``dashboard`` extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        raise UserError("--optuna needs optuna-dashboard: pip install 'precsearch[dashboard]' "
+                        "(or pip install optuna-dashboard)", field="--optuna")
+    from optuna_dashboard import run_server
+
+    print(f"optuna-dashboard for study '{ws.study_name}' at http://{host}:{port} (Ctrl-C to stop)")
+    try:
+        run_server(ws.storage_url, host=host, port=port)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _open_study(output_dir: Path):
@@ -211,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--optuna", action="store_true",
+                   help="optuna-dashboard on the study's Optuna storage instead (needs precsearch[dashboard])")
     p.set_defaults(func=cmd_ui)
     return parser
 

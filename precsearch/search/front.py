@@ -70,14 +70,21 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
     }
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table of rows, best memory saving first."""
+def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
+    """A plain-text table of rows, best memory saving first; ``flags`` adds feasible and pareto columns."""
+    extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
     header = (f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'BF16 seed noise':>16}  "
-              f"{'tok/s':>8}  {'steps':>6}  policy")
+              f"{'tok/s':>8}  {'steps':>6}{extra}  policy")
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         noise = "-" if r["diverged"] else noise_text(r["noise_floor"], r["gap_in_noise"])
+        marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
-                     f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}  {r['policy']}")
+                     f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  "
+                     f"{r['policy']}")
     return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"

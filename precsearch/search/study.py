@@ -34,6 +34,8 @@ from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from precsearch.search import progress as terminal
+
 from precsearch.backends import BackendUnavailable, resolve_device
 from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
@@ -53,12 +55,14 @@ from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
 from precsearch.search.stopping import StopRequest
+from precsearch.search.summary import study_metrics
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
 from precsearch.tracking.diagnostics_report import (diagnostics_artifacts, diagnostics_heatmap, diagnostics_metrics,
                                                      diagnostics_tags)
 from precsearch.tracking.front_report import write_front
 from precsearch.tracking.signals_report import trial_signals
+from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table
 
 
 @dataclass
@@ -78,6 +82,7 @@ class StudyRun:
     name: str = ""
     progress: bool = True
     run_ids: dict[int, str] = field(default_factory=dict)
+    status: terminal.StudyStatus | None = None
 
 
 def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
@@ -166,6 +171,10 @@ def _open_study(space: Space, storage: optuna.storages.BaseStorage, tracker: Tra
     study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
                                 sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
+    if study.metric_names is None:  # optuna-dashboard and Optuna's plots name the objectives with these
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
     if stored is None:
         study.set_user_attr("objectives", names)
         study.set_user_attr("space", space.model_dump(mode="json"))
@@ -216,6 +225,14 @@ def work(ctx: StudyRun, target: int) -> None:
     While the trials still needed are all running elsewhere, wait: one of them may go stale
     (its worker died) and need running again. The same holds for a rung still being decided.
     """
+    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress)
+    try:
+        _work(ctx, target)
+    finally:
+        ctx.status.close()
+
+
+def _work(ctx: StudyRun, target: int) -> None:
     while not ctx.stop.requested:
         _fail_stale(ctx)
         finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
@@ -266,6 +283,8 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
     if _not_needed(ctx, trial, promoted_only):
         return
     trial.set_user_attr("worker", ctx.worker.to_dict())
+    if ctx.status is not None:
+        ctx.status.trial_started(trial.number)
     rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
@@ -371,8 +390,16 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
     """The BF16 references (every seed at ``rung`` steps, and the stress lr) for ``policy``'s gradient clipping."""
     baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
     reference = Policy.bf16(policy.clip_grad, baseline)
-    return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad,
-                             lambda probe, label, leg: _probe(ctx, reference, label, probe, leg=leg), steps=rung)
+    told = []
+
+    def run(probe: ProbeSection, label: str, leg: Leg | None) -> ProbeResult:
+        if not told:  # only when one is not cached: say why BF16 probes run between trials
+            told.append(True)
+            _say(ctx, terminal.reference_notice(policy.clip_grad, ctx.space.objectives.reference_seeds, rung,
+                                                stress_probe(ctx.space) is not None))
+        return _probe(ctx, reference, label, probe, leg=leg)
+
+    return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
 
 
 def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
@@ -398,11 +425,13 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
     (another seed, a stress lr, a rung's steps), ``leg`` continues a run. Raises ProbeFailed / ProbeCrashed
     when it produced no result."""
     probe = probe or ctx.space.probe
-    steps = tqdm(total=probe.steps, desc=label, unit="step", leave=False, disable=not ctx.progress)
+    steps = terminal.probe_bar(probe.steps, label, ctx.progress)
 
     def on_step(step: int, loss: float, grad_norm: float) -> None:
         steps.update(1)
         steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if ctx.status is not None:
+            ctx.status.tick()
 
     try:
         return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
@@ -429,6 +458,8 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                           | ({"stress_train_loss": stressed.losses} if stressed else {}))
     if (heatmap := diagnostics_heatmap(result)) is not None:
         ctx.tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
+    ctx.tracker.log_bytes(run_id, loss_curves(result, references.paired, f"trial {trial.number}:"), "loss_curves.png")
+    memory = memory_table(result, references.paired)
     sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, references.paired.signals,
                                                                [r.signals for r in references.seeds])
     if sig_plot is not None:
@@ -451,19 +482,28 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
               "promoted_from": str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-"))} | diagnostics_tags(result)
              | sig_tags,
         artifacts={"policy.yaml": yaml.safe_dump(policy.to_dict(), sort_keys=False),
+                   "policy.md": policy_table(policy, ctx.cfg.n_layers),
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)}
+                  | ({"memory.md": memory} if memory else {})
                   | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
                   | diagnostics_artifacts(result) | sig_files,
     )
     ctx.study.tell(trial, objective_values(s, objectives))
-    _update_front(ctx)
+    summary = _update_front(ctx)
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     _say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
+    if ctx.status is not None:
+        line = ctx.status.trial_done(int(summary["trials_finished"]), int(summary["trials_feasible"]),
+                                     int(summary["front_size"]))
+        if not ctx.progress:  # no status bar to update: print the line
+            _say(ctx, line)
 
 
-def _update_front(ctx: StudyRun) -> None:
-    rows = trial_rows(ctx.study, objective_names(ctx.space.objectives))
+def _update_front(ctx: StudyRun) -> dict[str, float]:
+    """Tag the front, write and log its files, the study's metrics and views; returns the metrics."""
+    names = objective_names(ctx.space.objectives)
+    rows = trial_rows(ctx.study, names)
     front = {r["trial"] for r in rows if r["pareto"]}
     # every scored trial, also those a longer rung of the same policy superseded (no longer in rows)
     complete = ctx.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -472,8 +512,13 @@ def _update_front(ctx: StudyRun) -> None:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
     ctx.run_ids |= _run_ids(ctx.study)
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
-    files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
+    files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit,
+                        ctx.space.objectives.stability_unit)
     ctx.tracker.log_front(files)
+    metrics = study_metrics(rows, finished_count(ctx.study), names)
+    ctx.tracker.log_study(metrics)
+    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}))
+    return metrics
 
 
 def _say(ctx: StudyRun, message: str) -> None:

@@ -1,8 +1,24 @@
-"""The Pareto front as files: a CSV and JSON table, a PNG plot and an interactive HTML plot."""
+"""The Pareto front as files: a CSV and JSON table, a PNG plot and an HTML page.
+
+The plot (:func:`front_figure`) shows every scored trial, each labelled with its
+trial number, in four kinds (front, feasible, unstable, diverged), with the
+stability limit drawn in the space's ``stability_unit``: percent of the BF16
+loss (``relative``), or BF16 seed spreads (``noise``, where each trial's
+instability is divided by its reference's noise floor, as the verdict does).
+
+``front.html`` holds the same plot (the PNG inline, with an image map: hovering
+a point shows its trial, objectives and policy) and a table of every trial. It
+has no script, so MLflow's artifact viewer renders it; the earlier plotly page
+(4.7 MB of inline JavaScript) stayed blank there. The map reuses the PNG, so
+the page costs no second rendering of the plot.
+"""
 
 from __future__ import annotations
 
+import base64
 import csv
+import html
+import io
 import json
 import math
 from pathlib import Path
@@ -10,9 +26,13 @@ from typing import Any
 
 COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "loss_gap",
            "noise_floor", "gap_in_noise", "tokens_per_s", "diverged", "policy")
+KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
+         "unstable": ("tab:orange", "X", 7), "diverged": ("black", "x", 7)}
+"""Legend label: colour, marker, marker size."""
 
 
-def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: float) -> list[Path]:
+def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: float,
+                unit: str = "relative") -> list[Path]:
     """Write front.csv/.json (front rows) and front.png/.html (all trials); return the paths."""
     directory.mkdir(parents=True, exist_ok=True)
     front = [r for r in rows if r["pareto"]]
@@ -22,8 +42,13 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
         writer.writeheader()
         writer.writerows(front)
     paths[1].write_text(json.dumps([_finite(r) for r in front], indent=2, default=str))
-    _plot_png(rows, paths[2], stability_limit)
-    _plot_html(rows, paths[3], stability_limit)
+    fig = front_figure(rows, stability_limit, unit)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    areas = _point_areas(fig, rows, unit)
+    _close(fig)
+    paths[2].write_bytes(png.getvalue())
+    paths[3].write_text(front_html(rows, png.getvalue(), areas, stability_limit, unit))
     return paths
 
 
@@ -32,57 +57,141 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
-def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    return {
-        "Pareto front": [r for r in rows if r["pareto"]],
-        "feasible": [r for r in rows if r["feasible"] and not r["pareto"]],
-        "unstable": [r for r in rows if not r["feasible"] and not r["diverged"]],
-        "diverged": [r for r in rows if r["diverged"]],
-    }
+def kind(row: dict[str, Any]) -> str:
+    """Which of :data:`KINDS` a trial row is."""
+    if row["pareto"]:
+        return "Pareto front"
+    if row["diverged"]:
+        return "diverged"
+    return "feasible" if row["feasible"] else "unstable"
 
 
-_STYLE = {"Pareto front": ("tab:red", "*"), "feasible": ("tab:blue", "o"),
-          "unstable": ("tab:orange", "x"), "diverged": ("black", "X")}
+def y_value(row: dict[str, Any], unit: str) -> float:
+    """The trial's instability in ``unit``: percent of BF16 loss, or BF16 seed spreads (NaN if unknown)."""
+    if unit == "noise":
+        floor = row.get("noise_floor") or math.nan
+        return row["instability"] / floor if floor > 0 else math.nan
+    return 100 * row["instability"]
 
 
-def _plot_png(rows: list[dict[str, Any]], path: Path, limit: float) -> None:
+def y_label(unit: str) -> str:
+    return ("instability (BF16 seed spreads)" if unit == "noise"
+            else "instability: loss gap vs BF16 (% of BF16 loss)")
+
+
+def limit_label(limit: float, unit: str) -> str:
+    return f"stability limit {limit:g} seed spreads" if unit == "noise" else f"stability limit {100 * limit:g}%"
+
+
+def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative"):
+    """The trade-off plot: every trial as a labelled point, the limit as a dashed line. Close it after use."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for label, members in _groups(rows).items():
-        if members:
-            color, marker = _STYLE[label]
-            ax.scatter([100 * r["memory_saved"] for r in members], [100 * r["instability"] for r in members],
-                       c=color, marker=marker, s=60 if label == "Pareto front" else 30, label=label)
-            for r in members if label == "Pareto front" else []:
-                ax.annotate(str(r["trial"]), (100 * r["memory_saved"], 100 * r["instability"]), fontsize=7)
-    ax.axhline(100 * limit, color="grey", linestyle="--", linewidth=1, label="stability limit")
-    ax.set_xlabel("memory saved vs BF16 (%)")
-    ax.set_ylabel("instability: loss gap vs BF16 (%)")
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    seen: set[str] = set()
+    points: dict[tuple[float, float], list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["trial"]):
+        x, y = 100 * r["memory_saved"], y_value(r, unit)
+        if not math.isfinite(y):
+            continue
+        label = kind(r)
+        color, marker, size = KINDS[label]
+        ax.plot([x], [y], linestyle="none", marker=marker, color=color, markersize=size, gid=f"trial-{r['trial']}",
+                label=None if label in seen else label)
+        seen.add(label)
+        points.setdefault((round(x, 6), round(y, 6)), []).append(r)
+    line = limit if unit == "noise" else 100 * limit
+    ax.axhline(line, color="grey", linestyle="--", linewidth=1, label=limit_label(limit, unit))
     ax.set_yscale("symlog", linthresh=1.0)
-    ax.legend(fontsize=8)
-    ax.set_title("precsearch: memory saved vs loss instability")
+    ax.margins(x=0.08, y=0.12)
+    ax.set_xlabel("memory saved vs BF16 (%)")
+    ax.set_ylabel(y_label(unit))
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: list(KINDS).index(labels[i]) if labels[i] in KINDS else 9)
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="center left",
+              bbox_to_anchor=(1.01, 0.5))
+    ax.set_title(f"memory saved vs loss instability: {len(rows)} trials, "
+                 f"{sum(1 for r in rows if r['pareto'])} on the front", fontsize=10)
+    _y_ticks(ax, unit)
     fig.tight_layout()
-    fig.savefig(path)
+    _label_points(ax, points)
+    return fig
+
+
+_TICKS = (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def _y_ticks(ax, unit: str) -> None:
+    """Plain tick labels on the symlog axis (``0.5%``, ``10%``; seed spreads unsuffixed)."""
+    low, high = ax.get_ylim()
+    ticks = [t for t in _TICKS if low <= t <= high] or [low, high]
+    ax.set_yticks(ticks, [f"{t:g}" + ("" if unit == "noise" else "%") for t in ticks])
+    ax.set_ylim(low, high)
+
+
+def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]]) -> None:
+    """Label each point with its trial numbers (trials on one spot share a label), avoiding earlier labels."""
+    ax.figure.canvas.draw()  # fixes the limits, so display coordinates hold
+    centres = {spot: ax.transData.transform(spot) for spot in points}
+    taken = [(px - 6, py - 6, px + 6, py + 6) for px, py in centres.values()]  # the markers themselves
+    for (x, y), members in points.items():
+        text = ",".join(str(r["trial"]) for r in members)
+        px, py = centres[(x, y)]
+        width, height = 6.5 * len(text) + 2, 11
+        for dx, dy in ((7, 4), (7, -15), (-7 - width, 4), (-7 - width, -15), (7, 16), (7, -27), (-7 - width, 16)):
+            box = (px + dx, py + dy, px + dx + width, py + dy + height)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+                break
+        taken.append(box)
+        ax.annotate(text, (x, y), xytext=(dx * 72 / ax.figure.dpi, dy * 72 / ax.figure.dpi),
+                    textcoords="offset points", fontsize=8, color=KINDS[kind(members[0])][0],
+                    annotation_clip=False)
+
+
+def _close(fig) -> None:
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
 
 
-def _plot_html(rows: list[dict[str, Any]], path: Path, limit: float) -> None:
-    import plotly.graph_objects as go
+def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, int, str]]:
+    """Each plotted trial's pixel position in the saved PNG and its hover text."""
+    ax = fig.axes[0]
+    height = fig.bbox.height
+    areas = []
+    for r in rows:
+        y = y_value(r, unit)
+        if not math.isfinite(y):
+            continue
+        px, py = ax.transData.transform((100 * r["memory_saved"], y))
+        text = (f"trial {r['trial']} ({kind(r)}): memory saved {100 * r['memory_saved']:.2f}%, "
+                f"instability {100 * r['instability']:.3f}%; {r['policy']}")
+        areas.append((round(px), round(height - py), text))
+    return areas
 
-    fig = go.Figure()
-    symbols = {"Pareto front": "star", "feasible": "circle", "unstable": "x", "diverged": "x-thin"}
-    for label, members in _groups(rows).items():
-        fig.add_trace(go.Scatter(
-            x=[100 * r["memory_saved"] for r in members], y=[100 * r["instability"] for r in members],
-            mode="markers", name=label, marker={"symbol": symbols[label], "size": 11},
-            text=[f"trial {r['trial']}<br>{r['policy']}" for r in members],
-            hovertemplate="%{text}<br>memory saved %{x:.2f}%<br>instability %{y:.3f}%<extra></extra>",
-        ))
-    fig.add_hline(y=100 * limit, line_dash="dash", annotation_text="stability limit")
-    fig.update_layout(title="precsearch: memory saved vs loss instability",
-                      xaxis_title="memory saved vs BF16 (%)", yaxis_title="instability (%)")
-    path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
+
+def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, int, str]], limit: float,
+               unit: str) -> str:
+    """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
+    head = ("trial", "kind", "memory saved", "instability", "loss gap", "tokens/s", "steps", "policy")
+    body = []
+    for r in sorted(rows, key=lambda r: -r["memory_saved"]):
+        gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.2f}%"
+        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", f"{100 * r['instability']:.3f}%", gap,
+                 f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
+        body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    image = base64.b64encode(png).decode()
+    spots = "".join(f'<area shape="circle" coords="{x},{y},7" title="{html.escape(t)}" alt="{html.escape(t)}">'
+                    for x, y, t in areas)
+    style = ("body{font-family:sans-serif;font-size:13px;margin:12px}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>precsearch front</title>"
+            f"<style>{style}</style></head><body>"
+            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit))}.</p>"
+            f"<img src='data:image/png;base64,{image}' usemap='#front' alt='the front plot'>"
+            f"<map name='front'>{spots}</map>"
+            f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table></body></html>")

@@ -2,14 +2,22 @@
 
 Layout a reviewer finds in the UI:
 
-* one parent run per study (tag ``precsearch.role=study``), holding the space
-  file, and the Pareto front as ``front/front.csv``, ``front/front.json``,
+* one study run per study (tag ``precsearch.role=study``), holding the space
+  file, the study's metrics (:mod:`precsearch.tracking.study_report`) and the
+  Pareto front as ``front/front.csv``, ``front/front.json``,
   ``front/front.png`` and ``front/front.html``;
-* one child run per trial (``trial-<n>``), with the policy as flat params, the
+* one run per trial (``trial-<n>``), with the policy as flat params, the
   full policy as ``policy.yaml``, per-step ``train_loss``/``grad_norm``, the
   final metrics, and tags ``trial_state`` and ``pareto`` (``true``/``false``).
 
-Re-running the same study re-opens its parent run instead of making another.
+Trial runs are top-level runs that name their study run in the tag
+``precsearch.study_run``, not nested MLflow children: the UI opens nested runs
+collapsed under their parent and cannot be told otherwise from the tracking
+side, so a filter such as ``tags.pareto = 'true'`` would show the collapsed
+parent instead of the trials. The experiment carries the tags of
+:mod:`precsearch.tracking.experiment_view` (model-training mode, shared views).
+
+Re-running the same study re-opens its study run instead of making another.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+
+from precsearch.tracking.experiment_view import KIND, KIND_TAG, experiment_tags
 
 _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 
@@ -74,6 +84,8 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = found.experiment_id
+        if found is None or found.tags.get(KIND_TAG) != KIND:
+            self.client.set_experiment_tag(self.experiment_id, KIND_TAG, KIND)
         self.parent_id = parent_id or self._parent_run()
 
     def with_retries(self, retry_s: float) -> "Tracker":
@@ -109,7 +121,7 @@ class Tracker:
         """
         token = uuid.uuid4().hex
         tags = {
-            "mlflow.parentRunId": self.parent_id,
+            "precsearch.study_run": self.parent_id,
             "precsearch.role": "trial",
             "precsearch.study": self.study_name,
             "precsearch.worker": worker,
@@ -199,6 +211,19 @@ class Tracker:
             want = "true" if number in front else "false"
             if self.client.get_run(run_id).data.tags.get("pareto") != want:
                 self.client.set_tag(run_id, "pareto", want)
+
+    def set_view(self, param_names: list[str]) -> None:
+        """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params."""
+        have = self.client.get_experiment(self.experiment_id).tags
+        for key, value in experiment_tags(param_names).items():
+            if have.get(key) != value:
+                self.client.set_experiment_tag(self.experiment_id, key, value)
+
+    def log_study(self, metrics: dict[str, float]) -> None:
+        """Study-level metrics on the study run (a new value at the next step each time)."""
+        now = int(time.time() * 1000)
+        step = int(metrics.get("trials_finished", 0))
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_front(self, files: list[Path]) -> None:
         """Replace the parent run's front artifacts."""

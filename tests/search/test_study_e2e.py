@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -29,7 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 def finished_study(tmp_path_factory) -> Workspace:
     tmp = tmp_path_factory.mktemp("study")
     space = write_space(tmp, tiny_space_dict())
-    assert main(["run", str(space), "--output-dir", str(tmp / "out"), "--no-progress"]) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["run", str(space), "--output-dir", str(tmp / "out"), "--no-progress"]) == 0
+    (tmp / "run.log").write_text(printed.getvalue())  # what the terminal showed, for the tests below
     return Workspace.load(tmp / "out")
 
 
@@ -43,13 +48,15 @@ def _runs(ws: Workspace):
     return client, client.search_runs([exp.experiment_id], max_results=1000)
 
 
-def test_mlflow_has_one_parent_and_one_child_per_finished_trial(finished_study):
+def test_mlflow_has_one_study_run_and_one_run_per_finished_trial(finished_study):
     study = _study(finished_study)
     complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
     assert len(complete) == 4
     client, runs = _runs(finished_study)
     parents = [r for r in runs if r.data.tags.get("precsearch.role") == "study"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    children = [r for r in runs if r.data.tags.get("precsearch.study_run") == parents[0].info.run_id]
+    # top-level runs: the UI opens nested runs collapsed under their parent, hiding the trials (issue 15)
+    assert not any("mlflow.parentRunId" in r.data.tags for r in runs)
     assert len(parents) == 1
     assert len(children) == len(complete)
     child = children[0]
@@ -73,6 +80,82 @@ def test_pareto_tags_match_the_front(finished_study):
     _, runs = _runs(finished_study)
     tagged = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("pareto") == "true"}
     assert tagged == front
+
+
+def test_pareto_filter_lists_the_front_trials(finished_study):
+    client, runs = _runs(finished_study)
+    experiment = client.get_experiment_by_name(finished_study.experiment)
+    study = _study(finished_study)
+    front = {r["trial"] for r in trial_rows(study, study.user_attrs["objectives"]) if r["pareto"]}
+    found = client.search_runs([experiment.experiment_id], "tags.pareto = 'true'")
+    assert {int(r.data.tags["trial_number"]) for r in found} == front
+    assert all(r.data.tags["precsearch.role"] == "trial" for r in found)
+
+
+def test_experiment_opens_in_model_training_mode_on_the_study_view(finished_study):
+    from precsearch.tracking.experiment_view import FRONT_FILTER, FRONT_KEY, VIEW_KEY, VIEW_PREFIX
+
+    client = MlflowClient(finished_study.tracking_uri)
+    tags = client.get_experiment_by_name(finished_study.experiment).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"  # not GenAI mode
+    view = json.loads(tags[VIEW_PREFIX + VIEW_KEY])
+    params = set(_study(finished_study).trials[0].params)
+    assert {"metrics.`memory_saved`", "metrics.`instability`", "metrics.`tokens_per_s`", "metrics.`gap_in_noise`",
+            "tags.`pareto`", "tags.`feasible`"} <= set(view["selectedColumns"])
+    assert {f"params.`{p}`" for p in params} <= set(view["selectedColumns"])
+    assert view["orderByKey"] == "metrics.`memory_saved`" and view["orderByAsc"] is False
+    assert json.loads(tags[VIEW_PREFIX + FRONT_KEY])["searchFilter"] == FRONT_FILTER
+    axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"]]
+    assert ("memory_saved", "instability") in axes  # the chart view opens on the trade-off
+
+
+def test_study_run_carries_study_metrics(finished_study):
+    from precsearch.search.summary import study_metrics
+
+    client, runs = _runs(finished_study)
+    parent = next(r for r in runs if r.data.tags.get("precsearch.role") == "study")
+    study = _study(finished_study)
+    names = study.user_attrs["objectives"]
+    rows = trial_rows(study, names)
+    metrics = parent.data.metrics
+    assert metrics["trials_finished"] == 4
+    assert metrics["trials_feasible"] == sum(r["feasible"] for r in rows)
+    assert metrics["front_size"] == sum(r["pareto"] for r in rows)
+    assert metrics["hypervolume"] == pytest.approx(study_metrics(rows, 4, names)["hypervolume"])
+    assert metrics["best_memory_saved"] == pytest.approx(max(r["memory_saved"] for r in rows if r["feasible"]))
+    # one value per update: the history shows the study's progress
+    assert len(client.get_metric_history(parent.info.run_id, "trials_finished")) >= 4
+
+
+def test_trial_run_page_artifacts(finished_study):
+    client, runs = _runs(finished_study)
+    trial = next(r for r in runs if r.data.tags.get("precsearch.role") == "trial")
+    files = {a.path for a in client.list_artifacts(trial.info.run_id)}
+    assert {"policy.md", "memory.md", "loss_curves.png", "policy.yaml"} <= files
+    table = Path(client.download_artifacts(trial.info.run_id, "policy.md")).read_text()
+    assert table.startswith("| block | linear_qkv | linear_proj | linear_fc1 | linear_fc2 |")
+
+
+def test_terminal_shows_status_lines_reference_reason_and_next_commands(finished_study):
+    log = (finished_study.output_dir.parent / "run.log").read_text()
+    assert "running the BF16 references for clip_grad=1.0" in log
+    status = [line for line in log.splitlines() if line.startswith("study tiny: ")]
+    assert len(status) == 4 and status[-1].startswith("study tiny: 4 of 4 trials finished")
+    assert status[0].startswith("study tiny: 1 of 4 trials finished") and "ETA " in status[0]
+    assert "precsearch ui --output-dir" in log and "precsearch export --output-dir" in log
+
+
+def test_front_all_has_feasible_and_pareto_columns(finished_study, capsys):
+    assert main(["front", "--all", "--output-dir", str(finished_study.output_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-3:] == ["feasible", "pareto", "policy"]
+    study = _study(finished_study)
+    rows = {r["trial"]: r for r in trial_rows(study, study.user_attrs["objectives"])}
+    end = lines[0].index("pareto") + len("pareto")  # the columns are right-aligned under their header
+    start = lines[0].index("feasible") - 2
+    for line in lines[2:]:
+        row = rows[int(line.split()[0])]
+        assert line[start:end].split() == ["yes" if row["feasible"] else "no", "yes" if row["pareto"] else "no"]
 
 
 def test_front_artifacts_on_parent(finished_study):

@@ -1,0 +1,84 @@
+"""What the MLflow UI shows when it opens a study's experiment, preset from the tracking side.
+
+Read from MLflow 3.17's UI bundle (``mlflow/server/js/build``), not documented by MLflow:
+
+* **Mode.** The experiment tag ``mlflow.experimentKind`` (``custom_model_development`` or
+  ``genai_development``) picked the mode in earlier 3.x UIs. 3.17 reads a per-browser
+  "workflow type" instead (local storage ``mlflow.workflowType``, default ``genai``), which the
+  URL's ``workflowType=machine_learning`` overrides. precsearch sets the tag and puts the
+  parameter in the URL it prints.
+* **Columns, order, filter.** By default the runs table shows Source, Models and Dataset, and
+  no metric or parameter. A *shared view* is an experiment tag
+  ``mlflow.sharedViewState.<key>`` holding JSON with search facets (``searchFilter``,
+  ``orderByKey``, ``orderByAsc``, ...) and UI state (``selectedColumns``, ``runsHiddenMode``,
+  ...); the URL parameter ``viewStateShareKey=<key>`` applies it. ``runsExpanded`` is not
+  shareable, so nested runs would open collapsed: trials are top-level runs (see
+  :mod:`precsearch.tracking.mlflow_tracker`).
+"""
+
+from __future__ import annotations
+
+import json
+
+KIND_TAG = "mlflow.experimentKind"
+KIND = "custom_model_development"
+VIEW_PREFIX = "mlflow.sharedViewState."
+VIEW_KEY = "precsearch"
+FRONT_KEY = "precsearch-front"
+FRONT_FILTER = "tags.pareto = 'true'"
+
+#: Trial metrics shown as columns, in order (the objectives first).
+METRIC_COLUMNS = ("memory_saved", "instability", "tokens_per_s", "gap_in_noise")
+#: Scatter charts (x, y) of the chart view, in a section of their own.
+CHARTS = (("memory_saved", "instability"), ("memory_saved", "tokens_per_s"))
+SECTION = "precsearch-tradeoff"
+#: Trial tags shown as columns.
+TAG_COLUMNS = ("pareto", "feasible")
+
+
+def column(kind: str, name: str) -> str:
+    """A runs-table column key as the MLflow UI writes it: ``metrics.`memory_saved```."""
+    return f"{kind}.`{name}`"
+
+
+def view_state(param_names: list[str], search_filter: str = "") -> dict:
+    """A shared view: runs by memory saved, objectives, front and feasible flags and params as columns."""
+    columns = ([column("metrics", m) for m in METRIC_COLUMNS] + [column("tags", t) for t in TAG_COLUMNS]
+               + [column("params", p) for p in param_names])
+    return {
+        "searchFilter": search_filter,
+        "orderByKey": column("metrics", "memory_saved"),
+        "orderByAsc": False,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "runsHiddenMode": "SHOW_ALL",
+        "compareRunSections": [{"uuid": SECTION, "name": "precsearch trade-off", "display": True,
+                                "isReordered": False, "deleted": False, "isGenerated": False}],
+        "compareRunCharts": [_scatter(x, y) for x, y in CHARTS],
+    }
+
+
+def _scatter(x: str, y: str) -> dict:
+    """A chart view scatter of two metrics over every run shown (MLflow's RunsChartsScatterCardConfig)."""
+    return {"uuid": f"precsearch-{x}-{y}", "type": "SCATTER", "runsCountToCompare": 100, "metricSectionId": SECTION,
+            "deleted": False, "isGenerated": False, "xaxis": {"key": x, "type": "METRIC"},
+            "yaxis": {"key": y, "type": "METRIC"}}
+
+
+def experiment_tags(param_names: list[str]) -> dict[str, str]:
+    """The experiment kind and two shared views: every run, and the front trials only."""
+    names = sorted(param_names)
+    return {KIND_TAG: KIND, VIEW_PREFIX + VIEW_KEY: json.dumps(view_state(names)),
+            VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER))}
+
+
+def experiment_url(base_url: str, experiment_id: str, front: bool = False, charts: bool = False) -> str:
+    """The experiment's runs in model-training mode on a shared view (``front``: front trials only), as the
+    table or (``charts``) the chart view."""
+    from urllib.parse import urlencode
+
+    query = {"workflowType": "machine_learning", "viewStateShareKey": FRONT_KEY if front else VIEW_KEY}
+    query = urlencode(query | ({"compareRunsMode": "CHART"} if charts else {}))
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"

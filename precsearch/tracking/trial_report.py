@@ -1,0 +1,85 @@
+"""A trial's run page: the policy as a table, its memory breakdown and its loss against BF16.
+
+Artifacts (MLflow renders ``.md`` as Markdown and shows ``.png`` inline):
+
+* ``policy.md``: blocks x units (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2``)
+  with each unit's precision, ``output_layer`` below, then the recipe, warm-up and clipping;
+* ``memory.md``: the memory model's breakdown of the trial's probe against its BF16 reference;
+* ``loss_curves.png``: training loss per step of the trial and its paired BF16 reference on one
+  chart (FP8 steps shaded off during the BF16 warm-up), the held-out losses in the legend.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
+from precsearch.policy import Policy
+from precsearch.probe.result import ProbeResult
+
+MEMORY_PARTS = ("params", "grads", "optimizer", "weight_copies", "linear_inputs", "other_activations", "logits",
+                "total")
+
+
+def policy_table(policy: Policy, n_layers: int) -> str:
+    """The policy as a Markdown table of blocks x units, each cell a precision."""
+    units = list(BLOCK_UNITS)
+    head = "| block | " + " | ".join(u.split(".")[-1] for u in units) + " |"
+    lines = [head, "|" + "---|" * (len(units) + 1)]
+    for i in range(n_layers):
+        cells = [policy.precision_for(f"decoder.layers.{i}.{u}", n_layers).value for u in units]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+    lines.append(f"| {OUTPUT_LAYER} | {policy.precision_for(OUTPUT_LAYER, n_layers).value} |"
+                 + " |" * (len(units) - 1))
+    recipe = {k: v for k, v in policy.recipe.to_dict().items() if k != "precision"}
+    lines += ["", f"FP8 recipe: {', '.join(f'{k}={v}' for k, v in recipe.items())}",
+              "", f"BF16 warm-up steps: {policy.warmup_steps}; gradient clipping: {policy.clip_grad}",
+              "", f"Memory: {', '.join(f'{k}={v}' for k, v in policy.memory.to_dict().items())}"]
+    return "\n".join(lines) + "\n"
+
+
+def memory_table(result: ProbeResult, reference: ProbeResult) -> str:
+    """The predicted memory of the probe by component, trial against BF16 reference, in MiB ("" without one)."""
+    mine, ref = result.predicted_memory, reference.predicted_memory
+    if not mine or not ref:
+        return ""
+    lines = [f"Predicted peak memory of the probe by component ({result.memory_source} peak "
+             f"{result.peak_memory_bytes / 2**20:.1f} MiB)", "",
+             "| component | trial MiB | BF16 MiB | change |", "|---|---|---|---|"]
+    for part in (p for p in MEMORY_PARTS if p in mine and p in ref):
+        change = f"{100 * (mine[part] / ref[part] - 1):+.1f}%" if ref[part] else "-"
+        lines.append(f"| {part} | {mine[part] / 2**20:.2f} | {ref[part] / 2**20:.2f} | {change} |")
+    return "\n".join(lines) + "\n"
+
+
+def loss_curves(result: ProbeResult, reference: ProbeResult, title: str = "") -> bytes:
+    """A PNG of the trial's and the BF16 reference's training loss per step on one chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    # the reference dashed on top: where the two agree (BF16 warm-up) both stay visible
+    for run, label, style in ((result, "trial", {"color": "tab:orange", "linewidth": 2.0}),
+                              (reference, "BF16 reference", {"color": "black", "linewidth": 1.0, "linestyle": "--"})):
+        points = [(s, v) for s, v in enumerate(run.losses) if math.isfinite(v)]
+        held_out = f", held-out {run.eval_loss:.4f}" if math.isfinite(run.eval_loss) else ""
+        if points:
+            ax.plot(*zip(*points), label=f"{label}{held_out}", **style)
+    warmup = result.fp8_steps.index(True) if True in result.fp8_steps else 0
+    if 0 < warmup < len(result.losses):
+        ax.axvspan(0, warmup, color="grey", alpha=0.12, label="BF16 warm-up")
+    if result.diverged and result.diverged_step is not None:
+        ax.axvline(result.diverged_step, color="black", linewidth=1, label=f"diverged at step {result.diverged_step}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title} training loss against BF16 (same seed, data and steps)".strip(), fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,44 @@
+"""A trial's run page artifacts: the policy table, the memory table, the loss chart."""
+
+from __future__ import annotations
+
+import io
+
+from precsearch.policy import Policy
+from precsearch.probe.result import ProbeResult
+from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table
+
+
+def test_policy_table_is_blocks_by_units_with_each_precision():
+    policy = Policy.from_dict({"rules": [
+        {"name": "edge", "modules": ["*"], "precision": "bf16", "layers": {"first": 1}},
+        {"name": "mlp", "modules": ["*.mlp.*"], "precision": "fp8_delayed"},
+        {"name": "head", "modules": ["output_layer"], "precision": "fp8_current"}]})
+    table = policy_table(policy, 3).splitlines()
+    assert table[0] == "| block | linear_qkv | linear_proj | linear_fc1 | linear_fc2 |"
+    assert table[2] == "| 0 | bf16 | bf16 | bf16 | bf16 |"  # the first block is kept in BF16
+    assert table[3] == "| 1 | bf16 | bf16 | fp8_delayed | fp8_delayed |"
+    assert table[5].startswith("| output_layer | fp8_current |")
+
+
+def _result(losses, memory, eval_loss=3.0, fp8=None):
+    return ProbeResult(losses=losses, grad_norms=[1.0] * len(losses), fp8_steps=fp8 or [True] * len(losses),
+                       eval_loss=eval_loss, predicted_memory=memory, peak_memory_bytes=memory.get("total", 0))
+
+
+def test_memory_table_compares_each_component_with_bf16():
+    mine = _result([1.0], {"params": 2**20, "linear_inputs": 2**20, "total": 3 * 2**20})
+    ref = _result([1.0], {"params": 2**20, "linear_inputs": 2 * 2**20, "total": 4 * 2**20})
+    table = memory_table(mine, ref)
+    assert "| linear_inputs | 1.00 | 2.00 | -50.0% |" in table
+    assert "| total | 3.00 | 4.00 | -25.0% |" in table
+    assert memory_table(mine, _result([1.0], {})) == ""
+
+
+def test_loss_curves_is_a_png_of_both_runs():
+    import matplotlib.image
+
+    png = loss_curves(_result([5.0, 4.0, 3.5, 3.2], {}, fp8=[False, True, True, True]),
+                      _result([5.0, 3.9, 3.4, 3.1], {}, eval_loss=3.05), "trial 3:")
+    assert png.startswith(b"\x89PNG")
+    assert matplotlib.image.imread(io.BytesIO(png)).shape[0] > 100
