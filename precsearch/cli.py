@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -24,6 +25,13 @@ def _load_checked_space(path: Path):
     space = load_space(path)
     check_space(space, file=str(path))
     return space
+
+
+def _stopped() -> int:
+    """Say how to resume; from here on a further Ctrl-C ends the process at once (status 130)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+    print(f"\n{RESUME_HINT}", file=sys.stderr)
+    return 130
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -48,8 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
                          progress=not args.no_progress, workers=args.workers, gpus=gpus)
     except KeyboardInterrupt:
-        print(f"\n{RESUME_HINT}", file=sys.stderr)
-        return 130
+        return _stopped()
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     print(format_table([r for r in rows if r["pareto"]]))
     return 0
@@ -62,8 +69,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         done = run_worker(args.study, args.storage, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
                           n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"\n{RESUME_HINT}", file=sys.stderr)
-        return 130
+        return _stopped()
     print(f"worker done: the study has {done} finished trials")
     return 0
 

@@ -52,7 +52,7 @@ from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
-from precsearch.search.stopping import StopRequest
+from precsearch.search.stopping import StopRequest, deferred_signals
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
 from precsearch.tracking.diagnostics_report import (diagnostics_artifacts, diagnostics_heatmap, diagnostics_metrics,
@@ -118,18 +118,19 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
     The probe process starts first: it imports torch and the backend (Transformer Engine: about 12 s)
     while the stores open, rather than when the first probe is asked for.
     """
-    executor = ProbeExecutor(space, space.study.trial_timeout_s) if probes else None
+    stop = StopRequest()
+    executor = ProbeExecutor(space, space.study.trial_timeout_s, lambda: stop.requested) if probes else None
     if executor is not None:
         executor.start()
     try:
-        yield from _open_with(space, ws, progress, executor, space_text=space_text, parent_id=parent_id, name=name,
-                              sampler_offset=sampler_offset)
+        yield from _open_with(space, ws, progress, executor, stop, space_text=space_text, parent_id=parent_id,
+                              name=name, sampler_offset=sampler_offset)
     finally:
         if executor is not None:
             executor.close()
 
 
-def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, *,
+def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, stop: StopRequest, *,
                space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
     storage = stores.open_storage(ws.storage_url, space.study)
     tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
@@ -140,7 +141,7 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
         raise UserError(str(exc), field="probe.device") from None
     ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
                    cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
-                   worker=WorkerId.current(), stop=StopRequest(), name=name, progress=progress)
+                   worker=WorkerId.current(), stop=stop, name=name, progress=progress)
     ctx.stop._say = lambda message: _say(ctx, message)
     stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     if stale is not None:
@@ -351,14 +352,15 @@ def _finished_twin(study: optuna.Study, params: dict, rung: int) -> optuna.trial
 
 
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
-    """Close a trial the worker is stopping in (Ctrl-C twice, SIGTERM, a store gone): FAIL, queued again.
+    """Close a trial the worker is stopping in (Ctrl-C, SIGTERM, a store gone): FAIL, queued again.
 
     The MLflow run gets one attempt only: a worker told to stop must not wait out the retry budget.
     If it fails, the next ``precsearch run`` closes the run (its worker is gone by then).
     """
-    trial.set_user_attr("interrupted", True)
-    ctx.study.tell(trial, state=TrialState.FAIL)
-    _requeue(ctx.study, trial)
+    with deferred_signals():
+        trial.set_user_attr("interrupted", True)
+        ctx.study.tell(trial, state=TrialState.FAIL)
+        _requeue(ctx.study, trial)
     try:
         ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
     except Exception as exc:  # noqa: BLE001 - best effort, see above
