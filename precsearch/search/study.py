@@ -30,6 +30,7 @@ from pathlib import Path
 import optuna
 import torch
 import yaml
+from filelock import FileLock
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 from tqdm import tqdm
@@ -45,6 +46,7 @@ from precsearch.probe.result import ProbeResult
 from precsearch.search import promotion, stores
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
+from precsearch.search.identity import check_directory, check_storage
 from precsearch.search.liveness import WorkerId, trial_worker
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
@@ -87,7 +89,8 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
     With ``workers`` > 1 or ``gpus``, trials run in that many worker processes (one per GPU slice).
     """
     ws = Workspace.for_space(space, output_dir)
-    ws.save()
+    ws.prepare()
+    check_directory(ws)  # before anything is written: a refused run leaves the directory as it was
     target = n_trials or space.study.n_trials
     if workers > 1 or gpus:
         from precsearch.search.launcher import run_parallel
@@ -132,9 +135,10 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
 
 def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, stop: StopRequest, *,
                space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
-    storage = stores.open_storage(ws.storage_url, space.study)
-    tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
-    study = _open_study(space, storage, tracker, sampler_offset)
+    with FileLock(ws.output_dir / "stores.lock"):  # two runs started at once: one creates the stores' tables
+        storage = stores.open_storage(ws.storage_url, space.study)
+        tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
+        study = _open_study(space, ws, storage, tracker, sampler_offset)
     try:
         device = resolve_device(space.probe.device)
     except BackendUnavailable as exc:
@@ -146,7 +150,8 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
     stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     if stale is not None:
         stale.tracker, stale.say = tracker, (lambda message: _say(ctx, message))
-    if space_text is not None:
+    if space_text is not None:  # the run command's driver: the directory is this study's from now on
+        ws.save()
         tracker.log_space(space_text, {"study": space.study.name, "backend": space.backend.value,
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
@@ -160,8 +165,9 @@ def _run_ids(study: optuna.Study) -> dict[int, str]:
             if "mlflow_run_id" in t.user_attrs}
 
 
-def _open_study(space: Space, storage: optuna.storages.BaseStorage, tracker: Tracker,
+def _open_study(space: Space, ws: Workspace, storage: optuna.storages.BaseStorage, tracker: Tracker,
                 sampler_offset: int = 0) -> optuna.Study:
+    check_storage(storage, ws, space)
     names = objective_names(space.objectives)
     directions = [DIRECTIONS[n] for n in names]
     study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
