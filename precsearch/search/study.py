@@ -44,6 +44,8 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
 from precsearch.search import promotion, stores
+from precsearch.search.duplicates import finished_twin as _finished_twin
+from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, is_duplicate, tell_duplicate
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.identity import check_directory, check_storage
@@ -181,6 +183,8 @@ def _open_study(space: Space, ws: Workspace, storage: optuna.storages.BaseStorag
     elif stored != names:
         raise UserError(f"study '{space.study.name}' in this storage optimises {stored}, not {names}; "
                         f"use another study.name or --output-dir", field="study.name")
+    if known := len(study.get_trials(deepcopy=False)):  # a resume: not the stream whose points are all scored
+        study.sampler = stores.make_sampler(space.study, sampler_offset + known)
     return study
 
 
@@ -188,10 +192,12 @@ def finished_count(study: optuna.Study) -> int:
     """Trials that count towards ``n_trials``: complete, or failed by their own probe.
 
     Trials failed because their run was interrupted or their worker died are not counted: their
-    params are queued again. Promoted evaluations (longer rungs of the same policies) are not counted.
+    params are queued again. Promoted evaluations (longer rungs of the same policies) and duplicates
+    (:mod:`precsearch.search.duplicates`) are not counted.
     """
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t))
+               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t)
+               and not is_duplicate(t))
 
 
 def recover_dead_trials(ctx: StudyRun) -> None:
@@ -223,6 +229,7 @@ def work(ctx: StudyRun, target: int) -> None:
     While the trials still needed are all running elsewhere, wait: one of them may go stale
     (its worker died) and need running again. The same holds for a rung still being decided.
     """
+    in_a_row = 0
     while not ctx.stop.requested:
         _fail_stale(ctx)
         finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
@@ -242,7 +249,11 @@ def work(ctx: StudyRun, target: int) -> None:
         if finished + len(running) >= target:
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        _run_trial(ctx)
+        in_a_row = 0 if _run_trial(ctx) else in_a_row + 1
+        if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            _say(ctx, f"the sampler proposed {in_a_row} policies in a row that were already scored: the space "
+                      f"looks exhausted; stopping with {finished} distinct policies")
+            return
 
 
 def _promotions(ctx: StudyRun) -> str:
@@ -265,32 +276,32 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
+def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> bool:
+    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run)."""
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx):
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
     if _not_needed(ctx, trial, promoted_only):
-        return
+        return True
     trial.set_user_attr("worker", ctx.worker.to_dict())
     rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
+    twin = None if promotion.is_promoted(trial) else _finished_twin(ctx.study, trial.params, rung)
+    if twin is not None:  # probes are seeded: the same params would give the same result again
+        tell_duplicate(ctx.study, trial, twin, retry_s)
+        return False
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
     with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
         try:
             reference = _reference(ctx, policy, rung)
-            twin = _finished_twin(ctx.study, trial.params, rung)
-            if twin is not None:  # probes are seeded: the same params would give the same result again
-                trial.set_user_attr("duplicate_of", twin.number)
-                result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
-            else:
-                leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
-                if source is not None and leg.resume_from is None:
-                    _say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
-                              f"running its {rung} steps from step 0")
-                result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
-                                trial=trial.number, leg=leg)
+            leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
+            if source is not None and leg.resume_from is None:
+                _say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
+                          f"running its {rung} steps from step 0")
+            result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                            trial=trial.number, leg=leg)
             stressed = _stressed_result(ctx, trial, policy, source)
         except (UserError, KeyboardInterrupt):
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
@@ -301,13 +312,14 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
             ctx.tracker.fail_trial(run_id, reason)
             with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
             _say(ctx, f"trial {trial.number} failed: {reason}")
-            return
+            return True
         try:
             _record(ctx, trial, run_id, policy, result, reference, stressed, rung)
         except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
             if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
                 _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
             raise
+    return True
 
 
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
@@ -349,14 +361,6 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
         study.enqueue_trial(trial.params, user_attrs=attrs or None)
 
 
-def _finished_twin(study: optuna.Study, params: dict, rung: int) -> optuna.trial.FrozenTrial | None:
-    first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.params == params and "probe_result" in t.user_attrs and promotion.rung_of(t, first) == rung:
-            return t
-    return None
-
-
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
     """Close a trial the worker is stopping in (Ctrl-C, SIGTERM, a store gone): FAIL, queued again.
 
@@ -384,18 +388,13 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
 
 def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
                      source: optuna.trial.FrozenTrial | None = None) -> ProbeResult | None:
-    """The policy's probe at the stress lr, or None without ``objectives.stress``; a duplicate reuses its twin's,
-    a promoted trial the one of the trial it continues (the stress probe is not cut into rungs)."""
+    """The policy's probe at the stress lr, or None without ``objectives.stress``; a promoted trial reuses the
+    one of the trial it continues (the stress probe is not cut into rungs)."""
     probe = stress_probe(ctx.space)
     if probe is None:
         return None
     if source is not None and "stress_result" in source.user_attrs:
         return ProbeResult.from_dict(source.user_attrs["stress_result"])
-    twin = trial.user_attrs.get("duplicate_of")
-    if twin is not None:
-        stored = next(t for t in ctx.study.get_trials(deepcopy=False) if t.number == twin).user_attrs
-        if "stress_result" in stored:
-            return ProbeResult.from_dict(stored["stress_result"])
     return _probe(ctx, policy, f"trial {trial.number} (stress)", probe)
 
 
