@@ -108,6 +108,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.search.workspace import Workspace
+    from precsearch.tracking import ui
     from precsearch.tracking.server import mlflow_server_command
 
     ws = Workspace.load(args.output_dir)
@@ -115,8 +116,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
     except ValueError as exc:
         raise UserError(str(exc), field="--host/--port") from None
-    print(f"MLflow UI for study '{ws.study_name}' at http://{args.host}:{args.port} (Ctrl-C to stop)")
-    return subprocess.call(cmd)
+    ui.check_port(args.host, args.port)
+    print(f"MLflow UI for study '{ws.study_name}' at http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
+    return ui.serve(cmd)
 
 
 def _open_study(output_dir: Path):
