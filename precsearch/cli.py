@@ -112,6 +112,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.tracking.server import mlflow_server_command
 
     ws = Workspace.load(args.output_dir)
+    ws.follow_move()
     try:
         cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
     except ValueError as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -82,6 +83,7 @@ class StudyRun:
     name: str = ""
     progress: bool = True
     run_ids: dict[int, str] = field(default_factory=dict)
+    lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
 
 
 def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
@@ -93,6 +95,7 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
     ws = Workspace.for_space(space, output_dir)
     ws.prepare()
     check_directory(ws)  # before anything is written: a refused run leaves the directory as it was
+    ws.follow_move()
     target = n_trials or space.study.n_trials
     if workers > 1 or gpus:
         from precsearch.search.launcher import run_parallel
@@ -158,6 +161,11 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
     ctx.run_ids = _run_ids(study)
+    ctx.lost_runs = set(ctx.run_ids.values()) - tracker.trial_run_ids()
+    if ctx.lost_runs:
+        _say(ctx, f"the MLflow store has no runs of {len(ctx.lost_runs)} earlier trials (deleted or replaced): "
+                  "they stay in the Optuna study and 'precsearch front'; new trials are logged here")
+        ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     with ctx.stop:
         yield ctx
 
@@ -176,6 +184,10 @@ def _open_study(space: Space, ws: Workspace, storage: optuna.storages.BaseStorag
                                 sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
     if stored is None:
+        retired = tracker.retire_trials(f"an earlier study '{space.study.name}' whose Optuna storage is gone")
+        if retired:
+            print(f"precsearch: {retired} MLflow runs of an earlier study '{space.study.name}' (its Optuna "
+                  "storage is gone) are tagged precsearch.retired and pareto=false", file=sys.stderr)
         study.set_user_attr("objectives", names)
         study.set_user_attr("space", space.model_dump(mode="json"))
         study.set_user_attr("experiment", tracker.experiment_name)
@@ -211,7 +223,7 @@ def recover_dead_trials(ctx: StudyRun) -> None:
             continue
         ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if t.user_attrs.get("mlflow_run_id"):
+        if t.user_attrs.get("mlflow_run_id") and t.user_attrs["mlflow_run_id"] not in ctx.lost_runs:
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
@@ -476,7 +488,7 @@ def _update_front(ctx: StudyRun) -> None:
     scored = {t.number for t in complete if "score" in t.user_attrs}
     # every worker tags every run, also those other workers started since this one opened the study:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
-    ctx.run_ids |= _run_ids(ctx.study)
+    ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit)
     ctx.tracker.log_front(files)

@@ -110,6 +110,22 @@ class Workspace:
         except (ValueError, TypeError, KeyError) as exc:
             raise UserError(f"unreadable manifest: {exc}", file=str(path)) from None
 
+    @staticmethod
+    def recorded_dir(output_dir: Path) -> Path | None:
+        """The directory the manifest in ``output_dir`` was written for (another one if it was moved)."""
+        try:
+            return Path(json.loads((Path(output_dir) / MANIFEST).read_text())["output_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def follow_move(self) -> None:
+        """After the directory was moved, point its MLflow store's artifact locations here."""
+        from precsearch.tracking.relocate import relocate_artifacts
+
+        old = self.recorded_dir(self.output_dir)
+        if old is not None and old != self.output_dir:
+            relocate_artifacts(self.tracking_uri, old, self.output_dir)
+
     @classmethod
     def existing(cls, output_dir: Path) -> "Workspace | None":
         """The manifest in ``output_dir``, or None if there is none."""
