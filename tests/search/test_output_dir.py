@@ -157,3 +157,14 @@ def test_a_finished_study_resumes_from_a_moved_directory(finished, tmp_path, cap
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{moved / 'optuna.db'}")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE]
     assert os.environ.get("MLFLOW_TRACKING_URI") is None
+
+
+def test_the_same_directory_with_another_tracking_store_is_refused(finished, tmp_path, capsys, monkeypatch):
+    """Trials would be split over two MLflow stores; the front of one would miss the others."""
+    before = _snapshot(finished)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    space = write_space(tmp_path, tiny_space_dict(**QUICK))
+    code, err = _run(capsys, space, "--output-dir", str(finished))
+    assert code == 2
+    _one_line_error(err, "tracking.uri")
+    assert _snapshot(finished) == before and not (tmp_path / "elsewhere.db").exists()
