@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -51,6 +50,7 @@ from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.identity import check_directory, check_storage
 from precsearch.search.liveness import WorkerId, trial_worker
+from precsearch.search.lost_stores import lost_runs, retire_earlier_runs
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
 from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
@@ -161,11 +161,8 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
     ctx.run_ids = _run_ids(study)
-    ctx.lost_runs = set(ctx.run_ids.values()) - tracker.trial_run_ids()
-    if ctx.lost_runs:
-        _say(ctx, f"the MLflow store has no runs of {len(ctx.lost_runs)} earlier trials (deleted or replaced): "
-                  "they stay in the Optuna study and 'precsearch front'; new trials are logged here")
-        ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
+    ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: _say(ctx, message))
+    ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     with ctx.stop:
         yield ctx
 
@@ -184,10 +181,7 @@ def _open_study(space: Space, ws: Workspace, storage: optuna.storages.BaseStorag
                                 sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
     stored = study.user_attrs.get("objectives")
     if stored is None:
-        retired = tracker.retire_trials(f"an earlier study '{space.study.name}' whose Optuna storage is gone")
-        if retired:
-            print(f"precsearch: {retired} MLflow runs of an earlier study '{space.study.name}' (its Optuna "
-                  "storage is gone) are tagged precsearch.retired and pareto=false", file=sys.stderr)
+        retire_earlier_runs(tracker, space.study.name)
         study.set_user_attr("objectives", names)
         study.set_user_attr("space", space.model_dump(mode="json"))
         study.set_user_attr("experiment", tracker.experiment_name)
