@@ -11,6 +11,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from precsearch.errors import UserError
+
 _COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"))
 
 
@@ -24,9 +26,13 @@ def relocate_artifacts(tracking_uri: str, old_dir: Path, new_dir: Path) -> int:
         return 0
     old, new = Path(old_dir).as_uri() + "/", Path(new_dir).as_uri() + "/"
     changed = 0
-    with sqlite3.connect(db, timeout=60) as conn:
-        for table, column in _COLUMNS:
-            changed += conn.execute(
-                f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
-                (new, len(old) + 1, len(old), old)).rowcount
+    try:
+        with sqlite3.connect(db, timeout=60) as conn:
+            for table, column in _COLUMNS:
+                changed += conn.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
+                    (new, len(old) + 1, len(old), old)).rowcount
+    except sqlite3.Error as exc:
+        raise UserError(f"the directory moved from {old_dir}, and its MLflow store {db} could not be pointed at "
+                        f"the new path ({exc}); new artifacts would go to the old one", field="tracking.uri") from None
     return changed

@@ -168,3 +168,14 @@ def test_the_same_directory_with_another_tracking_store_is_refused(finished, tmp
     assert code == 2
     _one_line_error(err, "tracking.uri")
     assert _snapshot(finished) == before and not (tmp_path / "elsewhere.db").exists()
+
+
+def test_a_corrupt_manifest_is_refused_naming_the_file_and_left_for_the_user(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precsearch.json").write_text("{not json")
+    space = write_space(tmp_path, tiny_space_dict(**QUICK))
+    code, err = _run(capsys, space, "--output-dir", str(out))
+    assert code == 2
+    _one_line_error(err, "precsearch.json")
+    assert (out / "precsearch.json").read_text() == "{not json"
