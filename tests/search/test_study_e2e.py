@@ -116,7 +116,7 @@ def test_rerun_of_a_finished_study_runs_nothing_new(finished_study, capsys):
 
 def _complete(ws_dir: Path, name: str) -> list:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{ws_dir / 'optuna.db'}")
-    return [t for t in study.trials if t.state is TrialState.COMPLETE]
+    return [t for t in study.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
 
 
 def test_killed_run_resumes_without_repeating_finished_trials(tmp_path):
