@@ -250,12 +250,10 @@ def work(ctx: StudyRun, target: int) -> None:
             else:
                 time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        running = [t for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if not promotion.is_promoted(t)]
-        if finished + len(running) >= target:
+        if finished + _running(ctx) >= target:
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        in_a_row = 0 if _run_trial(ctx) else in_a_row + 1
+        in_a_row = 0 if _run_trial(ctx, target=target) else in_a_row + 1
         if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
             _say(ctx, f"the sampler proposed {in_a_row} policies in a row that were already scored: the space "
                       f"looks exhausted; stopping with {finished} distinct policies")
@@ -282,10 +280,21 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> bool:
-    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run)."""
+def _running(ctx: StudyRun) -> int:
+    return sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if not promotion.is_promoted(t))
+
+
+def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
+    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run).
+
+    With ``target``, nothing is asked if the study's finished and running trials reach it once this
+    worker holds the ask lock (another local worker may have asked since the count outside it).
+    """
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx):
+        if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
+            return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
     if _not_needed(ctx, trial, promoted_only):
         return True
