@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import warnings
 from pathlib import Path

@@ -48,16 +48,18 @@ from precsearch.search.duplicates import finished_twin as _finished_twin
 from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, is_duplicate, tell_duplicate
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
-from precsearch.search.identity import check_directory, check_storage
+from precsearch.search.identity import check_directory
 from precsearch.search.liveness import WorkerId, trial_worker
-from precsearch.search.lost_stores import lost_runs, retire_earlier_runs
+from precsearch.search.lost_stores import lost_runs
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
 from precsearch.search.rungs import rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
-from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
+from precsearch.search.scoring import (constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
 from precsearch.search.stopping import StopRequest, deferred_signals
+from precsearch.search.study_store import open_study as _open_study
+from precsearch.search.study_store import run_ids as _run_ids
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
 from precsearch.tracking.diagnostics_report import (diagnostics_artifacts, diagnostics_heatmap, diagnostics_metrics,
@@ -165,33 +167,6 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
     ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     with ctx.stop:
         yield ctx
-
-
-def _run_ids(study: optuna.Study) -> dict[int, str]:
-    return {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
-            if "mlflow_run_id" in t.user_attrs}
-
-
-def _open_study(space: Space, ws: Workspace, storage: optuna.storages.BaseStorage, tracker: Tracker,
-                sampler_offset: int = 0) -> optuna.Study:
-    check_storage(storage, ws, space)
-    names = objective_names(space.objectives)
-    directions = [DIRECTIONS[n] for n in names]
-    study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
-                                sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
-    stored = study.user_attrs.get("objectives")
-    if stored is None:
-        retire_earlier_runs(tracker, space.study.name)
-        study.set_user_attr("objectives", names)
-        study.set_user_attr("space", space.model_dump(mode="json"))
-        study.set_user_attr("experiment", tracker.experiment_name)
-        study.set_user_attr("mlflow_parent_run_id", tracker.parent_id)
-    elif stored != names:
-        raise UserError(f"study '{space.study.name}' in this storage optimises {stored}, not {names}; "
-                        f"use another study.name or --output-dir", field="study.name")
-    if known := len(study.get_trials(deepcopy=False)):  # a resume: not the stream whose points are all scored
-        study.sampler = stores.make_sampler(space.study, sampler_offset + known)
-    return study
 
 
 def finished_count(study: optuna.Study) -> int:
