@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +32,13 @@ def _load_checked_space(path: Path):
     return space
 
 
+def _stopped() -> int:
+    """Say how to resume; from here on a further Ctrl-C ends the process at once (status 130)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+    print(f"\n{RESUME_HINT}", file=sys.stderr)
+    return 130
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     space = _load_checked_space(args.space)
     cfg = space.model.probe()
@@ -55,8 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
                          progress=not args.no_progress, workers=args.workers, gpus=gpus)
     except KeyboardInterrupt:
-        print(f"\n{RESUME_HINT}", file=sys.stderr)
-        return 130
+        return _stopped()
     from precsearch.search.workspace import Workspace
 
     print("\nPareto front (feasible trials no other trial beats on every objective):")
@@ -92,8 +98,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         done = run_worker(args.study, args.storage, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
                           n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"\n{RESUME_HINT}", file=sys.stderr)
-        return 130
+        return _stopped()
     print(f"worker done: the study has {done} finished trials")
     return 0
 
@@ -136,19 +141,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.search.workspace import Workspace
+    from precsearch.tracking import ui
     from precsearch.tracking.server import mlflow_server_command
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
     ws = Workspace.load(args.output_dir)
+    ws.follow_move()
     if args.optuna:
         return _optuna_dashboard(ws, args.host, args.port)
     try:
         cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
     except ValueError as exc:
         raise UserError(str(exc), field="--host/--port") from None
-    print(ui_banner(ws, f"http://{args.host}:{args.port}"))
-    return subprocess.call(cmd)
+    ui.check_port(args.host, args.port)
+    print(ui_banner(ws, f"http://{args.host}:{args.port}"), flush=True)
+    return ui.serve(cmd)
 
 
 def ui_banner(ws, base_url: str) -> str:

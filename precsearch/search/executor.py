@@ -8,7 +8,8 @@ one message per training step (for the progress bar), then the result. If
 the child dies, the probe is reported as :class:`ProbeCrashed` with the
 signal or exit code, and a fresh child serves the next probe. The child also
 dies with its worker (``PR_SET_PDEATHSIG``) and ignores Ctrl-C, which the
-worker handles (stop after the current trial).
+worker handles: when its stop flag is up, the probe in flight is killed within
+a poll (0.2 s) and :class:`ProbeInterrupted` raised.
 """
 
 from __future__ import annotations
@@ -48,18 +49,26 @@ class ProbeSetupFailed(UserError):
     """
 
 
+class ProbeInterrupted(KeyboardInterrupt):
+    """The worker was asked to stop (Ctrl-C, SIGTERM) while a probe ran; the probe was killed."""
+
+
 class ProbeExecutor:
     """Runs probes of one space in a child process, one at a time.
 
     Args:
         space: The study's space (the child loads its data and backend once).
         timeout_s: Kill a probe that runs longer than this (None: no limit).
+        stop_requested: Polled while a probe runs; when it answers True the probe is killed and
+            :class:`ProbeInterrupted` raised (None: never).
     """
 
-    def __init__(self, space: Space, timeout_s: float | None = None):
+    def __init__(self, space: Space, timeout_s: float | None = None,
+                 stop_requested: Callable[[], bool] | None = None):
         self._space = space
         self._space_json = space.model_dump(mode="json")
         self.timeout_s = timeout_s
+        self._stop_requested = stop_requested or (lambda: False)
         self._ctx = mp.get_context("spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
@@ -99,11 +108,14 @@ class ProbeExecutor:
                         raise ProbeFailed(f"{message[1]}: {message[2]}")
                 elif not self._proc.is_alive():
                     raise ProbeCrashed(self._death_reason())
+                if self._stop_requested():
+                    self._kill()
+                    raise ProbeInterrupted(f"{label}: stopped")
                 if self.timeout_s is not None and time.monotonic() - start > self.timeout_s:
                     self._kill()
                     raise ProbeCrashed(f"probe ran past its time limit of {self.timeout_s:.0f} s and was killed")
         except KeyboardInterrupt:
-            self._kill()  # a second Ctrl-C: stop now
+            self._kill()  # a second Ctrl-C or SIGTERM: stop now
             raise
 
     def start(self) -> None:

@@ -9,7 +9,7 @@ tracking goes to a local sqlite file, the driver serves it with a local
 
 Workers run in their own process group and die with the driver. Ctrl-C
 reaches the driver only, which passes it on: the first asks each worker to
-stop after its current trial, the second stops them at once.
+stop its probe in flight and queue its trial again, the second stops them at once.
 """
 
 from __future__ import annotations

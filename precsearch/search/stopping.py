@@ -1,9 +1,12 @@
 """What Ctrl-C and SIGTERM mean to a study.
 
-* The first Ctrl-C (SIGINT) asks for a clean stop: the trial in progress runs
-  to its end and is recorded, then the run stops and says how to resume.
-* A second Ctrl-C, or SIGTERM, stops at once: the trial in progress is
-  closed as interrupted (its MLflow run KILLED) and its params queued again.
+* The first Ctrl-C (SIGINT) asks for a stop within a second: the probe in
+  flight (a trial's or a BF16 reference's) is killed by its executor, which
+  polls :attr:`StopRequest.requested`; its trial is closed as interrupted (its
+  MLflow run KILLED) and its params queued again, so a resume runs it. A trial
+  that is already being recorded is recorded first (a few seconds).
+* A second Ctrl-C, or SIGTERM, raises ``KeyboardInterrupt`` at once, wherever
+  the worker is; a trial it leaves RUNNING is recovered by the next run.
 
 Handlers are installed only in the main thread (Python's rule for signals).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 
 class StopRequest:
@@ -38,8 +42,27 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self._say("stopping after the current trial (Ctrl-C again to stop at once)")
+        self._say("stopping: the probe in flight is stopped and its trial queued again (Ctrl-C again to stop "
+                  "at once)")
 
     def _on_sigterm(self, signum, frame) -> None:
         self.requested = True
         raise KeyboardInterrupt
+
+
+@contextmanager
+def deferred_signals():
+    """Hold Ctrl-C and SIGTERM back while a few storage writes close a trial (milliseconds).
+
+    A second Ctrl-C landing between them would leave the trial RUNNING; held back, it is raised
+    right after. A no-op outside the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

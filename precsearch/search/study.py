@@ -30,6 +30,7 @@ from pathlib import Path
 import optuna
 import torch
 import yaml
+from filelock import FileLock
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 from tqdm import tqdm
@@ -45,16 +46,22 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
 from precsearch.search import promotion, stores
+from precsearch.search.duplicates import finished_twin as _finished_twin
+from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, is_duplicate, tell_duplicate
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
+from precsearch.search.identity import check_directory
 from precsearch.search.liveness import WorkerId, trial_worker
+from precsearch.search.lost_stores import lost_runs
 from precsearch.search.reference import ReferenceCache, References, gather_references, stress_probe
 from precsearch.search.retry import with_retry
 from precsearch.search.rungs import drop_spent, rung_probe, trial_leg, trial_rung, unneeded
 from precsearch.search.sampling import suggest_policy
-from precsearch.search.scoring import (DIRECTIONS, constraint_value, objective_names, objective_values, score,
+from precsearch.search.scoring import (constraint_value, objective_names, objective_values, score,
                                        stability_metrics, verdict)
-from precsearch.search.stopping import StopRequest
+from precsearch.search.stopping import StopRequest, deferred_signals
+from precsearch.search.study_store import open_study as _open_study
+from precsearch.search.study_store import run_ids as _run_ids
 from precsearch.search.summary import study_metrics
 from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
@@ -83,6 +90,7 @@ class StudyRun:
     progress: bool = True
     run_ids: dict[int, str] = field(default_factory=dict)
     status: terminal.StudyStatus | None = None
+    lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
 
 
 def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
@@ -92,7 +100,9 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
     With ``workers`` > 1 or ``gpus``, trials run in that many worker processes (one per GPU slice).
     """
     ws = Workspace.for_space(space, output_dir)
-    ws.save()
+    ws.prepare()
+    check_directory(ws)  # before anything is written: a refused run leaves the directory as it was
+    ws.follow_move()
     target = n_trials or space.study.n_trials
     if workers > 1 or gpus:
         from precsearch.search.launcher import run_parallel
@@ -123,77 +133,57 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
     The probe process starts first: it imports torch and the backend (Transformer Engine: about 12 s)
     while the stores open, rather than when the first probe is asked for.
     """
-    executor = ProbeExecutor(space, space.study.trial_timeout_s) if probes else None
+    stop = StopRequest()
+    executor = ProbeExecutor(space, space.study.trial_timeout_s, lambda: stop.requested) if probes else None
     if executor is not None:
         executor.start()
     try:
-        yield from _open_with(space, ws, progress, executor, space_text=space_text, parent_id=parent_id, name=name,
-                              sampler_offset=sampler_offset)
+        yield from _open_with(space, ws, progress, executor, stop, space_text=space_text, parent_id=parent_id,
+                              name=name, sampler_offset=sampler_offset)
     finally:
         if executor is not None:
             executor.close()
 
 
-def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, *,
+def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, stop: StopRequest, *,
                space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
-    storage = stores.open_storage(ws.storage_url, space.study)
-    tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
-    study = _open_study(space, storage, tracker, sampler_offset)
+    with FileLock(ws.output_dir / "stores.lock"):  # two runs started at once: one creates the stores' tables
+        storage = stores.open_storage(ws.storage_url, space.study)
+        tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
+        study = _open_study(space, ws, storage, tracker, sampler_offset)
     try:
         device = resolve_device(space.probe.device)
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="probe.device") from None
     ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
                    cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
-                   worker=WorkerId.current(), stop=StopRequest(), name=name, progress=progress)
+                   worker=WorkerId.current(), stop=stop, name=name, progress=progress)
     ctx.stop._say = lambda message: _say(ctx, message)
     stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     if stale is not None:
         stale.tracker, stale.say = tracker, (lambda message: _say(ctx, message))
-    if space_text is not None:
+    if space_text is not None:  # the run command's driver: the directory is this study's from now on
+        ws.save()
         tracker.log_space(space_text, {"study": space.study.name, "backend": space.backend.value,
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
     ctx.run_ids = _run_ids(study)
+    ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: _say(ctx, message))
+    ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     with ctx.stop:
         yield ctx
-
-
-def _run_ids(study: optuna.Study) -> dict[int, str]:
-    return {t.number: t.user_attrs["mlflow_run_id"] for t in study.get_trials(deepcopy=False)
-            if "mlflow_run_id" in t.user_attrs}
-
-
-def _open_study(space: Space, storage: optuna.storages.BaseStorage, tracker: Tracker,
-                sampler_offset: int = 0) -> optuna.Study:
-    names = objective_names(space.objectives)
-    directions = [DIRECTIONS[n] for n in names]
-    study = optuna.create_study(study_name=space.study.name, storage=storage, directions=directions,
-                                sampler=stores.make_sampler(space.study, sampler_offset), load_if_exists=True)
-    stored = study.user_attrs.get("objectives")
-    if study.metric_names is None:  # optuna-dashboard and Optuna's plots name the objectives with these
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(names)
-    if stored is None:
-        study.set_user_attr("objectives", names)
-        study.set_user_attr("space", space.model_dump(mode="json"))
-        study.set_user_attr("experiment", tracker.experiment_name)
-        study.set_user_attr("mlflow_parent_run_id", tracker.parent_id)
-    elif stored != names:
-        raise UserError(f"study '{space.study.name}' in this storage optimises {stored}, not {names}; "
-                        f"use another study.name or --output-dir", field="study.name")
-    return study
 
 
 def finished_count(study: optuna.Study) -> int:
     """Trials that count towards ``n_trials``: complete, or failed by their own probe.
 
     Trials failed because their run was interrupted or their worker died are not counted: their
-    params are queued again. Promoted evaluations (longer rungs of the same policies) are not counted.
+    params are queued again. Promoted evaluations (longer rungs of the same policies) and duplicates
+    (:mod:`precsearch.search.duplicates`) are not counted.
     """
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t))
+               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t)
+               and not is_duplicate(t))
 
 
 def recover_dead_trials(ctx: StudyRun) -> None:
@@ -207,7 +197,7 @@ def recover_dead_trials(ctx: StudyRun) -> None:
             continue
         ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if t.user_attrs.get("mlflow_run_id"):
+        if t.user_attrs.get("mlflow_run_id") and t.user_attrs["mlflow_run_id"] not in ctx.lost_runs:
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t)
         _say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
@@ -233,6 +223,7 @@ def work(ctx: StudyRun, target: int) -> None:
 
 
 def _work(ctx: StudyRun, target: int) -> None:
+    in_a_row = 0
     while not ctx.stop.requested:
         _fail_stale(ctx)
         finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
@@ -247,12 +238,14 @@ def _work(ctx: StudyRun, target: int) -> None:
             else:
                 time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        running = [t for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if not promotion.is_promoted(t)]
-        if finished + len(running) >= target:
+        if finished + _running(ctx) >= target:
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        _run_trial(ctx)
+        in_a_row = 0 if _run_trial(ctx, target=target) else in_a_row + 1
+        if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            _say(ctx, f"the sampler proposed {in_a_row} policies in a row that were already scored: the space "
+                      f"looks exhausted; stopping with {finished} distinct policies")
+            return
 
 
 def _promotions(ctx: StudyRun) -> str:
@@ -276,34 +269,45 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
+def _running(ctx: StudyRun) -> int:
+    return sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if not promotion.is_promoted(t))
+
+
+def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
+    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run).
+
+    With ``target``, nothing is asked if the study's finished and running trials reach it once this
+    worker holds the ask lock (another local worker may have asked since the count outside it).
+    """
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx):
+        if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
+            return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
     if _not_needed(ctx, trial, promoted_only):
-        return
+        return True
     trial.set_user_attr("worker", ctx.worker.to_dict())
     if ctx.status is not None:
         ctx.status.trial_started(trial.number)
     rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
+    twin = None if promotion.is_promoted(trial) else _finished_twin(ctx.study, trial.params, rung)
+    if twin is not None:  # probes are seeded: the same params would give the same result again
+        tell_duplicate(ctx.study, trial, twin, retry_s)
+        return False
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
     with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
         try:
             reference = _reference(ctx, policy, rung)
-            twin = _finished_twin(ctx.study, trial.params, rung)
-            if twin is not None:  # probes are seeded: the same params would give the same result again
-                trial.set_user_attr("duplicate_of", twin.number)
-                result = ProbeResult.from_dict(twin.user_attrs["probe_result"])
-            else:
-                leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
-                if source is not None and leg.resume_from is None:
-                    _say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
-                              f"running its {rung} steps from step 0")
-                result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
-                                trial=trial.number, leg=leg)
+            leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
+            if source is not None and leg.resume_from is None:
+                _say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
+                          f"running its {rung} steps from step 0")
+            result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                            trial=trial.number, leg=leg)
             stressed = _stressed_result(ctx, trial, policy, source)
         except (UserError, KeyboardInterrupt):
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
@@ -314,13 +318,14 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False) -> None:
             ctx.tracker.fail_trial(run_id, reason)
             with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
             _say(ctx, f"trial {trial.number} failed: {reason}")
-            return
+            return True
         try:
             _record(ctx, trial, run_id, policy, result, reference, stressed, rung)
         except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
             if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
                 _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
             raise
+    return True
 
 
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
@@ -362,23 +367,16 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
         study.enqueue_trial(trial.params, user_attrs=attrs or None)
 
 
-def _finished_twin(study: optuna.Study, params: dict, rung: int) -> optuna.trial.FrozenTrial | None:
-    first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.params == params and "probe_result" in t.user_attrs and promotion.rung_of(t, first) == rung:
-            return t
-    return None
-
-
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
-    """Close a trial the worker is stopping in (Ctrl-C twice, SIGTERM, a store gone): FAIL, queued again.
+    """Close a trial the worker is stopping in (Ctrl-C, SIGTERM, a store gone): FAIL, queued again.
 
     The MLflow run gets one attempt only: a worker told to stop must not wait out the retry budget.
     If it fails, the next ``precsearch run`` closes the run (its worker is gone by then).
     """
-    trial.set_user_attr("interrupted", True)
-    ctx.study.tell(trial, state=TrialState.FAIL)
-    _requeue(ctx.study, trial)
+    with deferred_signals():
+        trial.set_user_attr("interrupted", True)
+        ctx.study.tell(trial, state=TrialState.FAIL)
+        _requeue(ctx.study, trial)
     try:
         ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
     except Exception as exc:  # noqa: BLE001 - best effort, see above
@@ -404,18 +402,13 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
 
 def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
                      source: optuna.trial.FrozenTrial | None = None) -> ProbeResult | None:
-    """The policy's probe at the stress lr, or None without ``objectives.stress``; a duplicate reuses its twin's,
-    a promoted trial the one of the trial it continues (the stress probe is not cut into rungs)."""
+    """The policy's probe at the stress lr, or None without ``objectives.stress``; a promoted trial reuses the
+    one of the trial it continues (the stress probe is not cut into rungs)."""
     probe = stress_probe(ctx.space)
     if probe is None:
         return None
     if source is not None and "stress_result" in source.user_attrs:
         return ProbeResult.from_dict(source.user_attrs["stress_result"])
-    twin = trial.user_attrs.get("duplicate_of")
-    if twin is not None:
-        stored = next(t for t in ctx.study.get_trials(deepcopy=False) if t.number == twin).user_attrs
-        if "stress_result" in stored:
-            return ProbeResult.from_dict(stored["stress_result"])
     return _probe(ctx, policy, f"trial {trial.number} (stress)", probe)
 
 
@@ -510,7 +503,7 @@ def _update_front(ctx: StudyRun) -> dict[str, float]:
     scored = {t.number for t in complete if "score" in t.user_attrs}
     # every worker tags every run, also those other workers started since this one opened the study:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
-    ctx.run_ids |= _run_ids(ctx.study)
+    ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit,
                         ctx.space.objectives.stability_unit)

@@ -23,7 +23,7 @@ from precsearch.redact import redact_url
 from precsearch.search import stores
 from precsearch.probe.data import check_data
 from precsearch.search.study import _say, finished_count, open_run, work
-from precsearch.search.workspace import DEFAULT_OUTPUT_ROOT, Workspace
+from precsearch.search.workspace import DEFAULT_OUTPUT_ROOT, Workspace, check_dir_name, refuse_in_memory
 
 STORAGE_ENV = "PRECSEARCH_STORAGE"
 
@@ -38,6 +38,9 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
     url = storage_url or os.environ.get(STORAGE_ENV)
     if not url:
         raise UserError(f"give --storage or set ${STORAGE_ENV}", field="--storage")
+    refuse_in_memory(url, "--storage")
+    if output_dir is None:
+        check_dir_name(study_name, "--study")
     study = _load(study_name, url)
     try:
         space = Space.model_validate(study.user_attrs["space"])
@@ -52,9 +55,12 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
     if not tracking:
         raise UserError("give --tracking-uri (the study's MLflow server) or set $MLFLOW_TRACKING_URI",
                         field="--tracking-uri")
+    refuse_in_memory(tracking, "--tracking-uri")
     ws = Workspace(output_dir=Path(output_dir or DEFAULT_OUTPUT_ROOT / study_name).resolve(),
                    study_name=study_name, storage_url=url, tracking_uri=tracking,
-                   experiment=study.user_attrs.get("experiment", study_name))
+                   experiment=study.user_attrs.get("experiment", study_name),
+                   dir_field="--output-dir" if output_dir is not None else "--study")
+    ws.prepare()
     target = n_trials or space.study.n_trials
     offset = 1 + zlib.crc32(f"{name}:{os.getpid()}".encode()) % 100_000
     with open_run(space, ws, progress, parent_id=study.user_attrs.get("mlflow_parent_run_id"), name=name,

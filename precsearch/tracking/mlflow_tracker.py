@@ -205,6 +205,27 @@ class Tracker:
             self.fail_trial(run_id, "interrupted: its worker process is gone", "KILLED")
         return len(orphans)
 
+    def trial_run_ids(self) -> set[str]:
+        """The ids of every trial run of this study in the experiment."""
+        query = f"tags.`precsearch.role` = 'trial' AND tags.`precsearch.study` = '{self.study_name}'"
+        runs = self.client.search_runs([self.experiment_id], query, max_results=50_000)
+        return {r.info.run_id for r in runs}
+
+    def retire_trials(self, reason: str) -> int:
+        """Tag every trial run of this study ``pareto=false`` and ``precsearch.retired`` (running ones KILLED).
+
+        For runs left by an earlier Optuna study of the same name that is gone (its database deleted):
+        they must not stay on the front beside the new study's trials.
+        """
+        query = f"tags.`precsearch.role` = 'trial' AND tags.`precsearch.study` = '{self.study_name}'"
+        runs = self.client.search_runs([self.experiment_id], query, max_results=50_000)
+        for run in runs:
+            self.client.log_batch(run.info.run_id, tags=[RunTag("pareto", "false"),
+                                                         RunTag("precsearch.retired", reason)])
+            if run.info.status == "RUNNING":
+                self.client.set_terminated(run.info.run_id, "KILLED")
+        return len(runs)
+
     def set_pareto(self, run_ids: dict[int, str], front: set[int]) -> None:
         """Tag every trial run ``pareto=true`` or ``false``; only changed tags are written."""
         for number, run_id in run_ids.items():

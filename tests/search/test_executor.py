@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -64,3 +65,21 @@ def test_fault_spec_parsing(monkeypatch):
     assert [fault_for(n) for n in (0, 1, 2, 3, None)] == [None, "oom", "nan", None, None]
     monkeypatch.delenv(FAULTS_ENV)
     assert fault_for(1) is None and os.environ.get(FAULTS_ENV) is None
+
+
+def test_a_stop_request_kills_the_probe_in_flight_within_a_second(space):
+    """Ctrl-C sets the worker's stop flag; a probe must not run on to its end (issue 16: 280 s)."""
+    from precsearch.search.executor import ProbeInterrupted
+
+    long = space.probe.model_copy(update={"steps": 100_000})
+    stop_at: list[float] = []
+
+    def on_step(step, loss, grad_norm):
+        if step == 2:
+            stop_at.append(time.monotonic())
+
+    with ProbeExecutor(space, stop_requested=lambda: bool(stop_at)) as ex:
+        with pytest.raises(ProbeInterrupted):
+            ex.run(long, Policy.bf16(1.0), "long", on_step=on_step)
+        assert time.monotonic() - stop_at.pop() < 1.0
+        assert len(ex.run(space.probe, Policy.bf16(1.0), "next").losses) == 4  # a fresh child serves the next

@@ -63,7 +63,8 @@ def test_the_best_first_rung_trials_continue_their_run_at_the_next_rung(rung_stu
     """
     study = _study(rung_study)
     trials = _by_number(study)
-    first = [t for t in study.trials if t.state is TrialState.COMPLETE and t.user_attrs[FIDELITY] == 12]
+    first = [t for t in study.trials if t.state is TrialState.COMPLETE and t.user_attrs[FIDELITY] == 12
+             and "duplicate_of" not in t.user_attrs]  # a policy proposed again is not a trial of the rung
     assert len(first) == 4 and all(PROMOTED_FROM not in t.user_attrs for t in first)
     promoted = _promoted(study)
     assert len(promoted) == 2
@@ -140,14 +141,15 @@ def test_rerun_of_a_finished_rung_study_runs_nothing_new(rung_study):
 
 def test_a_policy_that_diverges_at_a_longer_rung_is_recorded_there_and_not_promoted_further(tmp_path,
                                                                                            monkeypatch):
-    """Trial 3 (the one promotion to 24 steps) is made to produce NaN: it is diverged at 24 steps, nothing
-    runs at 36, and the policy leaves the front although its 12-step trial was feasible."""
-    monkeypatch.setenv("PRECSEARCH_FAULTS", "3:nan")
+    """Trial 4 (the one promotion to 24 steps; trial 2 is a duplicate of 0, told without a probe) is made to
+    produce NaN: it is diverged at 24 steps, nothing runs at 36, and the policy leaves the front although its
+    12-step trial was feasible."""
+    monkeypatch.setenv("PRECSEARCH_FAULTS", "4:nan")
     space = _space(tmp_path, [12, 24, 36], 1, **{"study.n_trials": 3, "objectives.reference_seeds": 1})
     assert main(["run", str(space), "--output-dir", str(tmp_path / "out"), "--no-progress"]) == 0
     study = _study(tmp_path / "out")
     trials = _by_number(study)
-    diverged = trials[3]
+    diverged = trials[4]
     assert diverged.user_attrs[FIDELITY] == 24 and diverged.state is TrialState.COMPLETE
     assert diverged.user_attrs["score"]["diverged"] and "non-finite" in diverged.user_attrs["reason"]
     assert diverged.user_attrs["probe_result"]["diverged_step"] == 12  # the rung's first step, continued
@@ -156,7 +158,7 @@ def test_a_policy_that_diverges_at_a_longer_rung_is_recorded_there_and_not_promo
     assert source.user_attrs["score"]["feasible"]
     rows = trial_rows(study, study.user_attrs["objectives"])
     row = next(r for r in rows if r["params"] == source.params)
-    assert row["trial"] == 3 and not row["pareto"]
+    assert row["trial"] == 4 and not row["pareto"]
 
 
 def test_a_run_killed_mid_rung_resumes_the_rung_from_the_saved_state(tmp_path):
@@ -203,7 +205,7 @@ def test_two_workers_run_each_promotion_once(tmp_path):
     log, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, log[-3000:]
     study = _study(out)
-    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     assert Counter(t.user_attrs[FIDELITY] for t in complete) == {12: 4, 24: 2}
     promotions = Counter(t.user_attrs[PROMOTED_FROM] for t in _promoted(study))
     assert len(promotions) == 2 and set(promotions.values()) == {1}

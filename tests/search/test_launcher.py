@@ -94,5 +94,5 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
         per_trial.setdefault(int(r.data.tags["trial_number"]), []).append(r.info.status)
     assert all(len(v) == 1 for v in per_trial.values()), per_trial
     assert not [r for r in trial_runs if r.info.status == "RUNNING"]
-    complete = {t.number for t in study.trials if t.state is TrialState.COMPLETE}
+    complete = {t.number for t in study.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs}
     assert {n for n, v in per_trial.items() if v == ["FINISHED"]} == complete

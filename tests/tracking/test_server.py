@@ -7,14 +7,21 @@ study's MLflow store, and with it everything logged, to the network by default.
 from __future__ import annotations
 
 import ast
+import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import precsearch
+from precsearch.tracking.local_server import free_port, wait_until_up
 from precsearch.cli import main
 from precsearch.search.workspace import Workspace
+from precsearch.tracking import ui
 from precsearch.tracking.server import LOOPBACK, mlflow_server_command
 
 
@@ -43,6 +50,9 @@ def test_server_command_refuses_no_host_or_a_bad_port(host, port):
         mlflow_server_command("sqlite:///x.db", host=host, port=port)
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture
 def study_dir(tmp_path) -> Path:
     Workspace(tmp_path, "s", "sqlite:///o.db", f"sqlite:///{tmp_path / 'mlflow.db'}", "s").save()
@@ -52,7 +62,7 @@ def study_dir(tmp_path) -> Path:
 @pytest.mark.parametrize(("extra", "host"), [([], "127.0.0.1"), (["--host", "0.0.0.0"], "0.0.0.0")])
 def test_ui_binds_loopback_unless_told_otherwise(study_dir, monkeypatch, capsys, extra, host):
     started = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd: started.append(cmd) or 0)
+    monkeypatch.setattr(ui, "serve", lambda cmd: started.append(cmd) or 0)
     assert main(["ui", "--output-dir", str(study_dir), *extra]) == 0
     (cmd,) = started
     assert _option(cmd, "--host") == host
@@ -73,3 +83,55 @@ def test_only_the_server_module_builds_an_mlflow_server_command():
                for node in ast.walk(ast.parse(path.read_text())))
     )
     assert builders == ["tracking/server.py"]
+
+
+def test_ui_on_a_port_in_use_is_exit_2_before_printing_the_url(study_dir, capsys):
+    """A second ``precsearch ui`` used to print the URL, fail to bind, and exit 0."""
+    with socket.socket() as taken:
+        taken.bind((LOOPBACK, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["ui", "--output-dir", str(study_dir), "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert "http://" not in out
+    assert err.count("\n") == 1 and "--port" in err and f"port {port}" in err
+
+
+def _stats() -> dict[int, list[str]]:
+    """pid -> the fields of /proc/PID/stat after the command name (state, ppid, pgrp, ...)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                stat = (entry / "stat").read_text()
+                found[int(entry.name)] = stat[stat.rfind(")") + 2:].split()
+        except OSError:
+            pass
+    return found
+
+
+def _group_alive(pgid: int) -> list[int]:
+    return [pid for pid, f in _stats().items() if int(f[2]) == pgid and f[0] not in ("Z", "X")]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_ui_leaves_no_server_process_behind(study_dir, signum):
+    """SIGTERM to ``precsearch ui`` used to leave ``mlflow server`` and its workers serving the port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "precsearch", "ui", "--output-dir", str(study_dir), "--port",
+                             str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until_up(f"http://{LOOPBACK}:{port}", 120, proc), "the UI did not come up"
+        (server,) = [pid for pid, f in _stats().items() if int(f[1]) == proc.pid]
+        assert len(_group_alive(server)) >= 2  # mlflow server and the workers it started
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 15
+        while _group_alive(server) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert _group_alive(server) == []
+        ui.check_port(LOOPBACK, port)  # free again
+    finally:
+        if proc.poll() is None:
+            proc.kill()

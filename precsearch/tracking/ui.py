@@ -1,0 +1,80 @@
+"""``precsearch ui``: an MLflow server on a study's store, stopped with everything it started.
+
+``mlflow server`` starts worker processes of its own. The server runs in its own process
+group, so that Ctrl-C, SIGTERM or SIGHUP to ``precsearch ui`` stops the whole group (no
+orphan keeps serving the port), and dies with ``precsearch ui`` even when that is killed
+(``PR_SET_PDEATHSIG``). A port already taken is refused before the URL is printed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+
+from precsearch.errors import UserError
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stop(Exception):
+    """A stop signal reached ``precsearch ui``."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a ``host``/``port`` that cannot be bound now (taken, or not an address of this machine)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
+            s.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} on {host} is already in use (another 'precsearch ui' or server?); "
+                            "stop it or give another --port", field="--port") from None
+        raise UserError(f"cannot bind {host}:{port}: {exc.strerror or exc}", field="--host") from None
+
+
+def serve(cmd: list[str]) -> int:
+    """Run the server ``cmd`` until it exits (its status) or a stop signal arrives (0, group stopped)."""
+    from precsearch.search.executor import dying_with_parent
+
+    proc = subprocess.Popen(dying_with_parent(cmd), start_new_session=True)
+
+    def stop(signum, frame):
+        raise _Stop
+
+    saved = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
+    try:
+        return proc.wait()
+    except _Stop:
+        stop_group(proc)
+        return 0
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if not _group_alive(proc.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
