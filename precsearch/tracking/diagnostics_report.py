@@ -26,6 +26,7 @@ from typing import Any
 from precsearch.fp8.scaling import ROLES
 from precsearch.probe.diagnostics import DiagnosticsConfig, FirstBad
 from precsearch.probe.result import ProbeResult
+from precsearch.tracking.figures import png_bytes
 
 COLUMNS = ("step", "layer", "role", "precision", "amax", "scale", "overflow", "underflow", "nonfinite")
 
@@ -103,10 +104,7 @@ def diagnostics_heatmap(result: ProbeResult) -> bytes | None:
     axes[0].set_yticks(range(len(layers)), layers, fontsize=7)
     fig.suptitle(_heading(result), fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig)
 
 
 def _outline_first_bad(ax: Any, first_bad: dict[str, Any] | None, layers: list[str]) -> None:

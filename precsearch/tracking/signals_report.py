@@ -11,13 +11,13 @@ What a reviewer finds on a trial's run (see :mod:`precsearch.probe.signals` and 
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
 
 from precsearch.probe.risk import Risk, risk_score, seed_spread
 from precsearch.probe.signals import Signals
+from precsearch.tracking.figures import png_bytes
 
 SCALARS = ("amax_growth", "kurtosis", "kurtosis_growth", "alignment", "alignment_max", "alignment_growth",
            "attention_logit", "attention_logit_growth", "grad_norm_trend")
@@ -90,10 +90,7 @@ def signals_plot(policy: Signals, reference: Signals | None, title: str = "",
             else f"risk {risk_score(policy, reference, spread=spread).score:.2f}")
     fig.suptitle(f"{title} early-warning signals ({risk})".strip(), fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig)
 
 
 def _panel(ax, name: str, policy: Signals, reference: Signals | None) -> None:

@@ -11,12 +11,12 @@ Artifacts (MLflow renders ``.md`` as Markdown and shows ``.png`` inline):
 
 from __future__ import annotations
 
-import io
 import math
 
 from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
+from precsearch.tracking.figures import png_bytes
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "weight_copies", "linear_inputs", "other_activations", "logits",
                 "total")
@@ -79,7 +79,4 @@ def loss_curves(result: ProbeResult, reference: ProbeResult, title: str = "") ->
     ax.legend(fontsize=8)
     ax.set_title(f"{title} training loss against BF16 (same seed, data and steps)".strip(), fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png_bytes(fig)
