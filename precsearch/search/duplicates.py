@@ -7,10 +7,15 @@ learns nothing new but sees its answer, and marked ``duplicate_of``. A duplicate
 probe, makes no MLflow run, has no row in the front and does not count towards ``n_trials``:
 a study ends with the number of distinct policies asked for. Twins are looked up in the same
 study only, whose settings :mod:`precsearch.search.identity` keeps unchanged, so no result is
-ever copied across settings.
+ever copied across settings. With several workers, a proposal equal to a policy another worker
+is still running (at a lower trial number) waits for that twin and then takes its values
+(:func:`await_twin`); if the twin fails, it runs itself.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -36,6 +41,26 @@ def finished_twin(study: optuna.Study, params: dict, rung: int) -> FrozenTrial |
                 and promotion.rung_of(t, first) == rung:
             return t
     return None
+
+
+def await_twin(study: optuna.Study, trial: optuna.Trial, rung: int, poll_s: float,
+               stopping: Callable[[], bool]) -> FrozenTrial | None:
+    """The finished twin of ``trial``'s params at ``rung``, after waiting for a lower-numbered twin
+    another worker is running; None when there is none (or it failed, or a stop was asked for).
+
+    Only a lower number is waited for, so two running twins never wait for each other.
+    """
+    first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
+    while True:
+        twin = finished_twin(study, trial.params, rung)
+        if twin is not None or stopping():
+            return twin
+        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number < trial.number and t.params == trial.params and not is_duplicate(t)
+                   and not promotion.is_promoted(t) and promotion.rung_of(t, first) == rung]
+        if not running:
+            return None
+        time.sleep(poll_s)
 
 
 def tell_duplicate(study: optuna.Study, trial: optuna.Trial, twin: FrozenTrial, retry_s: float) -> None:

@@ -46,8 +46,7 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
 from precsearch.search import promotion, stores
-from precsearch.search.duplicates import finished_twin as _finished_twin
-from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, is_duplicate, tell_duplicate
+from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, await_twin, is_duplicate, tell_duplicate
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
 from precsearch.search.identity import check_directory
@@ -292,7 +291,12 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         ctx.status.trial_started(trial.number)
     rung, source = trial_rung(ctx.study, ctx.space, trial)
     policy = suggest_policy(ctx.space, trial)
-    twin = None if promotion.is_promoted(trial) else _finished_twin(ctx.study, trial.params, rung)
+    if promotion.is_promoted(trial):
+        twin = None
+    else:  # another worker may be running the same policy: its result is this one's
+        with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+            twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
+                              lambda: ctx.stop.requested)
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
         return False

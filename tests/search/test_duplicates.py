@@ -63,3 +63,31 @@ def test_an_exhausted_space_stops_with_every_distinct_policy(tmp_path, capsys):
     study = _study(out)
     assert finished_count(study) == len(_distinct(study)) == 2
     assert not [t for t in study.trials if t.state is TrialState.RUNNING]
+
+
+def test_a_proposal_equal_to_a_policy_another_worker_runs_waits_for_it_and_takes_its_values():
+    """Seen with three workers on PostgreSQL: two workers asked for the same policy at once and both
+    ran and counted it (12 trials, 10 policies). The later one now waits for the running twin and
+    takes its result; a twin that fails leaves it to run itself; the earlier of two never waits."""
+    import threading
+
+    from precsearch.search.duplicates import await_twin
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    dist = {"p": optuna.distributions.CategoricalDistribution(["a", "b"])}
+    for p in ("a", "a", "b", "b"):
+        study.enqueue_trial({"p": p})
+    a1, a2, b1, b2 = (study.ask(dist) for _ in range(4))
+    assert await_twin(study, a1, 10, 0.01, lambda: False) is None  # the lower number does not wait
+
+    def finish():
+        a1.set_user_attr("score", {"feasible": True})
+        study.tell(a1, [0.1, 0.0])
+
+    threading.Timer(0.3, finish).start()
+    twin = await_twin(study, a2, 10, 0.01, lambda: False)
+    assert twin is not None and twin.number == a1.number
+
+    threading.Timer(0.3, lambda: study.tell(b1, state=TrialState.FAIL)).start()
+    assert await_twin(study, b2, 10, 0.01, lambda: False) is None  # the twin failed: b2 runs itself
+    assert study.trials[b1.number].state is TrialState.FAIL

@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from _cluster import MlflowServer, load, postgres_ctl, postgres_url, precsearch, unique_study, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.search.front import trial_rows
+from precsearch.search.duplicates import is_duplicate  # a policy proposed again runs no probe, has no MLflow run
 from precsearch.search.study import finished_count
 
 pytestmark = pytest.mark.postgres
@@ -97,7 +98,8 @@ def test_sigkilled_worker_trial_is_failed_by_heartbeat_and_retried(tmp_path, ser
     assert "no heartbeat" in out
     run = next(r for r in server.trial_runs(name) if r.data.tags["trial_number"] == str(killed))
     assert run.info.status == "FAILED" and "no heartbeat" in run.data.tags["fail_reason"]
-    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials if t.state is not TrialState.WAITING}
+    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials
+                                             if t.state is not TrialState.WAITING and not is_duplicate(t)}
 
 
 def test_unreachable_postgres_is_a_clear_error_within_seconds(tmp_path, server):
@@ -127,7 +129,7 @@ def test_mlflow_server_lost_mid_study_is_retried_and_nothing_logged_twice(tmp_pa
     assert proc.returncode == 0, out[-3000:]
     study = load(name, url)
     assert finished_count(study) == 4
-    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials}
+    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials if not is_duplicate(t)}
 
 
 def test_mlflow_server_gone_for_good_stops_with_a_clear_error_then_resumes(tmp_path, server):
@@ -172,8 +174,8 @@ def test_postgres_lost_mid_study_is_retried_and_the_study_completes(tmp_path, se
     assert "retrying" in out  # it did meet the outage
     study = load(name, url)
     assert finished_count(study) == 4
-    assert Counter(t.state for t in study.trials)[TrialState.COMPLETE] == 4
-    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials}
+    assert Counter(t.state for t in study.trials if not is_duplicate(t))[TrialState.COMPLETE] == 4
+    assert _runs_per_trial(server, name) == {t.number: 1 for t in study.trials if not is_duplicate(t)}
 
 
 def test_rungs_over_postgres_two_separate_workers_promote_each_policy_once(tmp_path, server):
