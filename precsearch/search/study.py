@@ -485,8 +485,9 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                   | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
                   | diagnostics_artifacts(result) | sig_files,
     )
-    ctx.study.tell(trial, objective_values(s, objectives))
-    summary = _update_front(ctx)
+    retry_s = ctx.space.study.store_retry_s
+    with_retry(lambda: ctx.study.tell(trial, objective_values(s, objectives)), "recording the trial", budget_s=retry_s)
+    summary = with_retry(lambda: _update_front(ctx), "updating the front", budget_s=retry_s)
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     _say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
