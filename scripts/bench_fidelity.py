@@ -328,16 +328,14 @@ def run_jobs(args, jobs: list[Job]) -> dict[str, list[ProbeResult]]:
               f"{[round(r['eval_loss'], 4) for r in rungs]}{' diverged' if last['diverged'] else ''} "
               f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
 
-    if not todo:
-        pass
-    elif args.jobs == 1:
+    if todo and args.jobs == 1:
         _init_worker(args)
         for job in todo:
             if not fits():
                 break
             began = time.perf_counter()
             finish(job, _run_job(job), began)
-    else:
+    elif todo:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # the children's CPU threads: they mostly wait on the GPU
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_init_worker, initargs=(args,)) as pool:

@@ -90,8 +90,7 @@ def plan(trials: list[FrozenTrial], fidelity: FidelitySection, objectives: list[
         following = fidelity.next_rung(rung)
         if following is None:
             break
-        claimed = {t.user_attrs[PROMOTED_FROM] for t in by_rung[following] if is_promoted(t)}
-        chosen = select([t for t in by_rung[rung] if t.state is TrialState.COMPLETE], fidelity.promote, objectives)
+        chosen, claimed = _choice(by_rung[rung], by_rung[following], fidelity.promote, objectives)
         missing = [(t, following) for t in chosen if t.number not in claimed]
         if missing:
             return Plan("run", missing)
@@ -109,18 +108,22 @@ def spent(trials: list[FrozenTrial], fidelity: FidelitySection, objectives: list
     done = [t for t in trials if t.state is TrialState.COMPLETE]
     gone = {t.number for t in done if not t.user_attrs.get("score", {}).get("feasible")}
     gone |= {t.user_attrs[PROMOTED_FROM] for t in done if is_promoted(t)}
+    by_rung = {r: [t for t in trials if rung_of(t, fidelity.rungs[0]) == r] for r in fidelity.rungs}
     for rung in fidelity.rungs[:-1]:
-        at_rung = [t for t in trials if rung_of(t, fidelity.rungs[0]) == rung]
-        if any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in at_rung):
+        if any(t.state in (TrialState.RUNNING, TrialState.WAITING) for t in by_rung[rung]):
             continue
-        following = fidelity.next_rung(rung)
-        claimed = {t.user_attrs[PROMOTED_FROM] for t in trials
-                   if is_promoted(t) and rung_of(t, fidelity.rungs[0]) == following}
-        chosen = {t.number for t in select([t for t in at_rung if t.state is TrialState.COMPLETE],
-                                           fidelity.promote, objectives)}
-        if chosen <= claimed:
-            gone |= {t.number for t in at_rung if t.number not in chosen}
+        chosen, claimed = _choice(by_rung[rung], by_rung[fidelity.next_rung(rung)], fidelity.promote, objectives)
+        numbers = {t.number for t in chosen}
+        if numbers <= claimed:
+            gone |= {t.number for t in by_rung[rung] if t.number not in numbers}
     return gone
+
+
+def _choice(at_rung: list[FrozenTrial], following: list[FrozenTrial], k: int,
+            objectives: list[str]) -> tuple[list[FrozenTrial], set[int]]:
+    """The trials of one rung :func:`select` promotes, and the numbers the next rung already continues."""
+    chosen = select([t for t in at_rung if t.state is TrialState.COMPLETE], k, objectives)
+    return chosen, {t.user_attrs[PROMOTED_FROM] for t in following if is_promoted(t)}
 
 
 def select(trials: list[FrozenTrial], k: int, objectives: list[str]) -> list[FrozenTrial]:
