@@ -20,6 +20,12 @@
    finished twin's result, so a repeated policy costs no probe).
 
     python scripts/bench_search.py --json scripts/results/2026-11-29_cpu_bench_search.json
+
+4. ``--per-module``: the per-module space at probe scale, where no exhaustive table
+   exists (sensitivity-guided vs TPE, random and NSGA-II; see ``bench_permodule.py``)::
+
+    nice -n 10 python scripts/bench_search.py --per-module --seeds 10 --budget 30 \
+        --json scripts/results/2026-11-30_cpu_bench_search_permodule.json
 """
 
 from __future__ import annotations
@@ -306,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tpe", type=json.loads, help="experiment: TPESampler kwargs instead of make_sampler's, "
                                                    "e.g. '{\"n_startup_trials\": 5, \"multivariate\": true}'")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--per-module", action="store_true", help="the per-module space (bench_permodule.py)")
+    ap.add_argument("--budget", type=int, default=30, help="--per-module: probes per method and seed")
+    ap.add_argument("--max-minutes", type=float, default=float("inf"), help="--per-module: start no seed after this")
     args = ap.parse_args(argv)
+    if args.per_module:
+        return _per_module(args)
     torch.set_num_threads(os.cpu_count() or 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.perf_counter()
@@ -335,6 +346,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"table {table_s:.0f} s, total {total_s:.0f} s")
     if args.json:
         _write_json(args, space, rows, exhaustive, ref, n_trials, orders, curves, summary, table_s, total_s)
+    return 0
+
+
+def _per_module(args) -> int:
+    """The per-module benchmark: run, print the table, write JSON and the PNG beside it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_permodule
+
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.perf_counter()
+    cache = args.cache if args.cache != DEFAULT_CACHE else DEFAULT_CACHE.parent / "permodule_probes.json"
+    payload = bench_permodule.run(cache, args.seeds, args.budget, lambda m: print(m, flush=True),
+                                 max_s=60 * args.max_minutes)
+    payload |= {"date": datetime.date.today().isoformat(), "total_s": time.perf_counter() - start,
+                "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": 1},
+                "versions": {"torch": torch.__version__, "optuna": optuna.__version__},
+                "memory_source": "predicted (precsearch's memory model; CPU has no measured peak memory)"}
+    q = payload["estimator_quality"]
+    print(f"reference HV {payload['reference_hv']:.6g} from {payload['policies_probed']} probed policies; "
+          f"sensitivity pass {payload['sensitivity_pass_s']:.1f} s = {payload['guided_offset_probes']} probes")
+    print(f"estimators vs one-unit-switched probes (34): forward Spearman {q['forward']['spearman']:.3f} "
+          f"Kendall {q['forward']['kendall']:.3f}; taylor Spearman {q['taylor']['spearman']:.3f} "
+          f"Kendall {q['taylor']['kendall']:.3f}")
+    print(bench_permodule.format_table(payload))
+    ratios = payload["ratio_vs_guided_probes_to_95"]
+    print(f"target (guided reaches 95% in >= 2x fewer probes than tpe and random): "
+          f"{'MET' if payload['target_met'] else 'NOT MET'} (tpe/guided {ratios['tpe']}, random/guided "
+          f"{ratios['random']}); total {payload['total_s']:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=1, default=str))
+        bench_permodule.plot(payload, args.json.with_suffix(".png"))
+        print(f"wrote {args.json} and {args.json.with_suffix('.png')}")
     return 0
 
 

@@ -10,6 +10,7 @@ import torch
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import DataSource, Space
+from precsearch.config.unit_checks import check_units
 from precsearch.config.values import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
@@ -23,7 +24,7 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     files present, backend and GPU able to run each precision) are skipped, so
     a space written for another machine can be checked here.
     """
-    checks = [check_values, _check_model, _check_warmup, check_groups, _check_nproc, _check_fidelity]
+    checks = [check_values, _check_model, _check_warmup, check_groups, check_units, _check_nproc, _check_fidelity]
     if environment:
         checks += [_check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
@@ -93,6 +94,7 @@ def _check_backend(space: Space) -> None:
         raise UserError(str(exc), field="backend") from None
     _check_memory_knobs(space, backend, device)
     fields = {f"search.groups[{i}].precision": g.precision for i, g in enumerate(space.search.groups)}
+    fields |= {f"search.units[{i}].precision": u.precision for i, u in enumerate(space.search.units)}
     fields["search.default_precision"] = space.search.default_precision
     for field, knob in fields.items():
         try:

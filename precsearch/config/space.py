@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
+from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 from precsearch.probe.model import PRESETS, ModelConfig
@@ -209,10 +210,13 @@ class MemorySection(Section):
 
 
 class SearchSection(Section):
-    """What a trial chooses: per-group precision, recipe, FP8 warm-up, gradient clipping."""
+    """What a trial chooses: per-group and per-unit precision, recipe, FP8 warm-up, gradient clipping."""
 
     default_precision: knob(Precision) = Knob(fixed=Precision.BF16)
     groups: list[Group] = Field(default_factory=list)
+    units: list[UnitSet] = Field(default_factory=list, description="per-module units, each with its own precision")
+    sensitivity: SensitivitySection | None = Field(
+        None, description="score each unit once and queue integer-program candidates first (off if unset)")
     recipe: RecipeSection = RecipeSection()
     warmup_steps: knob(int, numeric=True) = Knob(fixed=0)
     clip_grad: knob(float | None, numeric=True) = Knob(fixed=1.0)

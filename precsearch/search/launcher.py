@@ -28,7 +28,8 @@ from precsearch.errors import UserError
 from precsearch.search.executor import dying_with_parent
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
-from precsearch.search.study import _say, _update_front, finished_count, open_run, recover_dead_trials
+from precsearch.search.study import (_say, _update_front, finished_count, open_run, recover_dead_trials,
+                                    start_guided)
 from precsearch.search.worker import STORAGE_ENV
 from precsearch.search.workspace import Workspace
 from precsearch.tracking.local_server import LocalTrackingServer
@@ -48,6 +49,7 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
     slices = gpu_slices(gpus, space.probe.nproc) if gpus else [None] * workers
     with open_run(space, ws, progress, space_text=space_text, probes=False) as ctx:
         recover_dead_trials(ctx)
+        start_guided(ctx)
         _say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
                   f"starting {len(slices)} workers; output in {ws.output_dir}")
         local = ws.tracking_uri.startswith("sqlite:")

@@ -1,7 +1,8 @@
 """From a space and an Optuna trial to a :class:`Policy`.
 
 Param names are short and flat so that they read well as MLflow params:
-``precision.<group>``, ``precision.default``, ``recipe.<setting>``,
+``precision.<group>``, ``precision.L<block>.<unit>`` (per-module units, whose rules come
+first), ``precision.default``, ``recipe.<setting>``,
 ``warmup_steps``, ``clip_grad``, ``memory.<knob>``. Fixed knobs make no param.
 """
 
@@ -12,14 +13,17 @@ from typing import Any
 import optuna
 
 from precsearch.config.space import Space
-from precsearch.policy.rules import MemoryKnobs, Policy
+from precsearch.config.unit_space import searched_units
+from precsearch.policy.rules import MemoryKnobs, Policy, Rule
 from precsearch.precision import LayerRecipe
 
 
 def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) -> Policy:
     """Ask ``trial`` for every searched knob of ``space`` and build the policy."""
     search = space.search
-    rules = tuple(g.to_rule(g.precision.suggest(trial, f"precision.{g.name}")) for g in search.groups)
+    units = searched_units(search.units, space.model.probe().n_layers)
+    rules = tuple(Rule(u.rule_name, (u.unit,), u.knob.suggest(trial, u.param)) for u in units)
+    rules += tuple(g.to_rule(g.precision.suggest(trial, f"precision.{g.name}")) for g in search.groups)
     recipe = LayerRecipe(
         fp8_format=search.recipe.fp8_format.suggest(trial, "recipe.fp8_format"),
         amax_history_len=search.recipe.amax_history_len.suggest(trial, "recipe.amax_history_len"),

@@ -45,7 +45,7 @@ from precsearch.probe.data import load_batches  # noqa: F401 - re-exported for s
 from precsearch.probe.continuation import Leg
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
-from precsearch.search import promotion, stores
+from precsearch.search import guided, promotion, stores
 from precsearch.search.duplicates import MAX_DUPLICATES_IN_A_ROW, await_twin, is_duplicate, tell_duplicate
 from precsearch.search.executor import ProbeExecutor
 from precsearch.search.front import format_table, policy_summary, trial_rows
@@ -90,6 +90,7 @@ class StudyRun:
     run_ids: dict[int, str] = field(default_factory=dict)
     status: terminal.StudyStatus | None = None
     lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
+    sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
 
 
 def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
@@ -109,6 +110,7 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         return run_parallel(space, space_text, ws, target, workers=workers, gpus=gpus, progress=progress)
     with open_run(space, ws, progress, space_text=space_text) as ctx:
         recover_dead_trials(ctx)
+        start_guided(ctx)
         _say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials already "
                   f"finished; output in {ws.output_dir}")
         try:
@@ -167,10 +169,17 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
                                        "device": str(device), "probe_layers": ctx.cfg.n_layers,
                                        "probe_steps": space.probe.steps})
     ctx.run_ids = _run_ids(study)
+    ctx.sensitivity = guided.table_of(study)
     ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: _say(ctx, message))
     ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     with ctx.stop:
         yield ctx
+
+
+def start_guided(ctx: StudyRun) -> None:
+    """With ``search.sensitivity``: the sensitivity pass and its queued candidates (:mod:`precsearch.search.guided`)."""
+    log = lambda name, data: ctx.tracker.log_bytes(ctx.tracker.parent_id, data, name)  # noqa: E731
+    ctx.sensitivity = guided.start(ctx.space, ctx.study, ctx.device, log, lambda message: _say(ctx, message))
 
 
 def finished_count(study: optuna.Study) -> int:
@@ -470,7 +479,8 @@ def _record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, res
                  "reference_eval_loss": references.paired.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
                  "reference_seeds": len(references.seeds), "fidelity_steps": rung, "start_step": result.start_step}
-                | stability_metrics(s) | diagnostics_metrics(result) | sig_metrics,
+                | stability_metrics(s) | diagnostics_metrics(result) | sig_metrics
+                | guided.predicted_metrics(ctx.sensitivity, trial.params),
         tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
               "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),

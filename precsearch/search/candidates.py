@@ -1,0 +1,76 @@
+"""Candidate policies from a sensitivity table: one integer program per memory budget.
+
+Each searched unit u takes exactly one of its precisions p (binary x[u, p],
+``sum_p x[u, p] = 1``). For a budget B the program is
+
+    minimise   sum s[u, p] x[u, p]  -  eps * sum m[u, p] x[u, p]
+    subject to sum m[u, p] x[u, p] >= B
+
+with s the predicted instability and m the memory saved of each unit x
+precision (:mod:`precsearch.search.sensitivity`); the small ``eps`` term breaks
+ties toward saving more. Budgets sweep evenly from the least to the most memory
+the units can save; equal assignments are kept once. Solved with
+``scipy.optimize.milp`` (HiGHS branch and bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from precsearch.search.sensitivity import SensitivityTable, UnitEffect
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One assignment: unit param -> precision name, with its predicted totals and the budget it met."""
+
+    params: dict[str, str]
+    predicted_instability: float
+    predicted_memory_saved: float
+    budget: float
+
+
+def _by_param(table: SensitivityTable) -> dict[str, list[UnitEffect]]:
+    out: dict[str, list[UnitEffect]] = {}
+    for row in table.rows:
+        out.setdefault(row.param, []).append(row)
+    return out
+
+
+def solve(table: SensitivityTable, budget: float) -> Candidate | None:
+    """The assignment with the least predicted instability saving at least ``budget``; None if infeasible."""
+    units = _by_param(table)
+    rows = [r for effects in units.values() for r in effects]
+    s = np.array([r.predicted_instability for r in rows])
+    m = np.array([r.memory_saved for r in rows])
+    scale = max(float(s.max()), 1e-12)
+    c = s / scale - 1e-6 * m / max(float(m.max()), 1e-12)
+    one_each = np.zeros((len(units), len(rows)))
+    col = 0
+    for i, effects in enumerate(units.values()):
+        one_each[i, col:col + len(effects)] = 1.0
+        col += len(effects)
+    constraints = [LinearConstraint(one_each, 1.0, 1.0), LinearConstraint(m[None, :], budget, np.inf)]
+    res = milp(c, integrality=np.ones(len(rows)), bounds=Bounds(0, 1), constraints=constraints)
+    if res.x is None:
+        return None
+    chosen = [r for r, x in zip(rows, res.x) if x > 0.5]
+    return Candidate({r.param: r.precision for r in chosen}, sum(r.predicted_instability for r in chosen),
+                     sum(r.memory_saved for r in chosen), budget)
+
+
+def sweep(table: SensitivityTable, budgets: int) -> list[Candidate]:
+    """Distinct candidates for ``budgets`` budgets from 1/budgets to all of the memory the units can save."""
+    most = sum(max(r.memory_saved for r in effects) for effects in _by_param(table).values())
+    out: list[Candidate] = []
+    seen: set[tuple] = set()
+    for k in range(budgets, 0, -1):  # most saving first: the front's far end is probed first
+        cand = solve(table, most * k / budgets * (1 - 1e-9))
+        key = tuple(sorted(cand.params.items())) if cand else None
+        if cand is not None and key not in seen:
+            seen.add(key)
+            out.append(cand)
+    return out

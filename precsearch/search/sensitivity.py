@@ -1,0 +1,139 @@
+"""The sensitivity table: for each searched unit x precision, its predicted loss, memory and speed effect.
+
+* **loss** (``predicted_instability``): the estimator's score when only that
+  unit changes (:mod:`precsearch.probe.sensitivity`), clipped at 0 the way the
+  study's instability is (a lead over BF16 counts as none); ``forward`` scores
+  are relative loss changes, the unit of ``instability``; ``taylor`` scores are
+  diagonal-Fisher values, comparable between units but not a loss.
+* **memory** (``memory_saved``): the memory model's peak with only that unit
+  switched, as the fraction of the BF16 peak it saves, on the model the space
+  scores memory on (``objectives.memory_basis``). The model is additive over
+  units up to the max() between the backward and optimizer-step peaks.
+* **speed** (``speed_gain``): *predicted*, never measured here: the unit's share
+  of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM.
+  ``scripts/gpu_sensitivity_study.sh`` measures per-unit GEMM times on the H200.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from precsearch.arch.units import unit_shape
+from precsearch.config.space import Space
+from precsearch.config.unit_space import SearchedUnit, searched_units
+from precsearch.policy import MemoryKnobs
+from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.data import TokenBatches
+from precsearch.probe.memory import predict_peak
+from precsearch.probe.model import ModelConfig
+from precsearch.probe.sensitivity import train_bf16, unit_scores
+
+#: Nominal FP8 GEMM rate over BF16 on Hopper (dense tensor-core peak); used only for the predicted speed column.
+FP8_GEMM_SPEEDUP = 2.0
+
+
+@dataclass(frozen=True)
+class UnitEffect:
+    """One unit x precision: what switching only that unit predicts."""
+
+    unit: str
+    param: str
+    precision: str
+    predicted_instability: float
+    raw_score: float
+    memory_saved: float
+    speed_gain: float
+
+
+@dataclass
+class SensitivityTable:
+    """Every searched unit x precision of a space, with how it was measured."""
+
+    estimator: str
+    rows: list[UnitEffect]
+    wall_s: float
+    speed_source: str = "predicted (GEMM FLOP share x nominal 2x FP8 GEMM rate)"
+
+    def effect(self, param: str, precision: str) -> UnitEffect | None:
+        return next((r for r in self.rows if r.param == param and r.precision == precision), None)
+
+    def to_dict(self) -> dict:
+        return {"estimator": self.estimator, "wall_s": self.wall_s, "speed_source": self.speed_source,
+                "rows": [asdict(r) for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SensitivityTable":
+        return cls(data["estimator"], [UnitEffect(**r) for r in data["rows"]], data["wall_s"], data["speed_source"])
+
+
+def memory_basis(space: Space) -> ModelConfig:
+    """The model memory saved is scored on: the target, or the probe."""
+    return space.model.target() if space.objectives.memory_basis == "target" else space.model.probe()
+
+
+def memory_effect(space: Space, unit: str, precision: Precision) -> float:
+    """Fraction of the BF16 peak saved when only ``unit`` runs ``precision`` (memory model)."""
+    cfg = memory_basis(space)
+    knobs = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
+    kwargs = dict(seq_len=space.probe.seq_len, micro_batch=space.probe.micro_batch,
+                  param_dtype=space.probe.param_dtype, memory=knobs)
+    base = predict_peak(cfg, {}, **kwargs).total
+    return 1.0 - predict_peak(cfg, {unit: precision}, **kwargs).total / base
+
+
+def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
+    """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate)."""
+    if precision is Precision.BF16:
+        return 0.0
+    flops = {u: math.prod(unit_shape(cfg, u)) for u in _all_units(cfg)}
+    return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / FP8_GEMM_SPEEDUP)
+
+
+def _all_units(cfg: ModelConfig) -> list[str]:
+    from precsearch.arch.units import unit_names
+
+    return unit_names(cfg)
+
+
+def measure(space: Space, data: TokenBatches, device: torch.device) -> SensitivityTable:
+    """Train the BF16 probe once and score every searched unit x low precision of ``space``."""
+    sens = space.search.sensitivity
+    if sens is None:
+        raise ValueError("the space has no search.sensitivity section")
+    start = time.perf_counter()
+    cfg = space.model.probe()
+    units = [u for u in searched_units(space.search.units, cfg.n_layers) if not u.knob.is_fixed]
+    clip = space.search.clip_grad.options()[0]
+    model = train_bf16(cfg, space.probe, data, device, clip)
+    precisions = sorted({p for u in units for p in u.knob.options()}, key=list(Precision).index)
+    recipe = LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0]
+                            for k in ("fp8_format", "amax_history_len", "amax_compute_algo", "margin")})
+    batches = data.eval_set()[: sens.eval_batches]
+    scores = unit_scores(sens.estimator, model, [u.unit for u in units], precisions, recipe, batches, device)
+    del model
+    rows = [_row(space, cfg, u, p, scores) for u in units for p in u.knob.options()]
+    return SensitivityTable(sens.estimator, rows, time.perf_counter() - start)
+
+
+def _row(space: Space, cfg: ModelConfig, unit: SearchedUnit, precision: Precision,
+         scores: dict[tuple[str, Precision], float]) -> UnitEffect:
+    raw = 0.0 if precision is Precision.BF16 else scores[unit.unit, precision]
+    return UnitEffect(unit=unit.unit, param=unit.param, precision=precision.value,
+                      predicted_instability=max(raw, 0.0), raw_score=raw,
+                      memory_saved=memory_effect(space, unit.unit, precision) if precision.is_fp8 else 0.0,
+                      speed_gain=speed_effect(cfg, unit.unit, precision))
+
+
+def predict(table: SensitivityTable, params: dict[str, object]) -> tuple[float, float]:
+    """``(predicted instability, predicted memory saved)`` of a trial's unit params: sums over its units."""
+    instability = memory = 0.0
+    for param, value in params.items():
+        effect = table.effect(param, str(getattr(value, "value", value)))
+        if effect is not None:
+            instability += effect.predicted_instability
+            memory += effect.memory_saved
+    return instability, memory
