@@ -27,3 +27,23 @@ def write_space(tmp_path: Path, data: dict | str, name: str = "space.yaml") -> P
     path = tmp_path / name
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def per_module_policy(n_layers: int, seed: int, precisions: tuple[str, ...]):
+    """The policy of one trial of a per-module space over ``n_layers`` blocks (every unit and the head its
+    own precision, drawn from ``precisions`` with ``seed``), built the way ``precsearch run`` builds it."""
+    import random
+
+    from precsearch.config.loader import parse_space
+    from precsearch.config.unit_space import searched_units
+    from precsearch.search.sampling import policy_from_params
+
+    data = tiny_space_dict(**{"model.n_layers": n_layers, "search.warmup_steps": 0,
+                              "search.units": [{"precision": {"choices": list(precisions)}},
+                                               {"modules": ["output_layer"],
+                                                "precision": {"choices": list(precisions)}}]})
+    data["search"].pop("groups")
+    space = parse_space(data)
+    rng = random.Random(seed)
+    params = {u.param: rng.choice(precisions) for u in searched_units(space.search.units, n_layers)}
+    return policy_from_params(space, params)

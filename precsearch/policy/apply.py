@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from precsearch.backends import Backend, get_backend
+from precsearch.arch.units import unit_of
 from precsearch.policy.rules import Policy, Rule, block_index, member_rules
 from precsearch.precision import LayerRecipe, Precision
 
@@ -253,7 +254,9 @@ def _could_match(rule: Rule, name: str) -> bool:
     """Whether ``name`` is the kind of layer ``rule`` is about: a name pattern matches and, for a
     rule limited to some blocks, the name has a block index (which blocks is not asked, so a
     rule for the last block of a deeper model still counts)."""
-    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in rule.modules):
+    unit = unit_of(name)  # a rule may name the unit (decoder.layers.3.mlp.linear_fc1) of a Hugging Face layer
+    names = (name,) if unit is None or unit == name else (name, unit)
+    if not any(fnmatch.fnmatchcase(n, pattern) for pattern in rule.modules for n in names):
         return False
     return not rule.limits_blocks or block_index(name) is not None
 

@@ -172,3 +172,35 @@ def test_bf16_policy_snippet(monkeypatch):
     rendered = render("accelerate", Policy(clip_grad=0.5), N, {})
     assert rendered.warnings == [] and "clip_grad_norm_(model.parameters(), 0.5)" in rendered.files[FILE]
     assert _run(rendered.files[FILE], monkeypatch)["accelerator"].kwargs == {"mixed_precision": "bf16"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_per_module_tensorwise_policy_filters_exactly_those_units(monkeypatch, seed):
+    """A per-module space's trial (issue 17): torchao's filter picks exactly its fp8_current units."""
+    from _spaces import per_module_policy
+
+    model = _hf_llama()
+    policy = per_module_policy(N, seed, ("bf16", "fp8_current"))
+    assert choose_path(policy, N)[0] == "ao"
+    ns = _run(render("accelerate", policy, N, {}).files[FILE], monkeypatch)
+    keep = ns["fp8_kwargs"].kwargs["module_filter_func"]
+    chosen = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and keep(m, n)}
+    assert chosen == {n for n, p in layer_table(policy, N).items() if p is P.FP8_CURRENT}
+
+
+def test_per_module_mixed_recipes_run_exactly_through_the_python_api(monkeypatch, tmp_path):
+    """Per-unit recipes Accelerate cannot mix fall back to precsearch's API, which converts each unit as the policy says."""
+    from _spaces import per_module_policy
+    from precsearch.backends.emulated import EmulatedBackend
+
+    policy = per_module_policy(N, 5, ("bf16", "fp8_current", "fp8_block", "mxfp8"))
+    rendered = render("accelerate", policy, N, {"trial": 1})
+    assert choose_path(policy, N)[0] == "precsearch" and rendered.warnings
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    model = _hf_llama()
+    ns = _run(rendered.files[FILE], monkeypatch, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+              dataloader=[])
+    converted = EmulatedBackend().converted_layers(ns["model"])
+    assert converted == {n: p for n, p in layer_table(policy, N).items() if p.is_fp8}

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _spaces import per_module_policy
 from precsearch.export.formats import render
 from precsearch.export.megatron import (
     ARGS_FILE,
@@ -68,6 +69,10 @@ POLICIES = {
     "mxfp8_head": Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")),
     "nvfp4": Policy(rules=(EDGES, Rule("mlp", ("*.mlp.*",), P.NVFP4), Rule("attn", ("*.self_attn.*",), P.FP8_BLOCK))),
     "bf16": Policy(clip_grad=0.5),
+    # per-module spaces: every unit of every block and the head its own precision (issue 17)
+    **{f"per_module_{seed}": per_module_policy(N, seed, ("bf16", "fp8_current", "fp8_block", "mxfp8"))
+       for seed in range(3)},
+    "per_module_nvfp4": per_module_policy(N, 7, ("bf16", "fp8_current", "nvfp4")),
 }
 
 

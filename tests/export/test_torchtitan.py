@@ -106,3 +106,29 @@ def test_nothing_expressible_writes_no_converter():
     assert any("only [training] max_norm is written" in w for w in warnings)
     settings, warnings = torchtitan_export(Policy(), 4)
     assert settings["converters"] == [] and warnings == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_per_module_tensorwise_policy_is_carried_exactly(seed):
+    """A per-module space's trial (each unit its own bf16/fp8_current choice): filter_fqns skip exactly
+    the BF16 units, q/k/v and gate/up together (issue 17)."""
+    from _spaces import per_module_policy
+
+    policy = per_module_policy(6, seed, ("bf16", "fp8_current"))
+    data, warnings, _ = _toml(policy, 6)
+    assert warnings == []
+    filters = data["quantize"]["linear"]["float8"]["filter_fqns"]
+    table = layer_table(policy, 6)
+    assert all(is_filtered(tt_name(n), filters) == (p is P.BF16) for n, p in table.items())
+
+
+def test_per_module_units_torchtitan_cannot_run_are_named_and_kept_bf16():
+    from _spaces import per_module_policy
+
+    policy = per_module_policy(4, 3, ("fp8_current", "fp8_block"))
+    data, warnings, _ = _toml(policy, 4)
+    table = layer_table(policy, 4)
+    block = [n for n, p in table.items() if p is P.FP8_BLOCK]
+    assert block and any(f"{len(block)} fp8_block layer(s)" in w and "kept BF16" in w for w in warnings)
+    filters = data["quantize"]["linear"]["float8"]["filter_fqns"]
+    assert all(is_filtered(tt_name(n), filters) == (p is not P.FP8_CURRENT) for n, p in table.items())

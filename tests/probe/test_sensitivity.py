@@ -1,0 +1,62 @@
+"""The sensitivity estimators: the switched forward is what the emulated backend computes; scores behave."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from precsearch.backends.emulated import EmulatedBackend
+from precsearch.policy import Policy, Rule
+from precsearch.precision import LayerRecipe, Precision
+from precsearch.probe.model import ModelConfig, build_model
+from precsearch.probe.runner import build_probe
+from precsearch.probe.sensitivity import _switched, unit_scores
+
+CFG = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+CPU = torch.device("cpu")
+
+
+def _batches(n: int = 2):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, 64, (2, 16), generator=g), torch.randint(0, 64, (2, 16), generator=g))
+            for _ in range(n)]
+
+
+def _loss(model, batch):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return float(model(*batch))
+
+
+@pytest.mark.parametrize("unit", ["decoder.layers.1.self_attention.linear_qkv", "decoder.layers.0.mlp.linear_fc2",
+                                  "output_layer"])
+@pytest.mark.parametrize("precision", [Precision.FP8_CURRENT, Precision.FP8_BLOCK])
+def test_switched_forward_equals_the_emulated_backend_converting_that_unit(unit, precision):
+    """The forward estimator's one-unit switch must compute what converting the unit computes
+    (else it scores a different numeric than the probes run); the fused RMSNorm included."""
+    plain = build_model(CFG, 0, CPU)
+    converted = build_probe(CFG, Policy(rules=(Rule("u", (unit,), precision),)), EmulatedBackend(), CPU, 0)
+    batch = _batches(1)[0]
+    with _switched(plain.get_submodule(unit), LayerRecipe(precision=precision)):
+        switched = _loss(plain, batch)
+    assert switched == pytest.approx(_loss(converted, batch), rel=1e-5)
+    assert switched != _loss(plain, batch)  # the switch changed something
+
+
+def test_scores_cover_every_unit_and_low_precision_and_taylor_is_nonnegative():
+    model = build_model(CFG, 0, CPU)
+    units = ["decoder.layers.0.self_attention.linear_qkv", "output_layer"]
+    precisions = [Precision.BF16, Precision.FP8_CURRENT, Precision.MXFP8]
+    for est in ("forward", "taylor"):
+        scores = unit_scores(est, model, units, precisions, LayerRecipe(), _batches(), CPU)
+        assert set(scores) == {(u, p) for u in units for p in precisions[1:]}  # BF16 is the reference
+        assert all(math.isfinite(v) for v in scores.values())
+    taylor = unit_scores("taylor", model, units, precisions, LayerRecipe(), _batches(), CPU)
+    assert all(v > 0 for v in taylor.values())
+    assert all(p.grad is None for p in model.parameters())  # the estimate leaves no gradients behind
+
+
+def test_unknown_estimator_is_refused():
+    with pytest.raises(ValueError, match="forward, taylor"):
+        unit_scores("magic", build_model(CFG, 0, CPU), [], [Precision.FP8_CURRENT], LayerRecipe(), [], CPU)
