@@ -43,8 +43,10 @@ def _check_sensitivity(space: Space, units: dict[str, int]) -> None:
     if not searched:
         raise UserError("the sensitivity pass scores per-module units, but search.units has none with "
                         "precision choices; add units or remove search.sensitivity", field="search.sensitivity")
-    if not space.objectives.memory:
-        raise UserError("the candidates trade predicted instability against memory saved; enable "
-                        "objectives.memory or remove search.sensitivity", field="search.sensitivity")
+    wanted = {"memory": "memory", "speed": "throughput"}[sens.budget_on]
+    if not getattr(space.objectives, wanted):
+        raise UserError(f"budget_on {sens.budget_on} trades predicted instability against {sens.budget_on}, which "
+                        f"the study does not score; enable objectives.{wanted} or set budget_on to "
+                        f"{'speed' if wanted == 'memory' else 'memory'}", field="search.sensitivity.budget_on")
     if not all(u.knob.choices is not None for u in searched):
         raise UserError("unit precisions take {choices: [...]}", field="search.units")

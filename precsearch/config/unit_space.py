@@ -107,7 +107,10 @@ class SensitivitySection(_Section):
     estimator: Literal["forward", "taylor"] = Field(
         "forward", description="forward: held-out loss with one unit switched, on a BF16-trained probe; "
         "taylor: diagonal-Fisher estimate from the same probe's output gradients")
-    budgets: int = Field(8, ge=1, le=256, description="memory budgets swept between none and all saving")
+    budgets: int = Field(8, ge=1, le=256, description="budgets swept up to the most the units can save")
+    budget_on: Literal["memory", "speed"] = Field(
+        "memory", description="memory: memory saved (objectives.memory); speed: predicted GEMM time saved "
+        "(objectives.throughput)")
     eval_batches: int = Field(4, ge=1, description="held-out batches each unit x precision is scored on")
 
 

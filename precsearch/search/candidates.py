@@ -6,10 +6,11 @@ Each searched unit u takes exactly one of its precisions p (binary x[u, p],
     minimise   sum s[u, p] x[u, p]  -  eps * sum m[u, p] x[u, p]
     subject to sum m[u, p] x[u, p] >= B
 
-with s the predicted instability and m the memory saved of each unit x
-precision (:mod:`precsearch.search.sensitivity`); the small ``eps`` term breaks
-ties toward saving more. Budgets sweep evenly from the least to the most memory
-the units can save; equal assignments are kept once. Solved with
+with s the predicted instability and m the resource each unit x precision
+saves (:mod:`precsearch.search.sensitivity`): memory saved, or the predicted
+GEMM-time saved (``search.sensitivity.budget_on``); the small ``eps`` term breaks
+ties toward saving more. Budgets sweep evenly up to the most the units can save;
+equal assignments are kept once. Solved with
 ``scipy.optimize.milp`` (HiGHS branch and bound).
 """
 
@@ -30,6 +31,7 @@ class Candidate:
     params: dict[str, str]
     predicted_instability: float
     predicted_memory_saved: float
+    predicted_speed_gain: float
     budget: float
 
 
@@ -40,12 +42,16 @@ def _by_param(table: SensitivityTable) -> dict[str, list[UnitEffect]]:
     return out
 
 
-def solve(table: SensitivityTable, budget: float) -> Candidate | None:
-    """The assignment with the least predicted instability saving at least ``budget``; None if infeasible."""
+RESOURCES = {"memory": "memory_saved", "speed": "speed_gain"}
+
+
+def solve(table: SensitivityTable, budget: float, on: str = "memory") -> Candidate | None:
+    """The assignment with the least predicted instability saving at least ``budget`` of ``on``
+    (``memory`` or ``speed``); None if no assignment saves that much."""
     units = _by_param(table)
     rows = [r for effects in units.values() for r in effects]
     s = np.array([r.predicted_instability for r in rows])
-    m = np.array([r.memory_saved for r in rows])
+    m = np.array([getattr(r, RESOURCES[on]) for r in rows])
     scale = max(float(s.max()), 1e-12)
     c = s / scale - 1e-6 * m / max(float(m.max()), 1e-12)
     one_each = np.zeros((len(units), len(rows)))
@@ -59,16 +65,17 @@ def solve(table: SensitivityTable, budget: float) -> Candidate | None:
         return None
     chosen = [r for r, x in zip(rows, res.x) if x > 0.5]
     return Candidate({r.param: r.precision for r in chosen}, sum(r.predicted_instability for r in chosen),
-                     sum(r.memory_saved for r in chosen), budget)
+                     sum(r.memory_saved for r in chosen), sum(r.speed_gain for r in chosen), budget)
 
 
-def sweep(table: SensitivityTable, budgets: int) -> list[Candidate]:
-    """Distinct candidates for ``budgets`` budgets from 1/budgets to all of the memory the units can save."""
-    most = sum(max(r.memory_saved for r in effects) for effects in _by_param(table).values())
+def sweep(table: SensitivityTable, budgets: int, on: str = "memory") -> list[Candidate]:
+    """Distinct candidates for ``budgets`` budgets from 1/budgets to all of what the units can save of ``on``."""
+    field = RESOURCES[on]
+    most = sum(max(getattr(r, field) for r in effects) for effects in _by_param(table).values())
     out: list[Candidate] = []
     seen: set[tuple] = set()
     for k in range(budgets, 0, -1):  # most saving first: the front's far end is probed first
-        cand = solve(table, most * k / budgets * (1 - 1e-9))
+        cand = solve(table, most * k / budgets * (1 - 1e-9), on)
         key = tuple(sorted(cand.params.items())) if cand else None
         if cand is not None and key not in seen:
             seen.add(key)

@@ -45,17 +45,19 @@ def start(space: Space, study: optuna.Study, device: Any, log: Callable[[str, by
     table = measure(space, load_batches(space), device)
     for name, data in sensitivity_artifacts(table.to_dict()).items():
         log(name, data)
-    candidates = sweep(table, space.search.sensitivity.budgets)
+    candidates = sweep(table, space.search.sensitivity.budgets, space.search.sensitivity.budget_on)
     for k, cand in enumerate(candidates):
         study.enqueue_trial(cand.params, skip_if_exists=True, user_attrs={
             "candidate": k, "predicted_instability": cand.predicted_instability,
-            "predicted_memory_saved": cand.predicted_memory_saved, "candidate_budget": cand.budget})
+            "predicted_memory_saved": cand.predicted_memory_saved, "predicted_speed_gain": cand.predicted_speed_gain,
+            "candidate_budget": cand.budget})
     study.set_user_attr(TABLE_ATTR, table.to_dict())
     say(f"sensitivity pass ({table.estimator}, {table.wall_s:.1f} s): {len(table.rows)} unit x precision "
-        f"effects; queued {len(candidates)} candidates from {space.search.sensitivity.budgets} memory budgets")
+        f"effects; queued {len(candidates)} candidates from {space.search.sensitivity.budgets} "
+        f"{space.search.sensitivity.budget_on} budgets")
     for k, cand in enumerate(candidates):
-        say(f"  candidate {k}: predicted memory saved {100 * cand.predicted_memory_saved:.2f}%, "
-            f"instability {100 * cand.predicted_instability:.4f}%, {_fp8_count(cand.params)} units low-precision")
+        say(f"  candidate {k}: predicted memory saved {100 * cand.predicted_memory_saved:.2f}%, GEMM time saved "
+            f"{100 * cand.predicted_speed_gain:.1f}% (predicted), instability {100 * cand.predicted_instability:.4f}%, {_fp8_count(cand.params)} units low-precision")
     return table
 
 
@@ -64,8 +66,9 @@ def _fp8_count(params: dict[str, str]) -> str:
 
 
 def predicted_metrics(table: SensitivityTable | None, params: dict[str, Any]) -> dict[str, float]:
-    """``predicted_instability`` and ``predicted_memory_saved`` of a trial's params (none without a table)."""
+    """``predicted_instability``, ``predicted_memory_saved`` and ``predicted_speed_gain`` of a trial's params
+    (none without a table)."""
     if table is None:
         return {}
-    instability, memory = predict(table, params)
-    return {"predicted_instability": instability, "predicted_memory_saved": memory}
+    instability, memory, speed = predict(table, params)
+    return {"predicted_instability": instability, "predicted_memory_saved": memory, "predicted_speed_gain": speed}

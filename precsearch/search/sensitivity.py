@@ -115,6 +115,8 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
     batches = data.eval_set()[: sens.eval_batches]
     scores = unit_scores(sens.estimator, model, [u.unit for u in units], precisions, recipe, batches, device)
     del model
+    if device.type == "cuda":  # the probes run in another process: give the memory back
+        torch.cuda.empty_cache()
     rows = [_row(space, cfg, u, p, scores) for u in units for p in u.knob.options()]
     return SensitivityTable(sens.estimator, rows, time.perf_counter() - start)
 
@@ -128,12 +130,13 @@ def _row(space: Space, cfg: ModelConfig, unit: SearchedUnit, precision: Precisio
                       speed_gain=speed_effect(cfg, unit.unit, precision))
 
 
-def predict(table: SensitivityTable, params: dict[str, object]) -> tuple[float, float]:
-    """``(predicted instability, predicted memory saved)`` of a trial's unit params: sums over its units."""
-    instability = memory = 0.0
+def predict(table: SensitivityTable, params: dict[str, object]) -> tuple[float, float, float]:
+    """``(instability, memory saved, GEMM time saved)`` predicted for a trial's unit params: sums over its units."""
+    instability = memory = speed = 0.0
     for param, value in params.items():
         effect = table.effect(param, str(getattr(value, "value", value)))
         if effect is not None:
             instability += effect.predicted_instability
             memory += effect.memory_saved
-    return instability, memory
+            speed += effect.speed_gain
+    return instability, memory, speed

@@ -60,3 +60,21 @@ def test_scores_cover_every_unit_and_low_precision_and_taylor_is_nonnegative():
 def test_unknown_estimator_is_refused():
     with pytest.raises(ValueError, match="forward, taylor"):
         unit_scores("magic", build_model(CFG, 0, CPU), [], [Precision.FP8_CURRENT], LayerRecipe(), [], CPU)
+
+
+def test_unit_timing_times_every_unit_forward_and_backward():
+    """CPU wall clock here (the H200 script uses CUDA events): each unit gets one positive median time,
+    and the hooks are gone afterwards (a later step must not append spans)."""
+    from precsearch.probe.unit_timing import time_units
+
+    model = build_model(CFG, 0, CPU)
+    batch = _batches(1)[0]
+
+    def step():
+        model(*batch).backward()
+        model.zero_grad(set_to_none=True)
+
+    units = ["decoder.layers.0.mlp.linear_fc1", "output_layer"]
+    times = time_units(model, units, step, warmup=1, repeats=3)
+    assert set(times) == set(units) and all(t > 0 for t in times.values())
+    assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
