@@ -11,7 +11,10 @@ policies), so no exhaustive table exists. Instead:
    stability constraint. ``guided`` is the sensitivity pass (once: the probe seed is
    fixed) plus the integer program's candidates queued with ``enqueue_trial``,
    then TPE; its curve starts after the pass's cost in probe-equivalents
-   (its wall time over the median probe's).
+   (its wall time over the median probe's). ``guided_shuffled`` is the control:
+   the same, with the instability scores shuffled among the units (the memory
+   column kept), which separates what the estimator adds from what knowing
+   each unit's memory effect adds.
 3. Reference hypervolume: the feasible front of every policy any method probed.
    Reported: HV fraction vs probes (mean and worst over seeds), probes to reach
    95% of the reference, and the target (guided reaches it in >= 2x fewer
@@ -26,8 +29,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,13 +53,13 @@ from precsearch.search.hypervolume import hypervolume
 from precsearch.search.pareto import pareto_indices
 from precsearch.search.sampling import policy_from_params, suggest_policy
 from precsearch.search.scoring import DIVERGED_INSTABILITY, score
-from precsearch.search.sensitivity import measure
+from precsearch.search.sensitivity import SensitivityTable, measure
 from precsearch.search.stores import make_sampler
 
 PRECISIONS = ["bf16", "fp8_current", "fp8_delayed"]
 DIRECTIONS = ("maximize", "minimize")
 HV_TARGET = 0.95
-METHODS = ("guided", "tpe", "random", "nsga2")
+METHODS = ("guided", "guided_shuffled", "tpe", "random", "nsga2")
 
 
 def permodule_space(estimator: str = "forward", budgets: int = 8) -> Space:
@@ -171,9 +176,23 @@ def estimator_quality(space: Space, cache: ProbeCache) -> dict[str, Any]:
     return out
 
 
+def shuffled(table: SensitivityTable, seed: int) -> SensitivityTable:
+    """The control: the same table with its low-precision instability scores shuffled among the rows (memory
+    kept), so the integer program still knows what each unit saves but not which unit is sensitive."""
+    low = [i for i, r in enumerate(table.rows) if r.precision != "bf16"]
+    scores = [table.rows[i].predicted_instability for i in low]
+    random.Random(seed).shuffle(scores)
+    rows = list(table.rows)
+    for i, v in zip(low, scores):
+        rows[i] = replace(rows[i], predicted_instability=v)
+    return SensitivityTable(table.estimator, rows, table.wall_s)
+
+
 def samplers(seed: int, budget: int) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
     section = lambda kind: StudySection(sampler=kind, seed=seed, n_trials=budget)  # noqa: E731
-    return {"guided": lambda: make_sampler(section(Sampler.TPE)), "tpe": lambda: make_sampler(section(Sampler.TPE)),
+    return {"guided": lambda: make_sampler(section(Sampler.TPE)),
+            "guided_shuffled": lambda: make_sampler(section(Sampler.TPE)),
+            "tpe": lambda: make_sampler(section(Sampler.TPE)),
             "random": lambda: make_sampler(section(Sampler.RANDOM)),
             "nsga2": lambda: make_sampler(section(Sampler.NSGA2))}
 
@@ -199,7 +218,9 @@ def run(cache_path: Path, seeds: int, budget: int, say: Callable[[str], None] = 
             seeds = seed
             break
         for name, make in samplers(seed, budget).items():
-            queued = [c.params for c in candidates] if name == "guided" else []
+            queued = {"guided": [c.params for c in candidates],
+                      "guided_shuffled": [c.params for c in sweep(shuffled(table, seed),
+                                                                   space.search.sensitivity.budgets)]}.get(name, [])
             orders[name].append(run_method(make(), space, cache, budget, queued))
         cache.save()
         say(f"seed {seed}: {len(cache.rows)} policies probed so far, {time.perf_counter() - t0:.0f} s")
@@ -213,7 +234,7 @@ def summarize(space, cache, orders, offset, pass_s, probe_s, candidates, quality
     probed = {k for runs in orders.values() for o in runs for k in o}
     feasible = [cache.rows[k] for k in probed if cache.rows[k]["feasible"]]
     best = hypervolume([(r["memory_saved"], r["instability"]) for r in feasible], DIRECTIONS, ref)
-    curves = {m: [hv_curve(o, cache.rows, ref, best, offset if m == "guided" else 0)[:budget] for o in runs]
+    curves = {m: [hv_curve(o, cache.rows, ref, best, offset if m.startswith("guided") else 0)[:budget] for o in runs]
               for m, runs in orders.items()}
     summary = {}
     for m, runs in curves.items():

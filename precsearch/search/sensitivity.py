@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from precsearch.arch.units import unit_shape
+from precsearch.arch.units import unit_names, unit_shape
 from precsearch.config.space import Space
 from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
@@ -89,18 +89,15 @@ def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
     """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate)."""
     if precision is Precision.BF16:
         return 0.0
-    flops = {u: math.prod(unit_shape(cfg, u)) for u in _all_units(cfg)}
+    flops = {u: math.prod(unit_shape(cfg, u)) for u in unit_names(cfg)}
     return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / FP8_GEMM_SPEEDUP)
 
 
-def _all_units(cfg: ModelConfig) -> list[str]:
-    from precsearch.arch.units import unit_names
-
-    return unit_names(cfg)
-
-
 def measure(space: Space, data: TokenBatches, device: torch.device) -> SensitivityTable:
-    """Train the BF16 probe once and score every searched unit x low precision of ``space``."""
+    """Train the BF16 probe once and score every searched unit x low precision of ``space``.
+
+    Searched recipe settings and clipping take their first choice (the pass runs before any trial).
+    """
     sens = space.search.sensitivity
     if sens is None:
         raise ValueError("the space has no search.sensitivity section")

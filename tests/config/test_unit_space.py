@@ -100,3 +100,16 @@ def test_emulated_backend_refuses_nvfp4_units_naming_the_field():
     with pytest.raises(UserError) as exc:
         check_space(space, file="s.yaml")
     assert exc.value.field == "search.units[0].precision"
+
+
+def test_sensitivity_refuses_what_it_cannot_score_or_trade():
+    base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
+            "search.sensitivity": {}}
+    with pytest.raises(UserError, match="NVFP4 has no emulation") as exc:
+        check_space(parse_space(tiny_space_dict(**base)), file="s.yaml", environment=False)
+    assert exc.value.field == "search.sensitivity"
+    speed = {"search.units": [{"precision": {"choices": ["bf16", "fp8_current"]}}],
+             "search.sensitivity": {"budget_on": "speed"}}
+    with pytest.raises(UserError, match="enable objectives.throughput") as exc:
+        check_space(parse_space(tiny_space_dict(**speed)), file="s.yaml", environment=False)
+    assert exc.value.field == "search.sensitivity.budget_on"
