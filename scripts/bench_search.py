@@ -24,7 +24,7 @@
 4. ``--per-module``: the per-module space at probe scale, where no exhaustive table
    exists (sensitivity-guided vs TPE, random and NSGA-II; see ``bench_permodule.py``)::
 
-    nice -n 10 python scripts/bench_search.py --per-module --seeds 10 --budget 30 \
+    nice -n 10 python scripts/bench_search.py --per-module --seeds 10 --budget 25 \
         --json scripts/results/2026-11-30_cpu_bench_search_permodule.json
 """
 
