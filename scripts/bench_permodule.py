@@ -26,9 +26,11 @@ policies), so no exhaustive table exists. Instead:
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
+import platform
 import random
 import statistics
 import time
@@ -250,6 +252,7 @@ def summarize(space, cache, orders, offset, pass_s, probe_s, candidates, quality
     ratios = {m: (summary[m]["probes_to_95_mean_curve"] or budget + 1) / g if g else None for m in ("tpe", "random")}
     return {"space": space.model_dump(mode="json"), "seeds": seeds, "budget_per_seed": budget,
             "reference_hv": best, "reference_point": list(ref), "policies_probed": len(cache.rows),
+            "policies_in_reference": len(probed),
             "sensitivity_pass_s": pass_s, "median_probe_s": probe_s, "guided_offset_probes": offset,
             "candidates": [c.__dict__ for c in candidates], "estimator_quality": quality, "summary": summary,
             "ratio_vs_guided_probes_to_95": ratios,
@@ -294,3 +297,33 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def main(cache: Path, seeds: int, budget: int, max_minutes: float, json_path: Path | None) -> int:
+    """Run, print the table and the target, write the JSON and the PNG beside it."""
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.perf_counter()
+    payload = run(cache, seeds, budget, lambda m: print(m, flush=True), max_s=60 * max_minutes)
+    payload |= {"date": datetime.date.today().isoformat(), "total_s": time.perf_counter() - start,
+                "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": 1},
+                "versions": {"torch": torch.__version__, "optuna": optuna.__version__},
+                "memory_source": "predicted (precsearch's memory model; CPU has no measured peak memory)"}
+    q = payload["estimator_quality"]
+    print(f"reference HV {payload['reference_hv']:.6g}: front of the {payload['policies_in_reference']} policies the "
+          f"methods probed ({payload['policies_probed']} probed in all, one-unit switches included); "
+          f"sensitivity pass {payload['sensitivity_pass_s']:.1f} s = {payload['guided_offset_probes']} probes")
+    print(f"estimators vs one-unit-switched probes (34): forward Spearman {q['forward']['spearman']:.3f} "
+          f"Kendall {q['forward']['kendall']:.3f}; taylor Spearman {q['taylor']['spearman']:.3f} "
+          f"Kendall {q['taylor']['kendall']:.3f}")
+    print(format_table(payload))
+    ratios = payload["ratio_vs_guided_probes_to_95"]
+    print(f"target (guided reaches 95% in >= 2x fewer probes than tpe and random): "
+          f"{'MET' if payload['target_met'] else 'NOT MET'} (tpe/guided {ratios['tpe']}, random/guided "
+          f"{ratios['random']}); total {payload['total_s']:.0f} s")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(payload, indent=1, default=str))
+        plot(payload, json_path.with_suffix(".png"))
+        print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+    return 0

@@ -350,37 +350,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _per_module(args) -> int:
-    """The per-module benchmark: run, print the table, write JSON and the PNG beside it."""
+    """The per-module benchmark (``bench_permodule.py``), with this script's arguments."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_permodule
 
-    torch.set_num_threads(1)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    start = time.perf_counter()
     cache = args.cache if args.cache != DEFAULT_CACHE else DEFAULT_CACHE.parent / "permodule_probes.json"
-    payload = bench_permodule.run(cache, args.seeds, args.budget, lambda m: print(m, flush=True),
-                                 max_s=60 * args.max_minutes)
-    payload |= {"date": datetime.date.today().isoformat(), "total_s": time.perf_counter() - start,
-                "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": 1},
-                "versions": {"torch": torch.__version__, "optuna": optuna.__version__},
-                "memory_source": "predicted (precsearch's memory model; CPU has no measured peak memory)"}
-    q = payload["estimator_quality"]
-    print(f"reference HV {payload['reference_hv']:.6g} from {payload['policies_probed']} probed policies; "
-          f"sensitivity pass {payload['sensitivity_pass_s']:.1f} s = {payload['guided_offset_probes']} probes")
-    print(f"estimators vs one-unit-switched probes (34): forward Spearman {q['forward']['spearman']:.3f} "
-          f"Kendall {q['forward']['kendall']:.3f}; taylor Spearman {q['taylor']['spearman']:.3f} "
-          f"Kendall {q['taylor']['kendall']:.3f}")
-    print(bench_permodule.format_table(payload))
-    ratios = payload["ratio_vs_guided_probes_to_95"]
-    print(f"target (guided reaches 95% in >= 2x fewer probes than tpe and random): "
-          f"{'MET' if payload['target_met'] else 'NOT MET'} (tpe/guided {ratios['tpe']}, random/guided "
-          f"{ratios['random']}); total {payload['total_s']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1, default=str))
-        bench_permodule.plot(payload, args.json.with_suffix(".png"))
-        print(f"wrote {args.json} and {args.json.with_suffix('.png')}")
-    return 0
+    return bench_permodule.main(cache, args.seeds, args.budget, args.max_minutes, args.json)
 
 
 def _write_json(args, space: Space, rows: list[dict], exhaustive: float, ref: tuple[float, float],
