@@ -27,7 +27,7 @@ import optuna  # noqa: E402
 from precsearch.policy import Policy  # noqa: E402
 from precsearch.probe.result import ProbeResult  # noqa: E402
 from precsearch.search.front import trial_rows  # noqa: E402
-from precsearch.search.workspace import Workspace  # noqa: E402
+from precsearch.runtime.workspace import Workspace  # noqa: E402
 from precsearch.tracking.front_report import write_front  # noqa: E402
 from precsearch.tracking.signals_report import trial_signals  # noqa: E402
 from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table  # noqa: E402

@@ -137,7 +137,7 @@ from precsearch.backends.te_optimizer import build_optimizer, seed_master_weight
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
-from precsearch.probe.diagnostics import TensorStats
+from precsearch.backends.tensor_stats import TensorStats
 
 #: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
 FP8_DIM_MULTIPLE = 16

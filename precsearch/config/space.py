@@ -20,7 +20,7 @@ from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.policy.rules import Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
-from precsearch.probe.model import PRESETS, ModelConfig
+from precsearch.arch.config import PRESETS, ModelConfig
 
 
 class Section(BaseModel):

@@ -42,7 +42,7 @@ def load_policy_file(path: Path) -> tuple[Policy, dict[str, Any]]:
     Raises:
         UserError: naming the file and the field (``policy.rules[2].precision``) that is wrong.
     """
-    from precsearch.config.loader import load_yaml
+    from precsearch.utils.yaml_io import load_yaml
 
     path = Path(path)
     return parse_policy(load_yaml(path), file=str(path))
@@ -54,7 +54,7 @@ def parse_policy(data: Any, *, file: str = "<policy>") -> tuple[Policy, dict[str
     Raises:
         UserError: naming ``file`` and the field that is wrong; nothing else, whatever ``data`` is.
     """
-    from precsearch.config.loader import check_plain_data
+    from precsearch.utils.yaml_io import check_plain_data
 
     if not isinstance(data, dict) or "policy" not in data:
         raise UserError("not a precsearch policy file (no 'policy' section)", file=file)

@@ -65,7 +65,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -78,16 +77,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
-import precsearch
 from precsearch.config.space import ProbeSection, Space
 from precsearch.fp8.scaling import DelayedScaler
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches, load_batches
 from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration
 from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.probe.model import ModelConfig
+from precsearch.arch.config import ModelConfig
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.runner import Parallel, StepCallback, backend_precisions, run_probe
+from precsearch.utils.processes import dying_with_parent, stop_group
 
 #: The module torchrun starts on every rank (tests point it at a worker that fails on purpose).
 _WORKER = "precsearch.probe.distributed"
@@ -146,16 +145,9 @@ def run_distributed_probe(space: Space, probe: ProbeSection, policy: Policy, lab
         return ProbeResult.from_dict(json.loads((work / "result.json").read_text()))
 
 
-#: torchrun, after asking Linux for SIGTERM when the launching process dies, even by SIGKILL; torchrun
-#: answers SIGTERM by stopping its ranks, so a killed caller leaves no probe holding the GPUs. (Done in
-#: the child after exec, not in a preexec_fn, which is unsafe when the caller runs threads.)
-_TORCHRUN = ("import ctypes, runpy, signal, sys; "
-             "sys.platform.startswith('linux') and ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
-             "sys.argv[0] = 'torchrun'; runpy.run_module('torch.distributed.run', run_name='__main__')")
-
-
 def _command(work: Path, nproc: int) -> list[str]:
-    return [sys.executable, "-c", _TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    torchrun = dying_with_parent([sys.executable, "-m", "torch.distributed.run"], argv0="torchrun")
+    return [*torchrun, "--standalone", "--nproc-per-node", str(nproc),
             "--log-dir", str(work / "logs"), "--redirects", "3",
             "-m", _WORKER, str(work / "request.json"), str(work / "result.json")]
 
@@ -163,7 +155,7 @@ def _command(work: Path, nproc: int) -> list[str]:
 def _environment() -> dict[str, str]:
     env = dict(os.environ) | NO_MULTICAST | {"PYTHONUNBUFFERED": "1"}
     # the ranks import the same precsearch as this process, wherever it was found
-    root = str(Path(precsearch.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
@@ -180,26 +172,15 @@ def _launch_and_wait(work: Path, nproc: int, on_step: StepCallback | None, timeo
             while proc.poll() is None:
                 progress.read()
                 if deadline is not None and time.monotonic() > deadline:
-                    _stop(proc)
+                    stop_group(proc, grace_s=15)
                     raise DistributedProbeError(f"distributed probe '{label}' did not finish within {timeout:g} s",
                                                 stderr_tail=_tail(work / "launcher.log"))
                 time.sleep(_POLL_S)
         except BaseException:
-            _stop(proc)
+            stop_group(proc, grace_s=15)
             raise
     progress.read()
     return proc.returncode
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class _Progress:

@@ -13,8 +13,8 @@ from _cluster import precsearch
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
-from precsearch.search.study import finished_count
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.study import finished_count
+from precsearch.runtime.workspace import Workspace
 
 QUICK = {"study.n_trials": 1, "probe.steps": 6, "objectives.reference_seeds": 1}
 

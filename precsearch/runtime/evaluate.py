@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
+from precsearch.arch.config import ModelConfig
 from precsearch.backends.base import Backend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.model import ModelConfig
 from precsearch.probe.runner import run_probe
 from precsearch.search.scoring import DIVERGED_INSTABILITY
 
@@ -28,8 +28,8 @@ def front_policies(study_dir: Path, top: int | None = None) -> dict[str, Policy]
     """The Pareto-front policies of a finished study, most memory saved first."""
     import optuna
 
+    from precsearch.runtime.workspace import Workspace
     from precsearch.search.front import trial_rows
-    from precsearch.search.workspace import Workspace
 
     ws = Workspace.load(study_dir)
     study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)

@@ -19,11 +19,19 @@ from pydantic import ValidationError
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.redact import redact_url
-from precsearch.search import stores
 from precsearch.probe.data import check_data
-from precsearch.search.study import _say, finished_count, open_run, work
-from precsearch.search.workspace import DEFAULT_OUTPUT_ROOT, Workspace, check_dir_name, refuse_in_memory
+from precsearch.redact import redact_url
+from precsearch.runtime import stores
+from precsearch.runtime._optimize import work
+from precsearch.runtime.say import say
+from precsearch.runtime.session import open_run
+from precsearch.runtime.workspace import (
+    DEFAULT_OUTPUT_ROOT,
+    Workspace,
+    check_dir_name,
+    refuse_in_memory,
+)
+from precsearch.search.summary import finished_count
 
 STORAGE_ENV = "PRECSEARCH_STORAGE"
 
@@ -65,8 +73,8 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
     offset = 1 + zlib.crc32(f"{name}:{os.getpid()}".encode()) % 100_000
     with open_run(space, ws, progress, parent_id=study.user_attrs.get("mlflow_parent_run_id"), name=name,
                   sampler_offset=offset) as ctx:
-        _say(ctx, f"joined study '{study_name}' at {redact_url(url)} "
-                  f"({finished_count(ctx.study)} of {target} trials finished)")
+        say(ctx, f"joined study '{study_name}' at {redact_url(url)} "
+                 f"({finished_count(ctx.study)} of {target} trials finished)")
         work(ctx, target)
         done = finished_count(ctx.study)
         if ctx.stop.requested:

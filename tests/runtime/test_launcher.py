@@ -15,11 +15,11 @@ from optuna.trial import TrialState
 from _cluster import precsearch, trials_in_state, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.errors import UserError
-from precsearch.search.executor import dying_with_parent
-from precsearch.search.launcher import gpu_slices, parse_gpus
-from precsearch.search.liveness import WorkerId
-from precsearch.search.study import finished_count
-from precsearch.search.workspace import Workspace
+from precsearch.utils.processes import dying_with_parent
+from precsearch.runtime.launcher import gpu_slices, parse_gpus
+from precsearch.runtime.liveness import WorkerId
+from precsearch.runtime.study import finished_count
+from precsearch.runtime.workspace import Workspace
 
 
 def test_parse_gpus():

@@ -22,7 +22,7 @@ from _spaces import tiny_space_dict, write_space
 from precsearch import load_policy
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from _cluster import MlflowServer, load, postgres_ctl, postgres_url, precsearch,
 from _spaces import tiny_space_dict, write_space
 from precsearch.search.front import trial_rows
 from precsearch.search.duplicates import is_duplicate  # a policy proposed again runs no probe, has no MLflow run
-from precsearch.search.study import finished_count
+from precsearch.runtime.study import finished_count
 
 pytestmark = pytest.mark.postgres
 

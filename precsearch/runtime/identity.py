@@ -18,7 +18,7 @@ import optuna
 from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.redact import redact_url
-from precsearch.search.workspace import MANIFEST, Workspace
+from precsearch.runtime.workspace import MANIFEST, Workspace
 
 #: Space settings (dotted prefixes) a trial's score depends on.
 COMPARED = ("model.", "data.", "probe.", "backend", "search.", "objectives.", "study.fidelity")

@@ -16,9 +16,9 @@ from precsearch.config.loader import parse_space
 from precsearch.config.space import ObjectivesSection, ProbeSection
 from precsearch.errors import UserError
 from precsearch.probe.result import ProbeResult
-from precsearch.search.reference import ReferenceCache, gather_references, reference_key
+from precsearch.runtime.reference import ReferenceCache, gather_references, reference_key
 from precsearch.search.scoring import measure_noise_floor, score, verdict
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 CPU = torch.device("cpu")
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from precsearch.search.liveness import WorkerId
-from precsearch.search.retry import StoreUnavailable, with_retry
+from precsearch.runtime.liveness import WorkerId
+from precsearch.utils.retry import StoreUnavailable, with_retry
 
 
 def test_this_process_is_alive_and_a_finished_one_is_dead():

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
-from precsearch.search.identity import setting_changes
+from precsearch.runtime.identity import setting_changes
 from precsearch.config.space import Space
 
 QUICK = {"study.n_trials": 1, "probe.steps": 6, "objectives.reference_seeds": 1}

@@ -21,7 +21,7 @@ from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
 from precsearch.search.promotion import FIDELITY, PROMOTED_FROM
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,13 +25,17 @@ from tqdm import tqdm
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.search.executor import dying_with_parent
+from precsearch.runtime._optimize import recover_dead_trials
+from precsearch.runtime.front_update import update_front
+from precsearch.runtime.say import say
+from precsearch.runtime.session import open_run
+from precsearch.runtime.worker import STORAGE_ENV
+from precsearch.runtime.workspace import Workspace
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
-from precsearch.search.study import _say, _update_front, finished_count, open_run, recover_dead_trials
-from precsearch.search.worker import STORAGE_ENV
-from precsearch.search.workspace import Workspace
+from precsearch.search.summary import finished_count
 from precsearch.tracking.local_server import LocalTrackingServer
+from precsearch.utils.processes import dying_with_parent
 
 
 def gpu_slices(gpus: list[int], per_worker: int) -> list[list[int]]:
@@ -48,8 +52,8 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
     slices = gpu_slices(gpus, space.probe.nproc) if gpus else [None] * workers
     with open_run(space, ws, progress, space_text=space_text, probes=False) as ctx:
         recover_dead_trials(ctx)
-        _say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
-                  f"starting {len(slices)} workers; output in {ws.output_dir}")
+        say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
+                 f"starting {len(slices)} workers; output in {ws.output_dir}")
         local = ws.tracking_uri.startswith("sqlite:")
         server = LocalTrackingServer(ws.tracking_uri, ws.output_dir / "mlflow-server.log") if local else nullcontext(
             ws.tracking_uri)
@@ -60,7 +64,7 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
         except KeyboardInterrupt:
             ctx.tracker.close("KILLED")
             raise
-        _update_front(ctx)
+        update_front(ctx)
         done = finished_count(ctx.study)
         stopped = ctx.stop.requested or any(c == 130 for c in codes)
         ctx.tracker.close("KILLED" if stopped or done < target else "FINISHED")

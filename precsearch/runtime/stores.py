@@ -10,7 +10,7 @@ import optuna
 from precsearch.config.space import Sampler, StudySection
 from precsearch.errors import UserError
 from precsearch.redact import redact_text, redact_url
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 
 def open_storage(url: str, study: StudySection | None = None) -> optuna.storages.BaseStorage:
@@ -58,7 +58,7 @@ def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.st
     """
     if budget_s <= 0:
         return storage
-    from precsearch.search.retry import with_retry
+    from precsearch.utils.retry import with_retry
 
     def wrap(name: str, method):
         def call(*args, **kwargs):
@@ -89,7 +89,7 @@ def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.st
 def _heartbeat_kwargs(study: StudySection | None) -> dict:
     if study is None:
         return {}
-    from precsearch.search.liveness import StaleTrialHandler
+    from precsearch.runtime.liveness import StaleTrialHandler
 
     grace = study.stale_after_s or 3 * study.heartbeat_s
     handler = StaleTrialHandler(study.max_retries, study.heartbeat_s, grace)

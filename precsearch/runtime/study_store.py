@@ -2,7 +2,7 @@
 
 A study created here records what workers and later commands need (objectives, the space, the
 MLflow experiment and parent run). A loaded one must have been scored under the same settings
-(:mod:`precsearch.search.identity`). A resumed study's sampler is seeded past its known trials:
+(:mod:`precsearch.runtime.identity`). A resumed study's sampler is seeded past its known trials:
 the seed's first points are the ones already scored, and each would come back as a duplicate.
 """
 
@@ -14,11 +14,11 @@ import optuna
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.search import stores
-from precsearch.search.identity import check_storage
-from precsearch.search.lost_stores import retire_earlier_runs
+from precsearch.runtime import stores
+from precsearch.runtime.identity import check_storage
+from precsearch.runtime.lost_stores import retire_earlier_runs
+from precsearch.runtime.workspace import Workspace
 from precsearch.search.scoring import DIRECTIONS, objective_names
-from precsearch.search.workspace import Workspace
 from precsearch.tracking import Tracker
 
 

@@ -10,8 +10,8 @@ import pytest
 from _spaces import tiny_space_dict
 from precsearch.config.space import Space
 from precsearch.policy import Policy
-from precsearch.search.executor import ProbeCrashed, ProbeExecutor, ProbeFailed
-from precsearch.search.probe_host import FAULTS_ENV, ProbeHost, fault_for
+from precsearch.runtime.executor import ProbeCrashed, ProbeExecutor, ProbeFailed
+from precsearch.runtime.probe_host import FAULTS_ENV, ProbeHost, fault_for
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_fault_spec_parsing(monkeypatch):
 
 def test_a_stop_request_kills_the_probe_in_flight_within_a_second(space):
     """Ctrl-C sets the worker's stop flag; a probe must not run on to its end (issue 16: 280 s)."""
-    from precsearch.search.executor import ProbeInterrupted
+    from precsearch.runtime.executor import ProbeInterrupted
 
     long = space.probe.model_copy(update={"steps": 100_000})
     stop_at: list[float] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from precsearch.cli import main, next_commands
-from precsearch.search.progress import duration, reference_notice, status_line
+from precsearch.runtime.progress import duration, reference_notice, status_line
 from precsearch.search.summary import study_metrics
 
 
@@ -50,7 +50,7 @@ def test_study_metrics():
 def test_ui_optuna_without_the_dashboard_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     import importlib.util
 
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
 
     Workspace(tmp_path, "s", f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db", "s").save()
     real = importlib.util.find_spec
@@ -65,7 +65,7 @@ def test_ui_optuna_serves_the_study_storage(tmp_path, capsys, monkeypatch):
     import sys
     import types
 
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
 
     ws = Workspace(tmp_path, "s", f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db", "s")
     ws.save()

@@ -14,7 +14,6 @@ a poll (0.2 s) and :class:`ProbeInterrupted` raised.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -27,6 +26,7 @@ from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
+from precsearch.utils.processes import die_with_parent
 
 StepCallback = Callable[[int, float, float], None]
 
@@ -177,33 +177,10 @@ class ProbeExecutor:
         self._proc = None
 
 
-#: Run a Python module in a child that Linux sends SIGTERM when its parent dies, even by SIGKILL. Set in
-#: the child itself rather than in a ``preexec_fn``, which is unsafe when the parent runs threads.
-_DYING_WITH_PARENT = ("import ctypes, runpy, signal, sys; "
-                      "sys.platform.startswith('linux') and ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
-                      "sys.argv[0] = {module!r}; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
-
-
-def dying_with_parent(cmd: list[str]) -> list[str]:
-    """``[python, -m, module, *args]`` rewritten so the child stops (SIGTERM) when this process dies."""
-    if len(cmd) < 3 or cmd[1] != "-m":
-        raise ValueError(f"expected [python, -m, module, ...], got {cmd[:3]}")
-    return [cmd[0], "-c", _DYING_WITH_PARENT.format(module=cmd[2]), *cmd[3:]]
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _child_main(conn, space_json: dict) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides what Ctrl-C means
-    from precsearch.search.probe_host import ProbeHost
+    from precsearch.runtime.probe_host import ProbeHost
 
     try:
         host = ProbeHost(Space.model_validate(space_json))
