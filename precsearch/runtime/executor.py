@@ -26,9 +26,8 @@ from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
+from precsearch.probe.runner import StepCallback
 from precsearch.utils.processes import die_with_parent
-
-StepCallback = Callable[[int, float, float], None]
 
 #: Exceptions after which the child's CUDA context (or heap) cannot be trusted: start a fresh child.
 _POISONING = ("OutOfMemoryError", "AcceleratorError", "CudaError", "MemoryError")

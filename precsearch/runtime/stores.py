@@ -9,7 +9,7 @@ import optuna
 
 from precsearch.config.space import Sampler, StudySection
 from precsearch.errors import UserError
-from precsearch.redact import redact_text, redact_url
+from precsearch.redact import first_line, redact_url
 from precsearch.runtime.workspace import Workspace
 
 
@@ -31,7 +31,7 @@ def open_storage(url: str, study: StudySection | None = None) -> optuna.storages
         raise UserError(f"storage '{redact_url(url)}' needs the Python package '{exc.name}'; for PostgreSQL: "
                         "pip install 'precsearch[postgres]'", field="study.storage") from None
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean "cannot use this storage"
-        raise UserError(f"cannot open Optuna storage '{redact_url(url)}': {_first_line(exc)}",
+        raise UserError(f"cannot open Optuna storage '{redact_url(url)}': {first_line(exc)}",
                         field="study.storage") from None
     raise UserError(f"unsupported storage URL '{redact_url(url)}'; valid: sqlite:///PATH, postgresql://…, "
                     "journal:PATH", field="study.storage")
@@ -129,7 +129,7 @@ def open_tracker(ws: Workspace, parent_id: str | None = None, retry_s: float = 0
         with _fail_fast_http():
             tracker = Tracker(ws.tracking_uri, ws.experiment, ws.artifact_dir, ws.study_name, parent_id=parent_id)
     except Exception as exc:  # MLflow raises MlflowException, requests' errors, SQLAlchemy's errors
-        raise UserError(f"cannot use MLflow tracking URI '{redact_url(ws.tracking_uri)}': {_first_line(exc)}",
+        raise UserError(f"cannot use MLflow tracking URI '{redact_url(ws.tracking_uri)}': {first_line(exc)}",
                         field="tracking.uri") from None
     return tracker.with_retries(retry_s)
 
@@ -145,8 +145,3 @@ def make_sampler(study: StudySection, seed_offset: int = 0) -> optuna.samplers.B
     if study.sampler is Sampler.GP:
         return optuna.samplers.GPSampler(seed=seed)
     return optuna.samplers.RandomSampler(seed=seed)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return redact_text(text[0][:300]) if text else type(exc).__name__

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from precsearch.errors import UserError
-from precsearch.redact import redact_text
+from precsearch.redact import first_line
 
 T = TypeVar("T")
 
@@ -63,15 +63,10 @@ def with_retry(call: Callable[[], T], what: str, *, budget_s: float = 60.0, firs
             left = deadline - time.monotonic()
             if left <= 0:
                 raise StoreUnavailable(
-                    f"{what} failed {attempt} times over {budget_s:.0f} s: {_first_line(exc)}. "
+                    f"{what} failed {attempt} times over {budget_s:.0f} s: {first_line(exc)}. "
                     "Finished trials are kept; re-run the same command once the store is back"
                 ) from None
             if say and attempt == 1:
-                say(f"{what} failed ({_first_line(exc)}); retrying for up to {budget_s:.0f} s")
+                say(f"{what} failed ({first_line(exc)}); retrying for up to {budget_s:.0f} s")
             time.sleep(min(delay, left))
             delay, attempt = delay * 2, attempt + 1
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return redact_text(lines[0][:300] if lines else type(exc).__name__)
