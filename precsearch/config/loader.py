@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.utils.yaml_io import _one_line, check_plain_data, load_yaml
+from precsearch.utils.validation import user_error
+from precsearch.utils.yaml_io import check_plain_data, load_yaml
 
 
 def parse_space(data: Any, *, file: str = "<space>", base_dir: Path | None = None) -> Space:
@@ -25,7 +26,7 @@ def parse_space(data: Any, *, file: str = "<space>", base_dir: Path | None = Non
     try:
         space = Space.model_validate(data)
     except ValidationError as exc:
-        raise _user_error(exc, file) from None
+        raise user_error(exc, Space, file) from None
     return _resolve_paths(space, base_dir) if base_dir else space
 
 
@@ -48,55 +49,3 @@ def _resolve_paths(space: Space, base: Path) -> Space:
     if not updates:
         return space
     return space.model_copy(update={"data": data.model_copy(update=updates)})
-
-
-def _user_error(exc: ValidationError, file: str) -> UserError:
-    # a misspelt key shows up twice (unknown key, required field missing): the unknown key is the cause
-    err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    loc = err["loc"]
-    field = _dotted(loc)
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        valid = _valid_keys(Space, loc[:-1])
-        msg = f"unknown key '{loc[-1]}'" + (f"; valid keys: {', '.join(valid)}" if valid else "")
-    elif err["type"] == "missing":
-        msg = "this field is required"
-    more = len(exc.errors()) - 1
-    if more:
-        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return UserError(_one_line(msg), file=file, field=_one_line(field))
-
-
-
-def _dotted(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not str(part).startswith("function-"):
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _valid_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = getattr(current, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-        if current is None:
-            return []
-    return list(getattr(current, "model_fields", {}))
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None

@@ -19,12 +19,12 @@ queued again (:mod:`precsearch.runtime.liveness`).
 
 from __future__ import annotations
 
-import fcntl
 import time
 import warnings
 from contextlib import contextmanager
 
 import optuna
+from filelock import FileLock
 from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
@@ -227,8 +227,7 @@ def _ask_lock(ctx: StudyRun):
     the resume test). PostgreSQL locks the row itself; the file lock costs nothing there.
     """
     ctx.workspace.output_dir.mkdir(parents=True, exist_ok=True)
-    with open(ctx.workspace.output_dir / "ask.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(ctx.workspace.output_dir / "ask.lock"):
         yield
 
 

@@ -20,8 +20,11 @@ import socket
 from dataclasses import asdict, dataclass
 
 import optuna
+import psutil
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass(frozen=True)
@@ -63,18 +66,18 @@ class WorkerId:
 
 
 def _start_time(pid: int) -> int | None:
-    """The process's start time (field 22 of /proc/PID/stat); None if no such process, 0 if unknown."""
+    """The process's start time in clock ticks since boot (as ``/proc/PID/stat`` has it, so ids recorded by
+    earlier versions compare equal); None if no such process, 0 if unknown."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except FileNotFoundError:
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None  # a zombie has exited; only its parent has not collected it yet
+        started_s = process.create_time() - psutil.boot_time()
+    except psutil.NoSuchProcess:
         return None
-    except OSError:
+    except (psutil.AccessDenied, OSError):
         return 0
-    fields = stat[stat.rfind(")") + 2:].split()
-    state = fields[0]
-    if state in ("Z", "X"):  # a zombie has exited; only its parent has not collected it yet
-        return None
-    return int(fields[19])
+    return round(started_s * _CLOCK_TICKS)
 
 
 def trial_worker(trial: FrozenTrial) -> WorkerId | None:

@@ -26,7 +26,6 @@ verdict).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from precsearch import cpu_bf16
 from precsearch.config.space import ObjectivesSection, ProbeSection, Space
@@ -97,8 +97,7 @@ class ReferenceCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         # Parallel workers sharing this directory run each reference once: the first takes the lock
         # and runs it, the others wait and read its file.
-        with open(self.directory / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock(self.directory / f"{key}.lock"):
             if path.exists():
                 result = ProbeResult.from_dict(json.loads(path.read_text()))
             else:
