@@ -1,20 +1,11 @@
-"""The Optuna driver: ask a policy, run its probe, score it, tell Optuna, log to MLflow.
+"""The loop of a study (:func:`work`): ask Optuna for a trial, run its probes, hand it to the tell.
 
-It uses Optuna's ask-and-tell interface so that each trial is one plain loop
-iteration: the probe, the scoring, the MLflow run and the Pareto update stay
-readable in one place. The same loop (:func:`work`) runs in ``precsearch run``
-(one worker, in-process), in each process of ``precsearch run --workers N`` /
-``--gpus``, and in ``precsearch worker`` on other machines; several loops
-share one study through its storage.
-
-With ``study.fidelity``, the best policies of each rung are promoted to the
-next, longer rung once it settles (:mod:`precsearch.search.promotion`); the
-same loop runs those promoted trials after the study's ``n_trials``.
-
-Nothing finished is lost: a study is resumable (the same command continues
-it), a probe runs in a child process (:mod:`precsearch.runtime.executor`) so
-its crash is a failed trial, and trials whose worker died are failed and
-queued again (:mod:`precsearch.runtime.liveness`).
+Each trial is one iteration of Optuna's ask-and-tell interface: the ask (under a file lock shared
+by the workers of one output directory), the check for a twin another worker already runs, the
+BF16 references, the probe (and the stress probe), then :func:`precsearch.runtime._tell.record`.
+The same loop runs in every worker of a study (see :mod:`precsearch.runtime.study`). A trial the
+worker is stopped in, or whose worker died, is failed and its params queued again
+(:func:`recover_dead_trials`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The one place a running study tells the user something (one line per event, above the progress bars)."""
+"""The one place a running study tells the user something: an INFO record of the ``precsearch`` logger.
+
+One line per event; a worker's name (``[w1]``) starts its lines. The logger's default handler
+(:mod:`precsearch.utils.log`) writes them above the progress bars.
+"""
 
 from __future__ import annotations
 
-from tqdm import tqdm
+from precsearch.utils.log import logger
 
 
 def say(ctx, message: str) -> None:
-    if ctx.name:
-        message = f"[{ctx.name}] {message}"
-    if ctx.progress:
-        tqdm.write(message)
-    else:
-        print(message, flush=True)
+    """Log ``message`` for the study run ``ctx`` (its ``name`` prefixes the line)."""
+    logger().info(f"[{ctx.name}] {message}" if ctx.name else message)
