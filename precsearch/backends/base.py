@@ -156,6 +156,13 @@ def model_device(model: nn.Module) -> torch.device:
     return param.device if param is not None else torch.device("cpu")
 
 
+def refuse_layers(backend: str, problems: dict[str, str]) -> None:
+    """Raise :class:`UnsupportedRecipe` naming every layer (name -> why) ``backend`` cannot convert; none: return."""
+    if problems:
+        listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
+        raise UnsupportedRecipe(f"backend '{backend}' cannot convert {len(problems)} layer(s): {listed}")
+
+
 def linear_modules(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:
     """The Linear module for each name; ValueError naming the first that is not one."""
     modules = dict(model.named_modules())

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from precsearch.arch.units import unit_names
-from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device
+from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device, refuse_layers
 from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
@@ -209,10 +209,7 @@ class TEBackend(Backend):
         """
         linears = linear_modules(model, list(recipes))
         self.check_supported(recipes, model_device(model))
-        problems = _dim_problems(linears, recipes)
-        if problems:
-            listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
-            raise UnsupportedRecipe(f"backend 'te' cannot convert {len(problems)} layer(s): {listed}")
+        refuse_layers("te", _dim_problems(linears, recipes))
         _check_delayed_keys(recipes)
         te_recipes: dict[tuple, Any] = {}
 
