@@ -56,7 +56,7 @@ from precsearch.search.pareto import pareto_indices
 from precsearch.search.sampling import policy_from_params, suggest_policy
 from precsearch.search.scoring import DIVERGED_INSTABILITY, score
 from precsearch.search.sensitivity import SensitivityTable, measure
-from precsearch.search.stores import make_sampler
+from precsearch.runtime.stores import make_sampler
 
 PRECISIONS = ["bf16", "fp8_current", "fp8_delayed"]
 DIRECTIONS = ("maximize", "minimize")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from _spaces import per_module_policy
-from precsearch.export.formats import render
+from precsearch.export.registry import render
 from precsearch.export.megatron import (
     ARGS_FILE,
     CONFIG_FILE,

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from _spaces import per_module_policy
-from precsearch.export.formats import layer_table, render
+from precsearch.export.registry import render
+from precsearch.export.rendered import layer_table
 from precsearch.policy import Policy
 
 

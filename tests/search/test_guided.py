@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.guided import table_of
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 pytestmark = pytest.mark.slow
 
