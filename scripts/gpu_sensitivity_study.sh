@@ -18,7 +18,7 @@ python3 - "$DIR" "$OUT" > "$OUT/trials.txt" 2>&1 <<'PY'
 import json, sys
 import optuna
 from precsearch.search.guided import table_of
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 ws = Workspace.load(sys.argv[1])
 study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
 table = table_of(study)
@@ -36,7 +36,7 @@ python3 - "$DIR" "$OUT" <<'PY'
 # the heatmap the study logged to MLflow, copied out
 import sys
 from mlflow.tracking import MlflowClient
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 import optuna, shutil
 ws = Workspace.load(sys.argv[1])
 study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
