@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import DataSource, Space
@@ -25,7 +26,7 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     """
     checks = [check_values, _check_model, _check_warmup, check_groups, _check_nproc, _check_fidelity]
     if environment:
-        checks += [_check_data, _check_backend, _check_nproc_gpus]
+        checks += [_check_checkpoint, _check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
         try:
             check(space)
@@ -69,6 +70,13 @@ def _check_fidelity(space: Space) -> None:
         raise UserError(f"rungs continue a probe from its saved state, which a sharded probe (nproc "
                         f"{space.probe.nproc}) does not save yet; valid: nproc 1, or no study.fidelity",
                         field="study.fidelity")
+
+
+def _check_checkpoint(space: Space) -> None:
+    """Every tensor the probe takes from ``model.init_from`` is there, with the config's shape."""
+    start = space.model.start()
+    if start is not None:
+        check_checkpoint(start.path, start.layers)
 
 
 def _check_data(space: Space) -> None:

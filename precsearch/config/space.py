@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from precsearch.arch.hf_checkpoint import CheckpointStart, LayerPick, pick_layers, read_config
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.policy.rules import Rule
@@ -30,10 +31,13 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    """The target model (a Llama 3 preset or explicit dims) and the probe's overrides.
+    """The target model (a Llama 3 preset, explicit dims, or a checkpoint) and the probe's overrides.
 
     The probe has the target's architecture with fewer layers (``probe_layers``);
-    every other dimension is the target's unless overridden here.
+    every other dimension is the target's unless overridden here. With
+    ``init_from`` the target is the checkpoint's full model (its ``config.json``),
+    the probe starts from its weights, and ``probe_layer_pick`` says which of its
+    blocks the probe takes (:mod:`precsearch.arch.hf_checkpoint`).
     """
 
     preset: str | None = "tiny"
@@ -47,6 +51,11 @@ class ModelSection(Section):
     ffn_dim: int | None = Field(None, gt=0, le=2**22)
     rope_theta: float | None = Field(None, gt=0)
     probe_layers: int | None = Field(None, gt=0, le=1024, description="layers in the probe (default: all)")
+    init_from: Path | None = Field(None, description="a local Hugging Face Llama checkpoint directory (config.json + "
+                                   "safetensors): the probe starts from its weights and the target is its shape")
+    probe_layer_pick: LayerPick = Field(
+        LayerPick.FIRST, description="with init_from: which blocks the probe takes: first, last or spread (evenly "
+        "spaced, first and last included)")
 
     @field_validator("preset")
     @classmethod
@@ -55,8 +64,27 @@ class ModelSection(Section):
             raise ValueError(f"unknown preset '{v}'; valid: {', '.join(PRESETS)}")
         return v
 
+    @model_validator(mode="after")
+    def _checkpoint_gives_shape(self) -> "ModelSection":
+        if self.init_from is None:
+            if "probe_layer_pick" in self.model_fields_set:
+                raise ValueError("probe_layer_pick chooses blocks of a checkpoint; it needs init_from")
+            return self
+        given = sorted(k for k in ("preset", *_DIM_FIELDS) if k in self.model_fields_set and getattr(self, k))
+        if given:
+            raise ValueError(f"with init_from the checkpoint's config.json gives the model's shape; remove "
+                             f"{', '.join(given)}")
+        return self
+
     def target(self) -> ModelConfig:
-        """The full model the policy is meant for."""
+        """The full model the policy is meant for (the checkpoint's, with ``init_from``).
+
+        Raises:
+            ValueError: explicit dims that do not make a model.
+            UserError: an unreadable or non-Llama checkpoint ``config.json`` (field ``model.init_from``).
+        """
+        if self.init_from is not None:
+            return read_config(self.init_from)
         dims = {k: getattr(self, k) for k in _DIM_FIELDS if getattr(self, k) is not None}
         if self.preset is None:
             missing = [k for k in _REQUIRED_DIMS if k not in dims]
@@ -71,6 +99,14 @@ class ModelSection(Section):
         if self.probe_layers is None:
             return target
         return target.with_overrides(n_layers=min(self.probe_layers, target.n_layers))
+
+    def start(self) -> CheckpointStart | None:
+        """The checkpoint and its blocks the probe starts from, or None for a random init."""
+        if self.init_from is None:
+            return None
+        total = self.target().n_layers
+        layers = pick_layers(total, min(self.probe_layers or total, total), self.probe_layer_pick)
+        return CheckpointStart(self.init_from, layers)
 
 
 _DIM_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta")

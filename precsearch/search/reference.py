@@ -68,6 +68,9 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device,
     }
     if device.type == "cpu":  # native BF16 GEMMs or float32 ones round differently (precsearch.cpu_bf16)
         payload["cpu_bf16_gemms"] = cpu_bf16.gemm_path()
+    if space.model.init_from is not None:  # absent for a random init: those cached references keep their keys
+        start = space.model.start()
+        payload["init_from"] = {"path": str(start.path.resolve()), "layers": list(start.layers)}
     if horizon is not None:  # absent for a study without rungs: its cached references keep their keys
         payload["horizon"] = horizon
     blob = json.dumps(payload, sort_keys=True, default=str)
