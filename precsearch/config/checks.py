@@ -10,7 +10,7 @@ import torch
 from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.group_checks import check_groups
-from precsearch.config.space import DataSource, Space
+from precsearch.config.space import FILE_SOURCES, DataSource, Space
 from precsearch.config.values import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
@@ -81,11 +81,13 @@ def _check_checkpoint(space: Space) -> None:
 
 def _check_data(space: Space) -> None:
     data = space.data
-    if data.source in (DataSource.TOKENS, DataSource.TEXT) and not data.path.exists():
+    # a megatron path is a prefix naming two files: its reader checks both (check_data)
+    if data.source in FILE_SOURCES and data.source is not DataSource.MEGATRON and not data.path.exists():
         raise UserError(f"data file not found: {data.path}", field="data.path")
     if data.tokenizer is not None and not data.tokenizer.exists():
         raise UserError(f"tokenizer not found: {data.tokenizer}", field="data.tokenizer")
     byte_level = data.source == DataSource.STDLIB or (data.source == DataSource.TEXT and data.tokenizer is None)
+    # (jsonl / hf_disk texts without a tokenizer are bytes too, unless they hold token ids: check_data reads them)
     if byte_level and space.model.probe().vocab_size < 256:
         raise UserError("byte-level data needs vocab_size >= 256", field="model.vocab_size")
 

@@ -53,9 +53,9 @@ class ModelSection(Section):
     probe_layers: int | None = Field(None, gt=0, le=1024, description="layers in the probe (default: all)")
     init_from: Path | None = Field(None, description="a local Hugging Face Llama checkpoint directory (config.json + "
                                    "safetensors): the probe starts from its weights and the target is its shape")
-    probe_layer_pick: LayerPick = Field(
-        LayerPick.FIRST, description="with init_from: which blocks the probe takes: first, last or spread (evenly "
-        "spaced, first and last included)")
+    probe_layer_pick: LayerPick | None = Field(
+        None, description="with init_from: which blocks the probe takes: first (the default), last or spread "
+        "(evenly spaced, first and last included)")
 
     @field_validator("preset")
     @classmethod
@@ -64,13 +64,20 @@ class ModelSection(Section):
             raise ValueError(f"unknown preset '{v}'; valid: {', '.join(PRESETS)}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_preset_with_checkpoint(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("init_from") is not None and "preset" not in data:
+            data = {**data, "preset": None}  # the checkpoint's config.json gives the shape, not the default preset
+        return data
+
     @model_validator(mode="after")
     def _checkpoint_gives_shape(self) -> "ModelSection":
         if self.init_from is None:
-            if "probe_layer_pick" in self.model_fields_set:
+            if self.probe_layer_pick is not None:
                 raise ValueError("probe_layer_pick chooses blocks of a checkpoint; it needs init_from")
             return self
-        given = sorted(k for k in ("preset", *_DIM_FIELDS) if k in self.model_fields_set and getattr(self, k))
+        given = [k for k in ("preset", *_DIM_FIELDS) if getattr(self, k) is not None]
         if given:
             raise ValueError(f"with init_from the checkpoint's config.json gives the model's shape; remove "
                              f"{', '.join(given)}")
@@ -105,7 +112,7 @@ class ModelSection(Section):
         if self.init_from is None:
             return None
         total = self.target().n_layers
-        layers = pick_layers(total, min(self.probe_layers or total, total), self.probe_layer_pick)
+        layers = pick_layers(total, min(self.probe_layers or total, total), self.probe_layer_pick or LayerPick.FIRST)
         return CheckpointStart(self.init_from, layers)
 
 
@@ -118,6 +125,14 @@ class DataSource(str, Enum):
     SYNTHETIC = "synthetic"  # a seeded stream with learnable structure
     TOKENS = "tokens"  # pre-tokenized .npy / .bin
     TEXT = "text"  # plain text + a local tokenizer (or bytes)
+    MEGATRON = "megatron"  # a Megatron-Core indexed dataset: prefix.bin + prefix.idx
+    HF_DISK = "hf_disk"  # a Hugging Face dataset saved with save_to_disk (Arrow)
+    JSONL = "jsonl"  # JSON Lines, one document per line under `field`
+
+
+FILE_SOURCES = (DataSource.TOKENS, DataSource.TEXT, DataSource.MEGATRON, DataSource.HF_DISK, DataSource.JSONL)
+#: Sources whose documents may be texts, so a tokenizer applies.
+TOKENIZED_SOURCES = (DataSource.TEXT, DataSource.HF_DISK, DataSource.JSONL)
 
 
 class DataSection(Section):
@@ -128,11 +143,13 @@ class DataSection(Section):
     tokenizer: Path | None = None
     dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
     max_tokens: int | None = Field(None, gt=0)
+    field: str = Field("text", min_length=1, description="hf_disk: the column; jsonl: the key; holding a text "
+                       "(tokenized) or a list of token ids")
     eval_batches: int = Field(4, gt=0, description="held-out batches the loss gap is measured on")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DataSection":
-        if self.source in (DataSource.TOKENS, DataSource.TEXT) and self.path is None:
+        if self.source in FILE_SOURCES and self.path is None:
             raise ValueError(f"source '{self.source.value}' needs 'path'")
         return self
 

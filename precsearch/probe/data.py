@@ -10,6 +10,11 @@ Sources (``data.source``):
 * ``text``: a ``.txt`` file or a directory of them, tokenized by a local
   tokenizer (a ``tokenizer.json`` or a Hugging Face tokenizer directory), or
   taken as bytes when no tokenizer is given. Nothing is ever downloaded.
+* ``megatron``: a Megatron-Core indexed dataset, ``prefix.bin`` + ``prefix.idx``
+  (:mod:`precsearch.probe.data_megatron`).
+* ``hf_disk``: a Hugging Face dataset saved with ``save_to_disk``, column
+  ``field`` (:mod:`precsearch.probe.data_hf_disk`).
+* ``jsonl``: JSON Lines, the document under ``field`` (:mod:`precsearch.probe.data_jsonl`).
 
 :class:`TokenBatches` splits a stream into a training part and a fixed held-out
 tail, and cuts deterministic batches from them.
@@ -29,11 +34,17 @@ import torch
 from typing import TYPE_CHECKING
 
 from precsearch.errors import DataError
+from precsearch.probe.data_hf_disk import read_hf_disk
+from precsearch.probe.data_jsonl import read_jsonl
+from precsearch.probe.data_megatron import read_megatron
+from precsearch.probe.tokenize import encode
 
 if TYPE_CHECKING:
     from precsearch.config.space import Space
 
-SOURCES = ("stdlib", "synthetic", "tokens", "text")
+SOURCES = ("stdlib", "synthetic", "tokens", "text", "megatron", "hf_disk", "jsonl")
+#: Sources that read ``data.path``.
+FILE_SOURCES = ("tokens", "text", "megatron", "hf_disk", "jsonl")
 #: Cap on ``stdlib`` bytes when ``max_tokens`` is not given: enough text, loads in well under 1 s.
 DEFAULT_STDLIB_BYTES = 8 * 2**20
 #: Length of the ``synthetic`` stream when ``max_tokens`` is not given.
@@ -58,6 +69,7 @@ def load_tokens(
     max_tokens: int | None = None,
     seed: int = 0,
     vocab_size: int | None = None,
+    field: str = "text",
 ) -> torch.Tensor:
     """Load a token stream as a 1-D int64 tensor.
 
@@ -70,6 +82,7 @@ def load_tokens(
         seed: seed of the ``synthetic`` stream.
         vocab_size: the model's vocabulary; every token must be below it. Also the
             vocabulary of the ``synthetic`` stream.
+        field: the column (``hf_disk``) or key (``jsonl``) holding each document.
 
     Raises:
         DataError: unknown source, missing or unreadable file, bad dtype, token ids
@@ -82,17 +95,31 @@ def load_tokens(
     elif source == "synthetic":
         n_tokens = DEFAULT_SYNTHETIC_TOKENS if max_tokens is None else max_tokens
         tokens = synthetic_tokens(n_tokens, vocab_size or DEFAULT_SYNTHETIC_VOCAB, seed)
-    elif source in ("tokens", "text"):
+    elif source in FILE_SOURCES:
         try:
-            tokens = (_load_token_file(_existing(path, source), dtype, max_tokens) if source == "tokens"
-                      else _load_text(_existing(path, source), tokenizer, max_tokens))
+            tokens = _load_file_source(source, path, tokenizer, dtype, max_tokens, field)
         except OSError as exc:  # unreadable (permissions, a special file): the user's file, not a bug
             raise DataError(f"cannot read {exc.filename or path}: {exc.strerror or exc}", field="data.path") from None
     else:
         raise DataError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}", field="data.source")
-    where = f"{path}" if source in ("tokens", "text") else f"the {source} stream"
-    _check_tokens(tokens, vocab_size, where, field="data.path" if source in ("tokens", "text") else "data.source")
+    where = f"{path}" if source in FILE_SOURCES else f"the {source} stream"
+    _check_tokens(tokens, vocab_size, where, field="data.path" if source in FILE_SOURCES else "data.source")
     return tokens
+
+
+def _load_file_source(source: str, path: Path | None, tokenizer: Path | None, dtype: str, max_tokens: int | None,
+                      field: str) -> torch.Tensor:
+    if source == "megatron":  # a prefix names two files: the reader checks both
+        if path is None:
+            raise DataError("source 'megatron' needs a path (the .bin/.idx prefix)", field="data.path")
+        return torch.from_numpy(read_megatron(Path(path), max_tokens))
+    path = _existing(path, source)
+    if source == "tokens":
+        return _load_token_file(path, dtype, max_tokens)
+    if source == "text":
+        return _load_text(path, tokenizer, max_tokens)
+    read = read_hf_disk if source == "hf_disk" else read_jsonl
+    return torch.from_numpy(read(path, field, tokenizer, max_tokens))
 
 
 def _existing(path: Path | None, source: str) -> Path:
@@ -265,21 +292,8 @@ def _load_text(path: Path, tokenizer: Path | None, max_tokens: int | None) -> to
 
 
 def _encode(texts: list[str], tokenizer: Path) -> list[list[int]]:
-    """Token ids of each text with a local tokenizer; never downloads."""
-    if not tokenizer.exists():
-        raise DataError(f"no such tokenizer file or directory: {tokenizer}", field="data.tokenizer")
-    try:
-        if tokenizer.is_file():
-            from tokenizers import Tokenizer  # lazy: only the text source needs it
-
-            encodings = Tokenizer.from_file(str(tokenizer)).encode_batch(texts, add_special_tokens=False)
-            return [e.ids for e in encodings]
-        from transformers import AutoTokenizer  # lazy: slow to import
-
-        hf_tok = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
-        return hf_tok(texts, add_special_tokens=False)["input_ids"]
-    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is bad user input here
-        raise DataError(f"cannot use tokenizer {tokenizer}: {exc}", field="data.tokenizer") from exc
+    """Token ids of each text with a local tokenizer; never downloads (:func:`precsearch.probe.tokenize.encode`)."""
+    return encode(texts, tokenizer)
 
 
 # --- batches ----------------------------------------------------------------------------
@@ -390,7 +404,8 @@ def load_batches(space: "Space") -> TokenBatches:
     """
     d, p = space.data, space.probe
     tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
-                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
+                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size,
+                         field=d.field)
     try:
         return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
                             eval_batches=d.eval_batches)
