@@ -159,6 +159,19 @@ def read_config(path: Path) -> ModelConfig:
     return cfg
 
 
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` of a ``LlamaForCausalLM`` of shape ``cfg`` (untied head), in the transformers 4
+    layout that transformers 5 reads too; :func:`read_config` gives ``cfg`` back."""
+    raw = {"architectures": list(LLAMA_ARCHITECTURES), "model_type": "llama", "hidden_act": "silu",
+           "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.dim, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+           "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffn_dim, "head_dim": cfg.head_dim,
+           "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_seq_len}
+    if cfg.rope_scaling is not None:
+        raw["rope_scaling"] = {k: v for k, v in cfg.rope_scaling.to_hf(cfg.rope_theta).items() if k != "rope_theta"}
+    return raw
+
+
 def _require_llama(file: Path, raw: dict[str, Any]) -> None:
     archs = raw.get("architectures") or []
     model_type = raw.get("model_type")
@@ -289,5 +302,5 @@ def check_checkpoint(path: Path, layers: tuple[int, ...]) -> dict[str, TensorInf
     return needed
 
 
-__all__ = ["CheckpointStart", "LayerPick", "TensorInfo", "check_checkpoint", "expected_shapes", "pick_layers", "read_config",
+__all__ = ["CheckpointStart", "LayerPick", "TensorInfo", "check_checkpoint", "expected_shapes", "hf_config", "pick_layers", "read_config",
            "read_header", "tensor_index", "tied_embeddings"]

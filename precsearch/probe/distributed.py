@@ -266,6 +266,15 @@ class RankBatches:
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t.chunk(self.world)[self.rank]
 
+    @property
+    def seed(self) -> int:
+        """The seed of the training windows."""
+        return self.data.seed
+
+    def with_seed(self, seed: int) -> "RankBatches":
+        """This rank's rows of :meth:`TokenBatches.with_seed`."""
+        return RankBatches(self.data.with_seed(seed), self.rank, self.world)
+
     def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the step's ``(inputs, targets)``."""
         inputs, targets = self.data.train_batch(step)

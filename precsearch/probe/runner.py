@@ -116,7 +116,9 @@ def run_probe(
     schedule laid over the whole run, its state saved at the end (:mod:`precsearch.probe.continuation`).
 
     ``init`` makes the probe start from a checkpoint's weights (``model.init_from``) instead of
-    the seeded random init; the optimizer state starts fresh either way.
+    the seeded random init; the optimizer state starts fresh either way. The seed then has no
+    init to change, so it draws the training windows instead (held-out batches unchanged):
+    otherwise every BF16 reference seed would be the same run and the noise floor zero.
     """
     start = time.perf_counter()
     if device.type == "cuda":
@@ -127,6 +129,8 @@ def run_probe(
         raise UnsupportedRecipe(problem)
     backend = backend.for_memory(policy.memory)
     model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init)
+    if init is not None and data.seed != probe.seed:
+        data = data.with_seed(probe.seed)
     parallel.shard(model)
     opt = backend.build_optimizer(model, policy.memory, lr=probe.lr, betas=probe.betas,
                                   weight_decay=probe.weight_decay)

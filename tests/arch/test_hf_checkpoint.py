@@ -122,3 +122,16 @@ def test_no_directory_and_torch_dist_are_clear(tmp_path):
     (tmp_path / ".metadata").write_bytes(b"\x80")
     (tmp_path / "__0_0.distcp").write_bytes(b"")
     _raises(tmp_path, "torch_dist", "not supported yet")
+
+
+def test_written_config_reads_back_and_loads_in_transformers(tmp_path):
+    """hf_config is read_config's inverse, and transformers builds the same model from it."""
+    transformers = pytest.importorskip("transformers")
+    from precsearch.arch.config import PRESETS
+    from precsearch.arch.hf_checkpoint import hf_config
+
+    cfg = PRESETS["llama3-8b"].with_overrides(max_seq_len=131072)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(cfg)))
+    assert read_config(tmp_path) == cfg
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert (hf.num_key_value_heads, hf.intermediate_size, hf.vocab_size) == (8, 14336, 128256)

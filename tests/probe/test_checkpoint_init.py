@@ -88,3 +88,19 @@ def test_trained_start_has_lower_loss_than_random_init(tmp_path):
     warm = run_probe(cfg, probe, policy, data, backend, CPU, init=CheckpointStart(path, (0, 1)))
     cold = run_probe(cfg, probe, policy, data, backend, CPU)
     assert warm.losses[0] < cold.losses[0] - 1.0, (warm.losses, cold.losses)
+
+
+def test_seed_draws_the_data_order_of_a_checkpoint_start(tmp_path):
+    """A checkpoint start has no random init: without this, every BF16 reference seed would be the same run
+    and the noise floor zero. The seed must change the training windows, never the held-out set."""
+    hf = hf_llama(num_hidden_layers=2)
+    path = save_checkpoint(hf, tmp_path)
+    cfg = read_config(path)
+    data = TokenBatches(synthetic_tokens(20000, 256, seed=0), seq_len=32, micro_batch=4, seed=0, eval_batches=2)
+    probe = ProbeSection(steps=3, micro_batch=4, seq_len=32, lr=1e-3, device="cpu", lr_warmup_steps=0)
+    start, policy, backend = CheckpointStart(path, (0, 1)), Policy.bf16(None), get_backend("emulated", CPU)
+    runs = [run_probe(cfg, probe.model_copy(update={"seed": s}), policy, data, backend, CPU, init=start)
+            for s in (0, 0, 1)]
+    assert runs[0].losses == runs[1].losses
+    assert runs[0].losses[0] != runs[2].losses[0]  # another first batch
+    assert data.with_seed(1).eval_set()[0][0].equal(data.eval_set()[0][0])
