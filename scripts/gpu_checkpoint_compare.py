@@ -76,13 +76,13 @@ class Sizes:
     ffn: int = 3584
     seq_len: int = 512
     pretrain_batch: int = 32
-    pretrain_steps: int = 3000
+    pretrain_steps: int = 2500
     pretrain_lr: float = 2e-3
-    pretrain_seconds: float = 110.0
+    pretrain_seconds: float = 100.0
     probe_batch: int = 8
     probe_layers: int = 4
-    short_steps: int = 150
-    long_steps: int = 600
+    short_steps: int = 120
+    long_steps: int = 500
     probe_lr: float = 1e-3
     tokens: int = 8 * 2**20
 
