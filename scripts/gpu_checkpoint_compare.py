@@ -224,6 +224,8 @@ def _signal_error(runs: dict) -> dict:
 def main() -> None:
     args = _args()
     s = CPU_SMOKE if args.cpu_smoke else Sizes()
+    if args.probe_layers is not None:
+        s = Sizes(**(asdict(s) | {"probe_layers": args.probe_layers}))
     t0 = time.perf_counter()
     device = resolve_device("cpu" if args.cpu_smoke else "auto")
     backend = get_backend("emulated" if device.type == "cpu" else "te", device)
@@ -311,6 +313,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, default=Path("/tmp/precsearch_ckpt"), help="where the HF checkpoint goes")
     p.add_argument("--pick", default="spread", choices=[x.value for x in LayerPick])
+    p.add_argument("--probe-layers", type=int, default=None, help="blocks in the short probes (default: 4 of 8)")
     p.add_argument("--deadline-s", type=float, default=400.0, help="start no run that would end after this")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, emulated FP8 on the CPU")
     p.add_argument("--json", type=Path, default=None)
