@@ -16,12 +16,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from precsearch.backends.registry import BACKEND_CHOICES
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
-from precsearch.policy.rules import Rule
-from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 from precsearch.config.model_section import ModelSection
 from precsearch.config.section import Section
+from precsearch.policy.rules import MomentDtype, Rule
+from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 
 
 class DataSource(str, Enum):
@@ -99,11 +100,8 @@ class ProbeSection(Section):
         return v
 
 
-class Backend(str, Enum):
-    AUTO = "auto"
-    EMULATED = "emulated"
-    TE = "te"
-    TORCHAO = "torchao"
+BackendName = Enum("BackendName", {name.upper(): name for name in BACKEND_CHOICES}, type=str)
+"""The space file's ``backend``: ``auto`` or a name of :data:`precsearch.backends.registry.BACKENDS`."""
 
 
 class LayerSelector(Section):
@@ -161,7 +159,7 @@ class MemorySection(Section):
     """Optimizer and weight-storage knobs (backend ``te`` on a GPU; see :class:`~precsearch.policy.MemoryKnobs`)."""
 
     master_weights: knob(bool) = Knob(fixed=False)
-    moment_dtype: knob(Literal["param", "fp32", "bf16"]) = Knob(fixed="param")
+    moment_dtype: knob(MomentDtype) = Knob(fixed="param")
     fp8_weights: knob(bool) = Knob(fixed=False)
 
 
@@ -189,7 +187,7 @@ class BaselineMemory(Section):
     """How the BF16 reference run keeps its training state (what "memory saved" is measured against)."""
 
     master_weights: bool = False
-    moment_dtype: Literal["param", "fp32", "bf16"] = "param"
+    moment_dtype: MomentDtype = "param"
 
 
 #: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
@@ -332,7 +330,7 @@ class Space(Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
     probe: ProbeSection = ProbeSection()
-    backend: Backend = Backend.AUTO
+    backend: BackendName = BackendName.AUTO
     search: SearchSection = SearchSection()
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()

@@ -19,8 +19,8 @@ from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.errors import DataError
 from precsearch.probe.data import load_tokens
-from precsearch.probe.data_megatron import read_megatron
-from precsearch.probe.tokenize import encode
+from precsearch.probe.data.megatron import read_megatron
+from precsearch.probe.data.tokenizer import encode
 
 DOCS = [np.arange(i, i + 700 + 13 * i) % 256 for i in range(12)]  # 12 documents of varied length
 STREAM = np.concatenate(DOCS)
