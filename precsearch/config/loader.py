@@ -17,7 +17,8 @@ from precsearch.utils.yaml_io import check_plain_data, load_yaml
 
 
 def parse_space(data: Any, *, file: str = "<space>", base_dir: Path | None = None) -> Space:
-    """Validate plain data as a :class:`Space`; relative data paths resolve against ``base_dir``."""
+    """Validate plain data as a :class:`Space`; relative data paths and ``model.init_from`` resolve against
+    ``base_dir``."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -46,6 +47,9 @@ def _resolve_paths(space: Space, base: Path) -> Space:
         key: (base / value) for key in ("path", "tokenizer")
         if (value := getattr(data, key)) is not None and not value.is_absolute()
     }
+    model = space.model
+    if model.init_from is not None and not model.init_from.is_absolute():
+        space = space.model_copy(update={"model": model.model_copy(update={"init_from": base / model.init_from})})
     if not updates:
         return space
     return space.model_copy(update={"data": data.model_copy(update=updates)})

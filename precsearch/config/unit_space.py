@@ -30,10 +30,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.config.knob import Knob, knob
+from precsearch.config.section import Section
 from precsearch.precision import Precision
 
 #: Unit kinds a set may name: the four GEMMs of a block, and the output layer.
@@ -42,11 +43,7 @@ UNIT_KINDS = (*KIND_SUFFIX, OUTPUT_LAYER)
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class UnitSet(_Section):
+class UnitSet(Section):
     """Units that each take their own precision, from one list of choices."""
 
     modules: list[Literal["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "output_layer"]] = Field(
@@ -101,7 +98,7 @@ def parse_blocks(items: list[int | str]) -> list[int]:
     return out
 
 
-class SensitivitySection(_Section):
+class SensitivitySection(Section):
     """The sensitivity pass and the candidates queued from it (see :mod:`precsearch.search.guided`)."""
 
     estimator: Literal["forward", "taylor"] = Field(

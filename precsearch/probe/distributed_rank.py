@@ -44,6 +44,15 @@ class RankBatches:
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t.chunk(self.world)[self.rank]
 
+    @property
+    def seed(self) -> int:
+        """The seed of the training windows."""
+        return self.data.seed
+
+    def with_seed(self, seed: int) -> "RankBatches":
+        """This rank's rows of :meth:`TokenBatches.with_seed`."""
+        return RankBatches(self.data.with_seed(seed), self.rank, self.world)
+
     def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the step's ``(inputs, targets)``."""
         inputs, targets = self.data.train_batch(step)
@@ -129,7 +138,7 @@ def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path
     parallel = Parallel(shard=lambda model: _shard(model, device), mean=_mean_over_ranks)
     on_step = _progress_writer(progress) if rank == 0 else None
     result = run_probe(cfg, probe, policy, data, get_backend(space.backend.value, device), device, on_step,
-                       parallel=parallel)
+                       parallel=parallel, init=space.model.start())
     own = predict_rank_peak(cfg, probe, policy)
     result.predicted_memory = own.to_dict()
     if result.memory_source != "measured":

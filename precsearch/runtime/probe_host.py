@@ -37,13 +37,15 @@ class ProbeHost:
         self.backend = get_backend(space.backend.value, self.device)
         self.data = load_batches(space)
         self.cfg = space.model.probe()
+        self.start = space.model.start()
 
     def run(self, request: dict, on_step=None) -> ProbeResult:
         probe = ProbeSection.model_validate(request["probe"])
         policy = Policy.from_dict(request["policy"])
         with _injected(fault_for(request.get("trial"))):
             return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
-                                    target=self.space.model.target(), leg=Leg.from_dict(request.get("leg")))
+                                    target=self.space.model.target(), leg=Leg.from_dict(request.get("leg")),
+                                    init=self.start)
 
 
 def fault_for(trial: int | None) -> str | None:

@@ -9,8 +9,9 @@ once per distinct key and read back from ``<output>/references/<key>.json``.
 A trial's reference is a set (:class:`References`): the BF16 probe at seeds
 ``probe.seed .. probe.seed + objectives.reference_seeds - 1``, whose spread is
 the noise floor, and, with ``objectives.stress``, one at the stress learning
-rate. Only the model's initial weights change with the seed: the data order
-and the held-out batches stay the space's, so every seed is scored on the
+rate. Only the model's initial weights change with the seed (or, for a probe
+started from a checkpoint, which has no random init, the training data order):
+the held-out batches stay the space's, so every seed is scored on the
 same held-out loss, and the spread is what initialisation alone moves.
 Each member is cached under its own key.
 
@@ -68,6 +69,9 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device,
     }
     if device.type == "cpu":  # native BF16 GEMMs or float32 ones round differently (precsearch.cpu_bf16)
         payload["cpu_bf16_gemms"] = cpu_bf16.gemm_path()
+    if space.model.init_from is not None:  # absent for a random init: those cached references keep their keys
+        start = space.model.start()
+        payload["init_from"] = {"path": str(start.path.resolve()), "layers": list(start.layers)}
     if horizon is not None:  # absent for a study without rungs: its cached references keep their keys
         payload["horizon"] = horizon
     blob = json.dumps(payload, sort_keys=True, default=str)

@@ -10,6 +10,14 @@ Sources (``data.source``), one module each, listed in :data:`~precsearch.probe.d
 * ``text`` (:mod:`.text`): a ``.txt`` file or a directory of them, tokenized by a local
   tokenizer (a ``tokenizer.json`` or a Hugging Face tokenizer directory), or taken as bytes when
   no tokenizer is given. Nothing is ever downloaded.
+* ``megatron`` (:mod:`.megatron`): a Megatron-Core indexed dataset (``prefix.bin`` + ``prefix.idx``),
+  read with numpy memmap.
+* ``hf_disk`` (:mod:`.hf_disk`): a Hugging Face dataset saved with ``save_to_disk`` (Arrow shards,
+  read with pyarrow), column ``data.field``.
+* ``jsonl`` (:mod:`.jsonl`): JSON Lines, the document under ``data.field``.
+
+Texts of ``text``, ``jsonl`` and ``hf_disk`` are tokenized by :mod:`.tokenizer` (``tokenizer.json``,
+a tokenizer directory, or a tiktoken-style ``tokenizer.model``).
 
 :class:`~.batches.TokenBatches` splits a stream into a training part and a fixed held-out tail,
 and cuts deterministic batches from them.

@@ -52,6 +52,12 @@ class TokenBatches:
         self.tokens = tokens.long()
         self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
+    def with_seed(self, seed: int) -> "TokenBatches":
+        """The same stream and held-out set with the training windows drawn from ``seed`` (tokens shared)."""
+        other = object.__new__(TokenBatches)
+        other.__dict__.update(self.__dict__, seed=seed)
+        return other
+
     @property
     def max_offset(self) -> int:
         """Largest start index of a training window."""

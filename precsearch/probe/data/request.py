@@ -18,6 +18,7 @@ class TokenRequest:
         max_tokens: Keep only the first ``max_tokens`` tokens (None: the source's default or all).
         seed: Seed of a generated stream.
         vocab_size: The model's vocabulary (also that of a generated stream).
+        field: The column (``hf_disk``) or key (``jsonl``) holding each document.
     """
 
     source: str
@@ -27,3 +28,4 @@ class TokenRequest:
     max_tokens: int | None = None
     seed: int = 0
     vocab_size: int | None = None
+    field: str = "text"

@@ -10,6 +10,9 @@ Sources (``data.source``):
 * ``text``: a ``.txt`` file or a directory of them, tokenized by a local
   tokenizer (a ``tokenizer.json`` or a Hugging Face tokenizer directory), or
   taken as bytes when no tokenizer is given. Nothing is ever downloaded.
+* ``megatron``: a Megatron-Core indexed dataset, ``prefix.bin`` + ``prefix.idx`` (numpy memmap).
+* ``hf_disk``: a Hugging Face dataset saved with ``save_to_disk`` (Arrow, read with pyarrow), column ``field``.
+* ``jsonl``: JSON Lines, the document under ``field``.
 
 One module per source kind in this package, each with a ``read(TokenRequest)``; :data:`READERS`
 maps ``data.source`` names to them. A new kind (Megatron indexed datasets, Hugging Face Arrow,
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from precsearch.errors import DataError
-from precsearch.probe.data import stdlib, synthetic, text, token_file
+from precsearch.probe.data import hf_disk, jsonl, megatron, stdlib, synthetic, text, token_file
 from precsearch.probe.data.batches import TokenBatches
 from precsearch.probe.data.request import TokenRequest
 
@@ -39,12 +42,17 @@ READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
     "synthetic": synthetic.read,
     "tokens": token_file.read,
     "text": text.read,
+    "megatron": megatron.read,
+    "hf_disk": hf_disk.read,
+    "jsonl": jsonl.read,
 }
 """``data.source`` name -> reader of that source's 1-D int64 token stream."""
 
 SOURCES = tuple(READERS)
 #: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug).
-FILE_SOURCES = ("tokens", "text")
+FILE_SOURCES = ("tokens", "text", "megatron", "hf_disk", "jsonl")
+#: File sources whose path is a prefix naming several files: their reader checks those.
+PREFIX_SOURCES = ("megatron",)
 #: A stream must hold at least one (input, target) pair.
 MIN_TOKENS = 2
 
@@ -58,6 +66,7 @@ def load_tokens(
     max_tokens: int | None = None,
     seed: int = 0,
     vocab_size: int | None = None,
+    field: str = "text",
 ) -> torch.Tensor:
     """Load a token stream as a 1-D int64 tensor.
 
@@ -71,6 +80,7 @@ def load_tokens(
         seed: seed of the ``synthetic`` stream.
         vocab_size: the model's vocabulary; every token must be below it. Also the
             vocabulary of the ``synthetic`` stream.
+        field: the column (``hf_disk``) or key (``jsonl``) holding each document.
 
     Raises:
         DataError: unknown source, missing or unreadable file, bad dtype, token ids
@@ -80,7 +90,7 @@ def load_tokens(
         raise DataError(f"must be at least {MIN_TOKENS}, got {max_tokens}", field="data.max_tokens")
     if source not in READERS:
         raise DataError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}", field="data.source")
-    request = TokenRequest(source, path, tokenizer, dtype, max_tokens, seed, vocab_size)
+    request = TokenRequest(source, path, tokenizer, dtype, max_tokens, seed, vocab_size, field)
     if source in FILE_SOURCES:
         try:
             tokens = READERS[source](dataclasses.replace(request, path=_existing(path, source)))
@@ -96,7 +106,7 @@ def _existing(path: Path | None, source: str) -> Path:
     if path is None:
         raise DataError(f"source {source!r} needs a path", field="data.path")
     path = Path(path)
-    if not path.exists():
+    if source not in PREFIX_SOURCES and not path.exists():
         raise DataError(f"no such file or directory: {path}", field="data.path")
     return path
 
@@ -120,7 +130,8 @@ def load_batches(space: "Space") -> TokenBatches:
     """
     d, p = space.data, space.probe
     tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
-                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
+                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size,
+                         field=d.field)
     try:
         return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
                             eval_batches=d.eval_batches)
