@@ -20,7 +20,8 @@ import yaml
 
 from precsearch.errors import UserError
 from precsearch.policy.rules import MOMENT_DTYPES, MemoryKnobs, Policy
-from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN, AmaxAlgo, Fp8Format, LayerRecipe, Precision
+from precsearch.precision import (MAX_AMAX_HISTORY, MAX_MARGIN, NVFP4_KNOBS, AmaxAlgo, Fp8Format, LayerRecipe,
+                                  Precision)
 
 SCHEMA_VERSION = 1
 
@@ -100,6 +101,9 @@ def _check_policy(policy: Any) -> None:
     for key, names in (("fp8_format", Fp8Format), ("amax_compute_algo", AmaxAlgo)):
         if key in recipe:
             _check_name(recipe[key], f"policy.recipe.{key}", names)
+    for key in NVFP4_KNOBS:
+        if key in recipe:
+            _expect(isinstance(recipe[key], bool), f"policy.recipe.{key}", "true or false", recipe[key])
     _check_count(policy.get("warmup_steps", 0), "policy.warmup_steps", minimum=0)
     clip = policy.get("clip_grad")
     _expect(clip is None or (_is_number(clip) and clip > 0), "policy.clip_grad", "null or a number > 0", clip)
