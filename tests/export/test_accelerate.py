@@ -172,3 +172,16 @@ def test_bf16_policy_snippet(monkeypatch):
     rendered = render("accelerate", Policy(clip_grad=0.5), N, {})
     assert rendered.warnings == [] and "clip_grad_norm_(model.parameters(), 0.5)" in rendered.files[FILE]
     assert _run(rendered.files[FILE], monkeypatch)["accelerator"].kwargs == {"mixed_precision": "bf16"}
+
+
+def test_nvfp4_policy_goes_through_the_python_api_naming_its_switches():
+    """Accelerate has no NVFP4 setting: the export must say so, name the switches, and carry them in policy.yaml."""
+    import yaml
+
+    policy = Policy(default=Precision.NVFP4, recipe=LayerRecipe(nvfp4_rht=False))
+    path, warnings = choose_path(policy, 4)
+    assert path == "precsearch"
+    assert any("nvfp4_rht=False" in w and "nvfp4_stochastic_rounding=True" in w for w in warnings)
+    rendered = render("accelerate", policy, 4, {})
+    saved = yaml.safe_load(rendered.files[POLICY_FILE])["policy"]["recipe"]
+    assert saved["nvfp4_rht"] is False and saved["nvfp4_2d_weights"] is True
