@@ -2,7 +2,8 @@
 # A short study of the B200 space (search_spaces/llama3_8b_b200.yaml: FP8 current / MXFP8 / NVFP4 per
 # module, the NVFP4 switches, BF16 edge blocks) on an H200. Backend auto: Transformer Engine cannot run
 # MXFP8/NVFP4 below compute capability 10.0, so the whole study runs emulated, and validate says so.
-# Shortened to fit ~150 s: 2 probe blocks at the 8B width, seq 2048, 12 steps, 2 BF16 seeds, 4 trials.
+# Shortened to fit ~150 s: 2 probe blocks at the 8B width (BF16 edge: the last block only), seq 2048,
+# 12 steps, 2 BF16 seeds, 4 random trials.
 # Its loss gaps are emulated Blackwell numerics; its speed and memory are an emulation's, not a B200's.
 #   run(command="bash scripts/gpu_b200_emulated.sh", carry=[".gpu"], timeout_s=400)
 # CPU check of the script itself (tiny model, emulated, about a minute): TINY=1 bash scripts/gpu_b200_emulated.sh
@@ -26,6 +27,7 @@ space = yaml.safe_load(open("search_spaces/llama3_8b_b200.yaml"))
 space["model"]["probe_layers"] = 2
 space["probe"].update(steps=12, seq_len=2048, lr_warmup_steps=2)
 space["search"]["warmup_steps"] = 0
+space["search"]["bf16_blocks"]["first"] = 0  # 2 blocks: BF16 at both ends would leave none low-precision
 space["objectives"]["reference_seeds"] = 2
 space["study"].update(name="llama3-8b-b200-short", n_trials=4, sampler="random", seed=1)
 if os.environ.get("TINY"):
