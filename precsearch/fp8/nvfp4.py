@@ -5,10 +5,10 @@ The format
 An E2M1 number is a sign, 2 exponent bits and 1 mantissa bit. Its magnitudes are
 ``0, 0.5, 1, 1.5, 2, 3, 4, 6``: steps of 0.5 below 2, of 1 in [2, 4), of 2 in
 [4, 6]. No infinity, no NaN. With one mantissa bit the relative rounding error
-reaches 1/4 (1/2 of a step of 2^-1 relative), so a Gaussian block quantized with
-round-to-nearest comes back with an SQNR of only about 17-20 dB, against about
-31 dB for E4M3: the tensor scaling has to do all the work of keeping values in
-the 12:1 window between 0.5 and 6.
+reaches 1/4 (half a step of 0.5 at 1), so a unit Gaussian quantized with 1x16
+blocks and round-to-nearest comes back at about 20 dB SQNR (16x16 tiles: 19 dB;
+``tests/fp8/test_nvfp4.py``), against about 31 dB for E4M3: the scaling has to
+keep each block's values in the 12:1 window between 0.5 and 6.
 
 Two-level scaling (Transformer Engine ``NVFP4BlockScaling``, the NVFP4 paper,
 arXiv 2509.25149):
@@ -78,7 +78,8 @@ def round_e2m1(x: Tensor, stochastic: bool = False, generator: torch.Generator |
     """Round already-scaled values onto the E2M1 grid (float32 in, float32 out).
 
     Magnitudes beyond 6 saturate to 6. Round-to-nearest breaks ties to the even
-    code (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4), which is ``torch.round``'s
+    code (0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4, the intervals of TE's reference
+    quantizer, ``custom_recipes/reference_nvfp4.py``), which is ``torch.round``'s
     ties-to-even on ``|x| / step``: within each step size the multiple's parity
     is the code's parity.
 
