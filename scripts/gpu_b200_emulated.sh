@@ -38,6 +38,18 @@ yaml.safe_dump(space, open(sys.argv[1], "w"), sort_keys=False)
 PY
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(), torch.cuda.is_available() and torch.cuda.get_device_capability())" > "$OUT/validate.txt" 2>&1
 "$PY" -m precsearch validate "$SPACE" >> "$OUT/validate.txt" 2>&1
+"$PY" - >> "$OUT/validate.txt" 2>&1 <<'PY'
+# the emulation gives the same NVFP4 values on the GPU as on the CPU (round to nearest; RHT'd operand)
+import torch
+from precsearch.fp8.nvfp4 import hadamard_matrix, nvfp4_quantize, rht
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+x = torch.randn(4096, 1024, generator=torch.Generator().manual_seed(0))
+for name, fn in (("1x16", lambda t: nvfp4_quantize(t)[0]), ("16x16", lambda t: nvfp4_quantize(t, (16, 16))[0]),
+                 ("rht", lambda t: nvfp4_quantize(rht(t, hadamard_matrix(device=t.device)))[0])):
+    a, b = fn(x), fn(x.to(dev)).cpu()
+    print(f"nvfp4 {name} cpu vs {dev}: {(a != b).sum().item()} of {a.numel()} values differ, "
+          f"max |diff| {(a - b).abs().max().item():.3g}")
+PY
 start=$(date +%s)
 timeout "${STUDY_TIMEOUT:-300}" "$PY" -m precsearch run "$SPACE" --output-dir "$DIR" --no-progress > "$OUT/study.log" 2>&1
 echo "precsearch run exit $? after $(( $(date +%s) - start )) s" >> "$OUT/study.log"

@@ -159,14 +159,15 @@ def nvfp4_quantize(
     return torch.where(finite, out, x32), block, s_enc
 
 
-@functools.lru_cache(maxsize=8)
-def _hadamard_cpu(size: int, seed: int) -> Tensor:
+@functools.lru_cache(maxsize=16)
+def _hadamard(size: int, seed: int, device: str) -> Tensor:
+    """Built once per (size, seed, device): the wgrad path asks for it twice per layer and step."""
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < size:  # Sylvester: H_2n = [[H, H], [H, -H]]
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     gen = torch.Generator().manual_seed(seed)
     signs = torch.randint(0, 2, (size,), generator=gen, dtype=torch.float64) * 2 - 1
-    return (signs[:, None] * h / size**0.5).float()
+    return (signs[:, None] * h / size**0.5).float().to(device)
 
 
 def hadamard_matrix(size: int = NVFP4_BLOCK, seed: int = RHT_SIGN_SEED, device: torch.device | str = "cpu") -> Tensor:
@@ -179,7 +180,7 @@ def hadamard_matrix(size: int = NVFP4_BLOCK, seed: int = RHT_SIGN_SEED, device: 
     """
     if size < 1 or size & (size - 1):
         raise ValueError(f"the Hadamard size must be a power of two, got {size}")
-    return _hadamard_cpu(size, seed).to(device)
+    return _hadamard(size, seed, str(torch.device(device)))
 
 
 def rht(x: Tensor, matrix: Tensor) -> Tensor:
