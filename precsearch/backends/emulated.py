@@ -34,6 +34,7 @@ from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.diagnostics import TensorStats
 
+
 def _transpose_invariant(scaler: Scaler) -> bool:
     """True when quantizing a 2-d tensor's transpose gives the transposed values."""
     block = getattr(scaler, "block", None)

@@ -292,7 +292,8 @@ class NVFP4Scaler(Scaler):
         if not self.stochastic:
             return None
         if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device).manual_seed(torch.initial_seed() + self.seed)
+            # an unseeded process has a 64-bit initial seed: keep the sum in manual_seed's range
+            self._generator = torch.Generator(device).manual_seed((torch.initial_seed() + self.seed) % 2**63)
         return self._generator
 
     @torch.no_grad()
