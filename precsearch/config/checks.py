@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.config.group_checks import check_groups
-from precsearch.config.space import DataSource, Space
+from precsearch.config.space import FILE_SOURCES, DataSource, Space
 from precsearch.config.values import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
@@ -25,7 +26,7 @@ def check_space(space: Space, *, file: str, environment: bool = True) -> None:
     """
     checks = [check_values, _check_model, _check_warmup, check_groups, _check_nproc, _check_fidelity]
     if environment:
-        checks += [_check_data, _check_backend, _check_nproc_gpus]
+        checks += [_check_checkpoint, _check_data, _check_backend, _check_nproc_gpus]
     for check in checks:
         try:
             check(space)
@@ -71,13 +72,22 @@ def _check_fidelity(space: Space) -> None:
                         field="study.fidelity")
 
 
+def _check_checkpoint(space: Space) -> None:
+    """Every tensor the probe takes from ``model.init_from`` is there, with the config's shape."""
+    start = space.model.start()
+    if start is not None:
+        check_checkpoint(start.path, start.layers)
+
+
 def _check_data(space: Space) -> None:
     data = space.data
-    if data.source in (DataSource.TOKENS, DataSource.TEXT) and not data.path.exists():
+    # a megatron path is a prefix naming two files: its reader checks both (check_data)
+    if data.source in FILE_SOURCES and data.source is not DataSource.MEGATRON and not data.path.exists():
         raise UserError(f"data file not found: {data.path}", field="data.path")
     if data.tokenizer is not None and not data.tokenizer.exists():
         raise UserError(f"tokenizer not found: {data.tokenizer}", field="data.tokenizer")
     byte_level = data.source == DataSource.STDLIB or (data.source == DataSource.TEXT and data.tokenizer is None)
+    # (jsonl / hf_disk texts without a tokenizer are bytes too, unless they hold token ids: check_data reads them)
     if byte_level and space.model.probe().vocab_size < 256:
         raise UserError("byte-level data needs vocab_size >= 256", field="model.vocab_size")
 

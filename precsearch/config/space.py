@@ -14,67 +14,15 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from precsearch.backends.registry import BACKEND_CHOICES
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
-from precsearch.policy.rules import Rule
+from precsearch.config.model_section import ModelSection
+from precsearch.config.section import Section
+from precsearch.policy.rules import MomentDtype, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
-from precsearch.probe.model import PRESETS, ModelConfig
-
-
-class Section(BaseModel):
-    """Base for every section: unknown keys are errors, values are checked on assignment."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSection(Section):
-    """The target model (a Llama 3 preset or explicit dims) and the probe's overrides.
-
-    The probe has the target's architecture with fewer layers (``probe_layers``);
-    every other dimension is the target's unless overridden here.
-    """
-
-    preset: str | None = "tiny"
-    # upper bounds far above any Llama (405B: 126 layers, dim 16384, ffn 53248, vocab 128256) keep a typo
-    # from making `validate` enumerate a billion layer names
-    vocab_size: int | None = Field(None, gt=0, le=2**24)
-    dim: int | None = Field(None, gt=0, le=2**20)
-    n_layers: int | None = Field(None, gt=0, le=1024)
-    n_heads: int | None = Field(None, gt=0, le=2**16)
-    n_kv_heads: int | None = Field(None, gt=0, le=2**16)
-    ffn_dim: int | None = Field(None, gt=0, le=2**22)
-    rope_theta: float | None = Field(None, gt=0)
-    probe_layers: int | None = Field(None, gt=0, le=1024, description="layers in the probe (default: all)")
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, v: str | None) -> str | None:
-        if v is not None and v not in PRESETS:
-            raise ValueError(f"unknown preset '{v}'; valid: {', '.join(PRESETS)}")
-        return v
-
-    def target(self) -> ModelConfig:
-        """The full model the policy is meant for."""
-        dims = {k: getattr(self, k) for k in _DIM_FIELDS if getattr(self, k) is not None}
-        if self.preset is None:
-            missing = [k for k in _REQUIRED_DIMS if k not in dims]
-            if missing:
-                raise ValueError(f"without a preset, give {', '.join(missing)}")
-            return ModelConfig(**dims)
-        return PRESETS[self.preset].with_overrides(**dims)
-
-    def probe(self) -> ModelConfig:
-        """The probe: the target with ``probe_layers`` layers."""
-        target = self.target()
-        if self.probe_layers is None:
-            return target
-        return target.with_overrides(n_layers=min(self.probe_layers, target.n_layers))
-
-
-_DIM_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta")
-_REQUIRED_DIMS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim")
 
 
 class DataSource(str, Enum):
@@ -82,6 +30,14 @@ class DataSource(str, Enum):
     SYNTHETIC = "synthetic"  # a seeded stream with learnable structure
     TOKENS = "tokens"  # pre-tokenized .npy / .bin
     TEXT = "text"  # plain text + a local tokenizer (or bytes)
+    MEGATRON = "megatron"  # a Megatron-Core indexed dataset: prefix.bin + prefix.idx
+    HF_DISK = "hf_disk"  # a Hugging Face dataset saved with save_to_disk (Arrow)
+    JSONL = "jsonl"  # JSON Lines, one document per line under `field`
+
+
+FILE_SOURCES = (DataSource.TOKENS, DataSource.TEXT, DataSource.MEGATRON, DataSource.HF_DISK, DataSource.JSONL)
+#: Sources whose documents may be texts, so a tokenizer applies.
+TOKENIZED_SOURCES = (DataSource.TEXT, DataSource.HF_DISK, DataSource.JSONL)
 
 
 class DataSection(Section):
@@ -92,11 +48,13 @@ class DataSection(Section):
     tokenizer: Path | None = None
     dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
     max_tokens: int | None = Field(None, gt=0)
+    field: str = Field("text", min_length=1, description="hf_disk: the column; jsonl: the key; holding a text "
+                       "(tokenized) or a list of token ids")
     eval_batches: int = Field(4, gt=0, description="held-out batches the loss gap is measured on")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DataSection":
-        if self.source in (DataSource.TOKENS, DataSource.TEXT) and self.path is None:
+        if self.source in FILE_SOURCES and self.path is None:
             raise ValueError(f"source '{self.source.value}' needs 'path'")
         return self
 
@@ -142,11 +100,8 @@ class ProbeSection(Section):
         return v
 
 
-class Backend(str, Enum):
-    AUTO = "auto"
-    EMULATED = "emulated"
-    TE = "te"
-    TORCHAO = "torchao"
+BackendName = Enum("BackendName", {name.upper(): name for name in BACKEND_CHOICES}, type=str)
+"""The space file's ``backend``: ``auto`` or a name of :data:`precsearch.backends.registry.BACKENDS`."""
 
 
 class LayerSelector(Section):
@@ -220,7 +175,7 @@ class MemorySection(Section):
     """Optimizer and weight-storage knobs (backend ``te`` on a GPU; see :class:`~precsearch.policy.MemoryKnobs`)."""
 
     master_weights: knob(bool) = Knob(fixed=False)
-    moment_dtype: knob(Literal["param", "fp32", "bf16"]) = Knob(fixed="param")
+    moment_dtype: knob(MomentDtype) = Knob(fixed="param")
     fp8_weights: knob(bool) = Knob(fixed=False)
 
 
@@ -254,7 +209,7 @@ class BaselineMemory(Section):
     """How the BF16 reference run keeps its training state (what "memory saved" is measured against)."""
 
     master_weights: bool = False
-    moment_dtype: Literal["param", "fp32", "bf16"] = "param"
+    moment_dtype: MomentDtype = "param"
 
 
 #: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
@@ -397,7 +352,7 @@ class Space(Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
     probe: ProbeSection = ProbeSection()
-    backend: Backend = Backend.AUTO
+    backend: BackendName = BackendName.AUTO
     search: SearchSection = SearchSection()
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()

@@ -10,7 +10,7 @@ import math
 import re
 
 from precsearch.config.knob import Knob
-from precsearch.config.space import Space
+from precsearch.config.space import TOKENIZED_SOURCES, Space
 from precsearch.errors import UserError
 from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN
 
@@ -45,10 +45,13 @@ def _check_data_keys(space: Space) -> None:
     source = data.source.value
     if data.path is not None and source in ("stdlib", "synthetic"):
         raise UserError(f"source '{source}' does not read a file, so this path would be ignored; for a file give "
-                        f"source tokens (.npy/.bin) or text", field="data.path")
-    if data.tokenizer is not None and source != "text":
-        raise UserError(f"only source 'text' is tokenized; with source '{source}' the tokenizer would be ignored",
-                        field="data.tokenizer")
+                        f"source tokens (.npy/.bin), text, megatron, hf_disk or jsonl", field="data.path")
+    if data.tokenizer is not None and data.source not in TOKENIZED_SOURCES:
+        raise UserError(f"only sources text, jsonl and hf_disk are tokenized; with source '{source}' the tokenizer "
+                        f"would be ignored", field="data.tokenizer")
+    if "field" in data.model_fields_set and source not in ("jsonl", "hf_disk"):
+        raise UserError(f"only sources jsonl and hf_disk read a field; with source '{source}' it would be ignored",
+                        field="data.field")
 
 
 def _check_recipe(space: Space) -> None:

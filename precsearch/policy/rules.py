@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from precsearch.arch.units import hf_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
@@ -132,7 +132,9 @@ class MemoryKnobs:
         return asdict(self)
 
 
-MOMENT_DTYPES = ("param", "fp32", "bf16")
+MomentDtype = Literal["param", "fp32", "bf16"]
+"""AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); the space file's knob takes the same."""
+MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
 
 
 def member_rules(rules: tuple[Rule, ...], name: str, n_layers: int) -> dict[str, Rule | None]:

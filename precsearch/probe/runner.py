@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from precsearch.arch.hf_checkpoint import CheckpointStart
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe import continuation
+from precsearch.probe.checkpoint_init import init_from_checkpoint
 from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
@@ -55,14 +57,17 @@ EVERY_10_STEPS = DiagnosticsConfig()  # per-layer FP8 statistics every 10 steps 
 
 
 def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
-                param_dtype: str = "fp32") -> Llama3:
-    """The probe model on ``device``, seeded, with its precision units converted per ``policy``.
+                param_dtype: str = "fp32", init: CheckpointStart | None = None) -> Llama3:
+    """The probe model on ``device``, seeded (or with ``init``'s checkpoint weights), with its precision
+    units converted per ``policy``.
 
     Every unit's recipe goes to the backend, BF16 ones included: the emulated
     backend leaves those as they are, the ``te`` backend builds every unit
     from Transformer Engine modules, as the training stack does.
     """
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
+    if init is not None:
+        init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
     model.to(dtype=PARAM_DTYPES[param_dtype])
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
@@ -96,6 +101,7 @@ def run_probe(
     diagnostics: DiagnosticsConfig = EVERY_10_STEPS,
     target: ModelConfig | None = None,
     leg: continuation.Leg | None = None,
+    init: CheckpointStart | None = None,
 ) -> ProbeResult:
     """Train the probe under ``policy`` for ``probe.steps`` steps and measure it.
 
@@ -108,6 +114,11 @@ def run_probe(
 
     ``leg`` makes this probe a stretch of a longer run: continued from a checkpoint, its LR
     schedule laid over the whole run, its state saved at the end (:mod:`precsearch.probe.continuation`).
+
+    ``init`` makes the probe start from a checkpoint's weights (``model.init_from``) instead of
+    the seeded random init; the optimizer state starts fresh either way. The seed then has no
+    init to change, so it draws the training windows instead (held-out batches unchanged):
+    otherwise every BF16 reference seed would be the same run and the noise floor zero.
     """
     start = time.perf_counter()
     if device.type == "cuda":
@@ -117,7 +128,9 @@ def run_probe(
     if problem:
         raise UnsupportedRecipe(problem)
     backend = backend.for_memory(policy.memory)
-    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype)
+    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init)
+    if init is not None and data.seed != probe.seed:
+        data = data.with_seed(probe.seed)
     parallel.shard(model)
     opt = backend.build_optimizer(model, policy.memory, lr=probe.lr, betas=probe.betas,
                                   weight_decay=probe.weight_decay)

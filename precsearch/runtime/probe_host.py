@@ -1,0 +1,83 @@
+"""What runs inside a probe process: the space's data, model shape and backend, loaded once.
+
+:class:`ProbeHost` turns a request (probe section, policy, trial number) into
+a :class:`~precsearch.probe.result.ProbeResult`. It also applies the fault
+injections the fault tests ask for through ``PRECSEARCH_FAULTS``
+(``"3:raise,4:oom,5:nan,6:kill,7:segv"``: trial number -> fault), so that
+those tests exercise the real process boundary. The variable is for tests;
+nothing sets it otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import contextmanager
+
+import torch
+
+from precsearch.backends import get_backend, resolve_device
+from precsearch.config.space import ProbeSection, Space
+from precsearch.policy import Policy
+from precsearch.probe import runner
+from precsearch.probe.continuation import Leg
+from precsearch.probe.data import load_batches
+from precsearch.probe.result import ProbeResult
+
+FAULTS_ENV = "PRECSEARCH_FAULTS"
+FAULT_KINDS = ("raise", "oom", "nan", "kill", "segv")
+
+
+class ProbeHost:
+    """A space's probe set-up: device, backend, data and probe model shape."""
+
+    def __init__(self, space: Space):
+        self.space = space
+        self.device = resolve_device(space.probe.device)
+        self.backend = get_backend(space.backend.value, self.device, needs=space.search.precisions())
+        self.data = load_batches(space)
+        self.cfg = space.model.probe()
+        self.start = space.model.start()
+
+    def run(self, request: dict, on_step=None) -> ProbeResult:
+        probe = ProbeSection.model_validate(request["probe"])
+        policy = Policy.from_dict(request["policy"])
+        with _injected(fault_for(request.get("trial"))):
+            return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
+                                    target=self.space.model.target(), leg=Leg.from_dict(request.get("leg")),
+                                    init=self.start)
+
+
+def fault_for(trial: int | None) -> str | None:
+    """The fault ``PRECSEARCH_FAULTS`` assigns to ``trial``, if any."""
+    spec = os.environ.get(FAULTS_ENV, "")
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        number, _, kind = item.partition(":")
+        if trial is not None and number.strip() == str(trial) and kind in FAULT_KINDS:
+            return kind
+    return None
+
+
+@contextmanager
+def _injected(kind: str | None):
+    if kind == "raise":
+        raise RuntimeError("injected fault: the probe raised")
+    if kind == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB (injected fault)")
+    if kind in ("kill", "segv"):
+        os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSEGV)
+    if kind != "nan":
+        yield
+        return
+    original = runner.build_probe
+
+    def poisoned(*args, **kwargs):
+        model = original(*args, **kwargs)
+        model.output_layer.register_forward_hook(lambda module, inputs, output: output * float("nan"))
+        return model
+
+    runner.build_probe = poisoned
+    try:
+        yield
+    finally:
+        runner.build_probe = original
