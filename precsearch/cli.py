@@ -31,7 +31,20 @@ def _load_checked_space(path: Path):
         check_data(space)  # a bad data file must stop the run here, not fail every trial in its probe process
     except UserError as exc:
         raise exc.located(file=str(path)) from None
+    _print_emulation_note(space)
     return space
+
+
+def _print_emulation_note(space) -> None:
+    """Say so when Blackwell recipes will run emulated (their speed and memory are then not a B200's)."""
+    from precsearch.backends import get_backend, resolve_device
+    from precsearch.backends.capability import emulation_note
+
+    device = resolve_device(space.probe.device)
+    precisions = space.search.precisions()
+    note = emulation_note(get_backend(space.backend.value, device, needs=precisions).name, precisions, device)
+    if note:
+        print(note, file=sys.stderr)
 
 
 def _stopped() -> int:
@@ -47,6 +60,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     knobs = sum(1 for g in space.search.groups if not g.precision.is_fixed)
     print(f"{args.space}: valid. Probe: {cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
           f"{len(space.search.groups)} layer groups ({knobs} searched); backend {space.backend.value}.")
+    if space.backend.value == "auto":
+        from precsearch.backends import get_backend, resolve_device
+
+        chosen = get_backend("auto", resolve_device(space.probe.device), needs=space.search.precisions()).name
+        print(f"backend auto runs {chosen} here.")
     return 0
 
 

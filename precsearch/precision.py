@@ -60,6 +60,12 @@ class LayerRecipe:
         amax_history_len: Delayed scaling only: steps of amax kept.
         amax_compute_algo: Delayed scaling only: reduce the history by max or take the newest.
         margin: Delayed scaling only: the scale is divided by 2**margin for headroom.
+        nvfp4_rht: NVFP4 only: random Hadamard transform of the weight-gradient GEMM's
+            inputs (TE ``NVFP4BlockScaling(disable_rht=not ...)``).
+        nvfp4_2d_weights: NVFP4 only: 16x16 weight tiles, so forward and backward see one
+            quantized weight (else 1x16 blocks; TE ``disable_2d_quantization=not ...``).
+        nvfp4_stochastic_rounding: NVFP4 only: gradients rounded stochastically
+            (TE ``disable_stochastic_rounding=not ...``).
     """
 
     precision: Precision = Precision.BF16
@@ -67,6 +73,9 @@ class LayerRecipe:
     amax_history_len: int = 1024
     amax_compute_algo: AmaxAlgo = AmaxAlgo.MAX
     margin: int = 0
+    nvfp4_rht: bool = True
+    nvfp4_2d_weights: bool = True
+    nvfp4_stochastic_rounding: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -76,10 +85,16 @@ class LayerRecipe:
             raise ValueError(f"amax_history_len must be >= 1 and at most {MAX_AMAX_HISTORY}")
         if not 0 <= self.margin <= MAX_MARGIN:
             raise ValueError(f"margin must be >= 0 and at most {MAX_MARGIN}")
+        for name in NVFP4_KNOBS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (enum values as strings)."""
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
 
+
+#: The NVFP4 recipe switches of :class:`LayerRecipe` (all on by default, as in TE's NVFP4BlockScaling).
+NVFP4_KNOBS = ("nvfp4_rht", "nvfp4_2d_weights", "nvfp4_stochastic_rounding")
 
 BF16_RECIPE = LayerRecipe()

@@ -76,6 +76,7 @@ class Case:
     fragile: bool = False
     warmup_share: float = 0.0  # BF16 warm-up as a share of the first rung
     param_dtype: str | None = None  # the probe's parameter dtype, if not the bench's (study trials: their space's)
+    backend: str | None = None  # a backend of its own, reference included (NVFP4: emulated where TE cannot run it)
 
     def policy_for(self, rungs: list[int]) -> Policy:
         return replace(self.policy, warmup_steps=int(self.warmup_share * rungs[0]))
@@ -87,7 +88,8 @@ class Case:
                                        "param_dtype": self.param_dtype or base.param_dtype})
 
     def reference_key(self) -> tuple:
-        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad, self.param_dtype)
+        own = (self.backend,) if self.backend else ()  # cached references of the other cases keep their keys
+        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad, self.param_dtype) + own
 
 
 def cases(clip: float | None) -> dict[str, Case]:
@@ -107,6 +109,10 @@ def cases(clip: float | None) -> dict[str, Case]:
         "fp8_current, attention only": Case(fp8(Precision.FP8_CURRENT, ATTENTION)),
         "fp8_delayed, first/last block BF16": Case(Policy(rules=(edges, Rule("fp8", (BLOCKS,), Precision.FP8_DELAYED)),
                                                           clip_grad=clip)),
+        # TE's NVFP4 recipe (Hadamard, 16x16 weights, stochastic rounding) emulated: the H200 cannot run it
+        "nvfp4, blocks, last block BF16 (emulated)": Case(Policy(rules=(Rule("last", ("*",), Precision.BF16, last=1),
+                                                                        Rule("fp4", (BLOCKS,), Precision.NVFP4)),
+                                                                 clip_grad=clip), backend="emulated"),
         "fp8_delayed, BF16 warm-up 20% of the probe": Case(fp8(Precision.FP8_DELAYED), warmup_share=0.2),
         "fp8_delayed, every unit incl. output_layer": Case(Policy(default=Precision.FP8_DELAYED, clip_grad=clip)),
         "fp8_block, every unit incl. output_layer": Case(Policy(default=Precision.FP8_BLOCK, clip_grad=clip)),
@@ -292,8 +298,9 @@ def _init_worker(args) -> None:
 def _run_job(job: Job) -> list[dict]:
     """Run one job in this process; rungs as dicts (signals kept for the first rung only, no layer stats)."""
     w = _WORKER
+    backend = w["backend"] if job.case.backend is None else get_backend(job.case.backend, w["device"])
     results = run_in_rungs(w["cfg"], w["base"], job.policy, job.case, job.seed, w["rungs"], w["data"],
-                           w["backend"], w["device"], w["work"] / job.key)
+                           backend, w["device"], w["work"] / job.key)
     return [r.to_dict() | {"layer_stats": [], "signals": r.signals if i == 0 else None}
             for i, r in enumerate(results)]
 

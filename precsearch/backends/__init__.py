@@ -7,6 +7,8 @@ when chosen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from precsearch.backends.base import Backend, BackendUnavailable, UnsupportedRecipe
@@ -25,17 +27,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _auto_backend(device: torch.device) -> str:
-    """Transformer Engine on a GPU where it imports, else the emulated backend."""
+def _auto_backend(device: torch.device, needs: Iterable = ()) -> str:
+    """Transformer Engine on a GPU where it imports and runs every precision in ``needs``, else emulated.
+
+    So a Blackwell space (MXFP8, NVFP4) runs on TE on a 10.x GPU and emulated elsewhere.
+    """
     if device.type == "cuda" and BACKENDS["te"].import_error() is None:
-        return "te"
+        from precsearch.backends.capability import te_support
+
+        support = te_support(device)
+        if all(support[p] is None for p in needs):
+            return "te"
     return "emulated"
 
 
-def get_backend(name: str, device: torch.device) -> Backend:
-    """The backend called ``name`` (``auto`` picks one for ``device``); names: :data:`BACKENDS`."""
+def get_backend(name: str, device: torch.device, needs: Iterable = ()) -> Backend:
+    """The backend called ``name`` (``auto`` picks one for ``device`` that runs every precision in
+    ``needs``); names: :data:`BACKENDS`."""
     if name == AUTO:
-        name = _auto_backend(device)
+        name = _auto_backend(device, needs)
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend '{name}'; valid: {', '.join(BACKEND_CHOICES)}")
     if (error := BACKENDS[name].import_error()) is not None:

@@ -179,6 +179,26 @@ def torchao_table(cap: Capability | None) -> dict[Precision, str | None]:
     return {p: torchao_reason(p, cap) for p in Precision}
 
 
+#: Recipes only Blackwell's tensor cores run; elsewhere they are emulated.
+BLACKWELL_ONLY = (Precision.MXFP8, Precision.NVFP4)
+
+
+def emulation_note(backend: str, precisions, device: torch.device | str) -> str | None:
+    """A note for the user when Blackwell recipes will run emulated, else None.
+
+    Args:
+        backend: The resolved backend name.
+        precisions: Every precision the space can choose.
+        device: Where the probes run.
+    """
+    asked = [p.value for p in BLACKWELL_ONLY if p in set(precisions)]
+    if backend != "emulated" or not asked:
+        return None
+    return (f"note: {' and '.join(asked)} run emulated on {device} (backend emulated): the loss follows "
+            "Transformer Engine's Blackwell recipes, but the speed and memory measured here are not a B200's. "
+            "On a GPU of compute capability 10.x, backend te (or auto) runs them on Transformer Engine.")
+
+
 def unavailable_table(reason: str) -> dict[Precision, str | None]:
     """Every low-precision choice refused with ``reason``; BF16 allowed."""
     return {p: (None if p is Precision.BF16 else reason) for p in Precision}

@@ -11,6 +11,12 @@ dimension their GEMM reduces over: the forward and dgrad GEMMs see row-wise
 tiles, the wgrad GEMM (which reduces over tokens) sees the input and the
 gradient quantized with column-wise tiles. Per-tensor scales and square tiles
 give the same values either way and are quantized once.
+
+NVFP4 follows Transformer Engine's ``NVFP4BlockScaling`` with each piece
+switchable by the recipe (:mod:`precsearch.fp8.nvfp4`): 16x16 weight tiles (one
+quantized weight for forward and dgrad), the random Hadamard transform of the
+wgrad GEMM's two operands along the token dim (their product is unchanged up to
+quantization), and stochastic rounding of the output gradient.
 """
 
 from __future__ import annotations
@@ -27,8 +33,6 @@ from precsearch.backends.base import Backend, keep_input_norm, linear_modules, m
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.backends.tensor_stats import TensorStats
-
-_NVFP4_REASON = "NVFP4 emulation is not implemented yet"
 
 
 def _transpose_invariant(scaler: Scaler) -> bool:
@@ -50,7 +54,7 @@ def _quantize(
     if not columnwise:
         return row, None, stats
     # a column-wise pass of a delayed scaler would record its amax twice: reuse
-    col = row if _transpose_invariant(scaler) else scaler.quantize(t2d.t()).t()
+    col = row if _transpose_invariant(scaler) else scaler.quantize_columnwise(t2d)
     return row, col, stats
 
 
@@ -132,7 +136,7 @@ class EmulatedFP8Linear(nn.Module):
         last_numel: Role -> element count of the latest operand of that role.
     """
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: LayerRecipe):
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, recipe: LayerRecipe, seed: int = 0):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = weight
@@ -142,17 +146,18 @@ class EmulatedFP8Linear(nn.Module):
             self.bias = bias
         self.recipe = recipe
         self.fp8_enabled = True
-        self.input_scaler = make_scaler(recipe, "input")
-        self.weight_scaler = make_scaler(recipe, "weight")
-        self.grad_output_scaler = make_scaler(recipe, "grad_output")
+        # seed: this layer's own stochastic-rounding stream (NVFP4 gradients)
+        self.input_scaler = make_scaler(recipe, "input", seed)
+        self.weight_scaler = make_scaler(recipe, "weight", seed)
+        self.grad_output_scaler = make_scaler(recipe, "grad_output", seed)
         self.last_stats: dict[str, dict[str, Tensor] | None] = {}
         self.last_numel: dict[str, int] = {}
         self.register_parameter("layer_norm_weight", None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe) -> "EmulatedFP8Linear":
+    def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe, seed: int = 0) -> "EmulatedFP8Linear":
         """Wrap ``linear``'s own Parameters (not copies) so optimizers see the same ones."""
-        layer = cls(linear.weight, linear.bias, recipe)
+        layer = cls(linear.weight, linear.bias, recipe, seed)
         keep_input_norm(layer, linear)
         layer.train(linear.training)
         return layer
@@ -199,13 +204,13 @@ class EmulatedFP8Linear(nn.Module):
 
 
 class EmulatedBackend(Backend):
-    """Emulated FP8 (delayed, current, block, MXFP8) on any device, in plain PyTorch."""
+    """Emulated FP8 (delayed, current, block, MXFP8) and NVFP4 on any device, in plain PyTorch."""
 
     name = "emulated"
 
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
-        """Every precision but NVFP4 runs anywhere (it is all float32 arithmetic)."""
-        return {p: (_NVFP4_REASON if p is Precision.NVFP4 else None) for p in Precision}
+        """Every precision runs anywhere (it is all float32 arithmetic)."""
+        return {p: None for p in Precision}
 
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
         """Replace each named non-BF16 Linear by an :class:`EmulatedFP8Linear`, in place.
@@ -213,16 +218,16 @@ class EmulatedBackend(Backend):
         Raises:
             ValueError: A name is not an ``nn.Linear`` of the model (checked for
                 every name before anything changes).
-            UnsupportedRecipe: A recipe this backend cannot run (NVFP4).
         """
         linears = linear_modules(model, list(recipes))
         self.check_supported(recipes, model_device(model))
-        for name, recipe in recipes.items():
+        for index, (name, recipe) in enumerate(recipes.items()):
             if recipe.precision is Precision.BF16:
                 continue
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name)
-            setattr(parent, child, EmulatedFP8Linear.from_linear(linears[name], recipe))
+            # each layer its own stochastic-rounding seed (NVFP4 gradients)
+            setattr(parent, child, EmulatedFP8Linear.from_linear(linears[name], recipe, seed=1000 * index))
         return model
 
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:

@@ -18,7 +18,7 @@ from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
-from precsearch.precision import Fp8Format, LayerRecipe, Precision
+from precsearch.precision import NVFP4_KNOBS, Fp8Format, LayerRecipe, Precision
 from precsearch.backends.tensor_stats import TensorStats
 
 #: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
@@ -44,7 +44,7 @@ def recipe_key(recipe: LayerRecipe) -> tuple:
     if p is Precision.FP8_DELAYED:
         return (p, recipe.fp8_format, recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin)
     if p is Precision.NVFP4:
-        return (p,)
+        return (p, *(getattr(recipe, k) for k in NVFP4_KNOBS))
     return (p, recipe.fp8_format)
 
 
@@ -52,7 +52,11 @@ def make_te_recipe(recipe: LayerRecipe) -> Any:
     """The ``transformer_engine.common.recipe`` object for a low-precision :class:`LayerRecipe`.
 
     ``fp8_format`` is passed to every FP8 recipe (TE accepts HYBRID and E4M3 for
-    all of them); NVFP4 has its own fixed formats (E2M1 data, E4M3 scales).
+    all of them); NVFP4 has its own fixed formats (E2M1 data, E4M3 scales) and
+    takes the recipe's three switches as TE's ``disable_*`` fields (TE reads
+    their defaults from ``NVTE_NVFP4_DISABLE_*`` at import; passing them
+    explicitly makes the environment irrelevant). Runs only on compute
+    capability 10.x; not exercised on this project's H200.
 
     Raises:
         ValueError: For a BF16 recipe (it needs no TE recipe).
@@ -74,7 +78,11 @@ def make_te_recipe(recipe: LayerRecipe) -> Any:
     if p is Precision.MXFP8:
         return te_recipe.MXFP8BlockScaling(fp8_format=_te_format(recipe.fp8_format))
     if p is Precision.NVFP4:
-        return te_recipe.NVFP4BlockScaling()
+        return te_recipe.NVFP4BlockScaling(
+            disable_rht=not recipe.nvfp4_rht,
+            disable_stochastic_rounding=not recipe.nvfp4_stochastic_rounding,
+            disable_2d_quantization=not recipe.nvfp4_2d_weights,
+        )
     raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
 
 

@@ -31,7 +31,9 @@ TEPrecisionLinear` hands them to TE, against the scale TE uses:
 What TE quantizes (``transformer_engine/pytorch/module/linear.py``): the input
 after casting it to the activation dtype (the torch autocast dtype when
 autocast is on), the weight parameter as stored, and the gradient of the
-output as it arrives. NVFP4 is not emulated, so NVFP4 layers report nothing.
+output as it arrives. NVFP4 layers report nothing: their casts (stochastic
+rounding, the Hadamard-rotated wgrad copies) are emulated by the emulated
+backend, but reproducing them beside TE's kernels is not wired here.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ _DELAYED_SLOT = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1), "gra
 
 
 def observable(recipe: LayerRecipe) -> bool:
-    """True when this layer's FP8 casts can be reproduced here (every FP8 recipe but NVFP4)."""
+    """True when this layer's FP8 casts are reproduced here (every FP8 recipe; NVFP4 is not wired)."""
     return recipe.precision.is_fp8 and recipe.precision is not Precision.NVFP4
 
 

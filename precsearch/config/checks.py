@@ -99,7 +99,7 @@ def _check_backend(space: Space) -> None:
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="probe.device") from None
     try:
-        backend = get_backend(space.backend.value, device)
+        backend = get_backend(space.backend.value, device, needs=space.search.precisions())
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="backend") from None
     _check_memory_knobs(space, backend, device)

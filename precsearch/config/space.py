@@ -148,12 +148,28 @@ class Group(Section):
 
 
 class RecipeSection(Section):
-    """FP8 recipe settings shared by every FP8 layer of a trial."""
+    """FP8 and NVFP4 recipe settings shared by every low-precision layer of a trial."""
 
     fp8_format: knob(Fp8Format) = Knob(fixed=Fp8Format.HYBRID)
     amax_history_len: knob(int, numeric=True) = Knob(fixed=1024)
     amax_compute_algo: knob(AmaxAlgo) = Knob(fixed=AmaxAlgo.MAX)
     margin: knob(int, numeric=True) = Knob(fixed=0)
+    # NVFP4 only (TE NVFP4BlockScaling's defaults: all on); see precsearch.precision.LayerRecipe
+    nvfp4_rht: knob(bool) = Knob(fixed=True)  # random Hadamard transform of the wgrad GEMM's inputs
+    nvfp4_2d_weights: knob(bool) = Knob(fixed=True)  # 16x16 weight tiles (else 1x16 blocks)
+    nvfp4_stochastic_rounding: knob(bool) = Knob(fixed=True)  # gradients rounded stochastically
+
+
+class EdgeBlocksSection(Section):
+    """Transformer blocks at each end kept whole in BF16, before any group is tried.
+
+    Megatron's ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+    --num-layers-at-end-in-bf16 M``; the NVFP4 paper keeps the last blocks in BF16.
+    Counts are blocks of the model the policy runs on (the probe's, then the target's).
+    """
+
+    first: knob(int, numeric=True) = Knob(fixed=0)
+    last: knob(int, numeric=True) = Knob(fixed=0)
 
 
 class MemorySection(Section):
@@ -173,9 +189,15 @@ class SearchSection(Section):
     sensitivity: SensitivitySection | None = Field(
         None, description="score each unit once and queue integer-program candidates first (off if unset)")
     recipe: RecipeSection = RecipeSection()
+    bf16_blocks: EdgeBlocksSection = EdgeBlocksSection()
     warmup_steps: knob(int, numeric=True) = Knob(fixed=0)
     clip_grad: knob(float | None, numeric=True) = Knob(fixed=1.0)
     memory: MemorySection = MemorySection()
+
+    def precisions(self) -> set[Precision]:
+        """Every precision a trial of this space can give some layer."""
+        knobs = [g.precision for g in self.groups] + [self.default_precision]
+        return {p for k in knobs for p in k.options()}
 
     @field_validator("groups")
     @classmethod

@@ -51,7 +51,3 @@ def _check_sensitivity(space: Space, units: dict[str, int]) -> None:
                         f"{'speed' if wanted == 'memory' else 'memory'}", field="search.sensitivity.budget_on")
     if not all(u.knob.choices is not None for u in searched):
         raise UserError("unit precisions take {choices: [...]}", field="search.units")
-    if any(p is Precision.NVFP4 for u in searched for p in u.knob.options()):
-        raise UserError("the sensitivity pass scores each precision with the emulated quantizers, and NVFP4 has "
-                        "no emulation yet; drop nvfp4 from the units' choices or remove search.sensitivity",
-                        field="search.sensitivity")

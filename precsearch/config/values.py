@@ -20,6 +20,7 @@ def check_values(space: Space) -> None:
     _check_model_shape(space)
     _check_data_keys(space)
     _check_recipe(space)
+    _check_edge_blocks(space)
     _check_clip(space.search.clip_grad)
     _check_lr_warmup(space)
     _check_limit(space)
@@ -67,6 +68,19 @@ def _check_recipe(space: Space) -> None:
     if max(margins) > MAX_MARGIN:
         raise UserError(f"margin {max(margins)} would flush every value to zero (448 x 2**-{max(margins)} is below "
                         f"E4M3's smallest subnormal); valid: 0 to {MAX_MARGIN}", field="search.recipe.margin")
+
+
+def _check_edge_blocks(space: Space) -> None:
+    edges = space.search.bf16_blocks
+    for name in ("first", "last"):
+        if min(getattr(edges, name).options()) < 0:
+            raise UserError(f"bf16_blocks.{name} {_shown(getattr(edges, name))}: each must be >= 0 (blocks kept "
+                            "BF16 at that end)", field=f"search.bf16_blocks.{name}")
+    layers = space.model.probe().n_layers
+    most = max(edges.first.options()) + max(edges.last.options())
+    if most >= layers:
+        raise UserError(f"up to {most} BF16 edge blocks leave no low-precision block in the {layers}-block probe; "
+                        f"valid: first + last < {layers}", field="search.bf16_blocks")
 
 
 def _check_clip(clip: Knob) -> None:

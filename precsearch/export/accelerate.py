@@ -36,7 +36,7 @@ from precsearch.export.rendered import (
 )
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy, block_index
-from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.precision import NVFP4_KNOBS, AmaxAlgo, Fp8Format, Precision
 
 FILE = "accelerate_fp8.py"
 POLICY_FILE = "policy.yaml"
@@ -71,6 +71,11 @@ def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
         warnings.append(
             "Accelerate's Transformer Engine path wraps the whole forward in one fp8_autocast with one recipe, "
             "so it cannot run different layers at different precisions")
+    if Precision.NVFP4 in fp8:
+        switches = ", ".join(f"{k}={getattr(recipe, k)}" for k in NVFP4_KNOBS)
+        warnings.append(f"NVFP4 and its recipe switches ({switches}) have no Accelerate setting: TERecipeKwargs "
+                        "builds no NVFP4BlockScaling; they travel in policy.yaml and reach Transformer Engine "
+                        "through precsearch's Python API with backend=\"te\" on a Blackwell GPU")
     warnings.append(
         f"{', '.join(other)} layers have no Accelerate setting (its Transformer Engine path builds only "
         "DelayedScaling or MXFP8BlockScaling, for the whole model; its torchao path only dynamic tensorwise "

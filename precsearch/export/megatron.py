@@ -36,6 +36,12 @@ What cannot be expressed, and is therefore not written (a warning says so):
 * The output layer is a plain ``ColumnParallelLinear`` (never FP8) unless
   ``--fp8-output-proj`` with ``--fp8-recipe mxfp8``.
 * There is no FP8 warm-up flag.
+* NVFP4's switches have no flag: Megatron builds ``NVFP4BlockScaling()`` with TE's defaults
+  (``megatron/core/fp4_utils.py::get_fp4_recipe``; per module, ``extensions/transformer_engine.py``),
+  and TE reads those defaults from ``NVTE_NVFP4_DISABLE_RHT``, ``NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING``
+  and ``NVTE_NVFP4_DISABLE_2D_QUANTIZATION`` when it is imported
+  (``transformer_engine/common/recipe/__init__.py``). The args file therefore exports all three
+  (0 or 1) when the policy runs NVFP4 anywhere.
 
 Pipeline parallelism: each pipeline stage (each model chunk, with a virtual pipeline) builds its
 blocks as ``decoder.layers.0 .. k-1`` and Megatron matches the precision config against those
@@ -87,6 +93,12 @@ CONFIG_KEYS = {
     Precision.FP8_BLOCK: "fp8_blockwise",
     Precision.MXFP8: "mxfp8",
     Precision.NVFP4: "nvfp4",
+}
+#: LayerRecipe switch -> the TE environment variable that turns it off (read at TE import).
+NVFP4_ENV = {
+    "nvfp4_rht": "NVTE_NVFP4_DISABLE_RHT",
+    "nvfp4_stochastic_rounding": "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
+    "nvfp4_2d_weights": "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
 }
 ARGS_FILE = "megatron_args.sh"
 CONFIG_FILE = "te_precision_config.yaml"
@@ -317,6 +329,14 @@ def _memory_flags(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
     return flags, warnings
 
 
+def nvfp4_environment(policy: Policy, n_layers: int) -> dict[str, str]:
+    """TE's NVFP4 environment for the policy's switches ("1" disables), or {} when no module runs NVFP4."""
+    table, _ = megatron_table(policy, n_layers)
+    if Precision.NVFP4 not in table.values():
+        return {}
+    return {env: "0" if getattr(policy.recipe, knob) else "1" for knob, env in NVFP4_ENV.items()}
+
+
 def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pipeline: int = 1) -> Rendered:
     """``megatron_args.sh`` (a bash array of flags) and, when needed, ``te_precision_config.yaml``."""
     flags, config, warnings = megatron_export(policy, n_layers, pipeline)
@@ -341,6 +361,11 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pi
     if "--first-last-layers-bf16" in flags:
         lines.append("# --num-layers-at-{start,end}-in-bf16 may not exceed the layers of one pipeline stage")
     lines += warning_lines(warnings)
+    env = nvfp4_environment(policy, n_layers)
+    if env:
+        lines.append("# NVFP4 recipe switches: Transformer Engine reads them when it is imported, so the training")
+        lines.append("# processes must inherit them (source this file in the shell that starts the launcher)")
+        lines += [f"export {name}={value}" for name, value in env.items()]
     lines.append("PRECSEARCH_MEGATRON_ARGS=(")
     i = 0
     while i < len(flags):
@@ -356,5 +381,5 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pi
     return Rendered(files, warnings)
 
 
-__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "chunk_layers", "hf_to_megatron", "megatron_export", "megatron_files",
-           "megatron_name", "megatron_table"]
+__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "NVFP4_ENV", "chunk_layers", "hf_to_megatron", "megatron_export",
+           "megatron_files", "megatron_name", "megatron_table", "nvfp4_environment"]

@@ -17,8 +17,17 @@ pytorch/torchtitan at tag v0.2.2:
 
 torchao's float8 training scales dynamically (tensorwise or rowwise); the
 tensorwise recipe is precsearch's ``fp8_current`` with the hybrid format (E4M3
-forward, E5M2 gradients: ``torchao/float8/config.py``). Delayed scaling, 1x128
-blocks, MXFP8 and NVFP4 layers cannot be expressed by this converter and stay BF16.
+forward, E5M2 gradients: ``torchao/float8/config.py``).
+
+MXFP8 goes through the other converter, ``quantize.linear.mx`` (``[quantize.linear.mx]``:
+``recipe_name``, ``filter_fqns``, ``mxfp8_dim1_cast_kernel_choice``; it asserts compute
+capability 10.0, ``components/quantization/mx.py``). Its recipe ``mxfp8_cublas_rceil``
+rounds each 1x32 block's E8M0 scale up (RCEIL), as Transformer Engine and precsearch's
+emulation do (``mxfp8_cublas`` floors it, as the OCP spec writes). torchao's MX training
+casts gradients to E4M3 too. torchtitan refuses to combine the ``float8`` and ``mx``
+converters (``QuantizationConverter._validate``), so a policy mixing ``fp8_current`` and
+``mxfp8`` layers gets the converter that covers more of them; the others stay BF16, as do
+delayed scaling, 1x128 blocks and NVFP4 layers (torchtitan v0.2.2 has no NVFP4 converter).
 
 torchtitan v0.1.x spells the same settings ``[model] converters = ["float8"]`` and
 ``[float8]``; torchtitan after v0.2 is configured in Python
@@ -58,9 +67,13 @@ PROJ_NAMES = {
 }
 OUTPUT = "output"
 CONVERTER = "quantize.linear.float8"
+MX_CONVERTER = "quantize.linear.mx"
 FILE = "torchtitan_float8.toml"
-#: The one precsearch precision this converter expresses, and its recipe name.
-EXPRESSIBLE = {Precision.FP8_CURRENT: "tensorwise"}
+#: Each precision a converter expresses: (converter, its section key, recipe name).
+EXPRESSIBLE = {
+    Precision.FP8_CURRENT: (CONVERTER, "float8", "tensorwise"),
+    Precision.MXFP8: (MX_CONVERTER, "mx", "mxfp8_cublas_rceil"),
+}
 
 
 def tt_name(hf: str) -> str:
@@ -111,42 +124,64 @@ def _fqn_order(fqn: str) -> tuple[int, int]:
     return int(parts[1]), list(PROJ_NAMES.values()).index(".".join(parts[2:]))
 
 
+def _chosen(table: dict[str, Precision]) -> Precision | None:
+    """The one expressible precision the export uses: the one with more layers (ties: fp8_current)."""
+    counts = {p: sum(1 for q in table.values() if q is p) for p in EXPRESSIBLE}
+    best = max(counts, key=lambda p: (counts[p], p is Precision.FP8_CURRENT))
+    return best if counts[best] else None
+
+
+def _lost_warning(p: Precision, names: list[str], chosen: Precision | None) -> str:
+    head = f"{len(names)} {p.value} layer(s) ({_describe(names)}) kept BF16: "
+    if p in EXPRESSIBLE:
+        return head + (f"torchtitan cannot combine its float8 and mx converters, and the {chosen.value} layers "
+                       "are more")
+    why = "delayed scaling" if p is Precision.FP8_DELAYED else p.value + " recipe"
+    return head + ("torchtitan's float8 converter (torchao) scales dynamically, tensorwise or rowwise, and its mx "
+                   f"converter runs MXFP8 only: there is no {why}")
+
+
 def torchtitan_export(policy: Policy, n_layers: int) -> tuple[dict[str, Any], list[str]]:
-    """(settings, warnings). Settings: ``converters``, ``float8`` (section or None), ``max_norm``."""
+    """(settings, warnings). Settings: ``converters``, ``float8`` and ``mx`` (a section or None), ``max_norm``."""
     table = layer_table(policy, n_layers)
     warnings: list[str] = []
-    fp8 = {n for n, p in table.items() if p in EXPRESSIBLE}
+    chosen = _chosen(table)
+    low = {n for n, p in table.items() if p is chosen}
     lost: dict[Precision, list[str]] = defaultdict(list)
     for n, p in table.items():
-        if p.is_fp8 and p not in EXPRESSIBLE:
+        if p.is_fp8 and p is not chosen:
             lost[p].append(n)
-    for p, names in lost.items():
-        warnings.append(
-            f"{len(names)} {p.value} layer(s) ({_describe(names)}) kept BF16: torchtitan's float8 converter "
-            "(torchao) scales dynamically, tensorwise or rowwise; it has no "
-            f"{'delayed scaling' if p is Precision.FP8_DELAYED else p.value + ' recipe'}")
-    settings: dict[str, Any] = {"converters": [], "float8": None,
+    warnings += [_lost_warning(p, names, chosen) for p, names in lost.items()]
+    settings: dict[str, Any] = {"converters": [], "float8": None, "mx": None,
                                 "max_norm": policy.clip_grad if policy.clip_grad is not None else math.inf}
-    if fp8:
-        keep = {tt_name(n) for n in table if n not in fp8}
+    if low:
+        keep = {tt_name(n) for n in table if n not in low}
         filters = filter_fqns_for(keep, n_layers)
         # the entries must skip exactly the BF16 layers under torchtitan's substring rule
-        assert all(is_filtered(tt_name(n), filters) == (n not in fp8) for n in table), filters
-        settings["converters"] = [CONVERTER]
-        settings["float8"] = {"recipe_name": EXPRESSIBLE[Precision.FP8_CURRENT], "filter_fqns": filters}
-        if policy.recipe.fp8_format is not Fp8Format.HYBRID:
-            warnings.append(
-                f"the policy uses {policy.recipe.fp8_format.value} for gradients too, but torchao's tensorwise "
-                "recipe casts gradients to E5M2 and the TOML cannot change that; gradient numerics differ "
-                "from the probe")
+        assert all(is_filtered(tt_name(n), filters) == (n not in low) for n in table), filters
+        converter, key, recipe_name = EXPRESSIBLE[chosen]
+        settings["converters"] = [converter]
+        settings[key] = {"recipe_name": recipe_name, "filter_fqns": filters}
+        warnings += _format_warnings(policy, chosen)
     elif policy.uses_fp8:
-        warnings.append("no layer of the policy can run FP8 through torchtitan's float8 converter; "
+        warnings.append("no layer of the policy can run FP8 through torchtitan's float8 or mx converter; "
                         "only [training] max_norm is written")
-    if policy.warmup_steps and fp8:
+    if policy.warmup_steps and low:
         warnings.append(
             f"torchtitan has no FP8 warm-up setting: the policy runs its first {policy.warmup_steps} steps in BF16. "
             "Train them without the converter, checkpoint, and resume from that checkpoint with it")
     return settings, warnings
+
+
+def _format_warnings(policy: Policy, chosen: Precision) -> list[str]:
+    fmt = policy.recipe.fp8_format
+    if chosen is Precision.FP8_CURRENT and fmt is not Fp8Format.HYBRID:
+        return [f"the policy uses {fmt.value} for gradients too, but torchao's tensorwise recipe casts gradients "
+                "to E5M2 and the TOML cannot change that; gradient numerics differ from the probe"]
+    if chosen is Precision.MXFP8 and fmt is Fp8Format.HYBRID:
+        return ["the policy's MXFP8 gradients are E5M2 (hybrid), but torchao's MX recipes cast gradients to E4M3 "
+                "and the TOML cannot change that; gradient numerics differ from the probe"]
+    return []
 
 
 def _describe(names: list[str]) -> str:
@@ -175,24 +210,32 @@ def _toml(value: Any) -> str:
 
 
 def torchtitan_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
-    """``torchtitan_float8.toml``: merge its sections into the job's TOML (torchtitan v0.2.x)."""
+    """``torchtitan_float8.toml`` (float8 or MX sections): merge them into the job's TOML (torchtitan v0.2.x)."""
     settings, warnings = torchtitan_export(policy, n_layers)
     lines = header(provenance, f"torchtitan (v0.2.x) float8 settings for a {n_layers}-layer Llama 3")
     lines += ["# merge these sections into your train_configs/*.toml",
               "# (v0.1.x spells them [model] converters = [\"float8\"] and [float8])"]
     lines += warning_lines(warnings)
-    float8 = settings["float8"]
+    float8, mx = settings["float8"], settings["mx"]
+    if float8 is not None or mx is not None:
+        lines += ["", "[model]", f"converters = {_toml(settings['converters'])}", ""]
     if float8 is not None:
-        lines += ["", "[model]", f"converters = {_toml(settings['converters'])}", "",
-                  f"[{CONVERTER}]",
+        lines += [f"[{CONVERTER}]",
                   "# tensorwise dynamic scaling = precsearch fp8_current with hybrid format",
                   f"recipe_name = {_toml(float8['recipe_name'])}",
                   "# layers kept BF16 (a substring match; Linear dims not divisible by 16 are skipped too)",
                   f"filter_fqns = {_toml(float8['filter_fqns'])}",
                   "# torch.compile fuses the casts: [compile] enable = true, components = [\"model\"]"]
+    if mx is not None:
+        lines += [f"[{MX_CONVERTER}]",
+                  "# MXFP8 (1x32 blocks, E8M0 scales rounded up, as TE); needs compute capability 10.0 (Blackwell)",
+                  f"recipe_name = {_toml(mx['recipe_name'])}",
+                  "# layers kept BF16 (a substring match; Linear dims not divisible by 16 are skipped too)",
+                  f"filter_fqns = {_toml(mx['filter_fqns'])}",
+                  "# torch.compile is needed for MXFP8 speed: [compile] enable = true, components = [\"model\"]"]
     lines += ["", "[training]", f"max_norm = {_toml(settings['max_norm'])}"]
     return Rendered({FILE: "\n".join(lines) + "\n"}, warnings)
 
 
-__all__ = ["CONVERTER", "FILE", "PROJ_NAMES", "filter_fqns_for", "is_filtered", "torchtitan_export",
+__all__ = ["CONVERTER", "FILE", "MX_CONVERTER", "PROJ_NAMES", "filter_fqns_for", "is_filtered", "torchtitan_export",
            "torchtitan_files", "tt_name"]

@@ -1,4 +1,5 @@
-"""Emulated FP8 numerics: element formats (:mod:`.formats`), scaling recipes (:mod:`.scaling`)."""
+"""Emulated low-precision numerics: FP8 element formats (:mod:`.formats`), NVFP4 (:mod:`.nvfp4`),
+scaling recipes (:mod:`.scaling`)."""
 
 from precsearch.fp8.formats import (
     E4M3,
@@ -9,11 +10,13 @@ from precsearch.fp8.formats import (
     quantization_stats,
     quantize_dequantize,
 )
+from precsearch.fp8.nvfp4 import hadamard_matrix, nvfp4_quantize, round_e2m1
 from precsearch.fp8.scaling import (
     BlockScaler,
     CurrentScaler,
     DelayedScaler,
     MXScaler,
+    NVFP4Scaler,
     Scaler,
     make_scaler,
     role_format,
@@ -26,12 +29,16 @@ __all__ = [
     "CurrentScaler",
     "DelayedScaler",
     "MXScaler",
+    "NVFP4Scaler",
     "Scaler",
     "e8m0_round_scale",
     "fp8_dtype",
     "fp8_max",
+    "hadamard_matrix",
     "make_scaler",
+    "nvfp4_quantize",
     "quantization_stats",
     "quantize_dequantize",
     "role_format",
+    "round_e2m1",
 ]

@@ -12,6 +12,9 @@ quantize-dequantized tensor and remembers ``last_scale`` (the scale it used) and
 * :class:`BlockScaler` - one scale per tile of the last two dims, 1x128 for
   activations and gradients, 128x128 for weights (``Float8BlockScaling``).
 * :class:`MXScaler` - 1x32 tiles with power-of-two E8M0 scales (``MXFP8``).
+* :class:`NVFP4Scaler` - E2M1 with E4M3 scales per 1x16 (or 16x16) tile and an
+  FP32 tensor scale, optional Hadamard transform and stochastic rounding
+  (``NVFP4BlockScaling``; the numerics are in :mod:`precsearch.fp8.nvfp4`).
 
 :func:`make_scaler` builds the right one for a layer's recipe and a tensor role.
 """
@@ -33,6 +36,7 @@ from precsearch.fp8.formats import (
     quantize_dequantize,
     scale_from_amax,
 )
+from precsearch.fp8.nvfp4 import NVFP4_BLOCK, hadamard_matrix, nvfp4_quantize, nvfp4_stats, rht
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 
 ROLES = ("input", "weight", "grad_output")
@@ -80,6 +84,15 @@ class Scaler(ABC):
                 self.last_stats["scale"] = compact
         self._observe(x)
         return out
+
+    def quantize_columnwise(self, t2d: Tensor) -> Tensor:
+        """The operand of a GEMM that reduces over ``t2d``'s first dim (the wgrad GEMM's tokens).
+
+        Blocks then run down the columns. Returns a tensor shaped like ``t2d``
+        whose ``.t() @ other`` is the GEMM (subclasses may return it in a rotated
+        basis of that dim, the same for both operands).
+        """
+        return self.quantize(t2d.t()).t()
 
     @abstractmethod
     def _scales(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -245,6 +258,80 @@ class MXScaler(Scaler):
         return scale, expand_blocks(scale, self.block, x.shape)
 
 
+class NVFP4Scaler(Scaler):
+    """NVFP4 (TE ``NVFP4BlockScaling``): E2M1 elements, E4M3 scales per tile, an FP32 tensor scale.
+
+    Args:
+        tile: (1, 16) blocks along the reduced dim, or (16, 16) weight tiles
+            (then the transpose quantizes to the transposed values).
+        hadamard: Rotate the column-wise operand (:meth:`quantize_columnwise`,
+            the wgrad GEMM's) with the 16x16 random Hadamard transform first.
+        stochastic: Round the E2M1 elements stochastically (gradients).
+        seed: Seeds the stochastic-rounding stream (offset by ``torch.initial_seed()``
+            when first used, so a probe's seed fixes it).
+        track_stats: Compute ``last_stats`` on every call.
+    """
+
+    blockwise = True
+
+    def __init__(self, tile: tuple[int, int] = (1, NVFP4_BLOCK), hadamard: bool = False,
+                 stochastic: bool = False, seed: int = 0, track_stats: bool = True) -> None:
+        if tuple(tile) not in ((1, NVFP4_BLOCK), (NVFP4_BLOCK, NVFP4_BLOCK)):
+            raise ValueError(f"NVFP4 tiles are 1x16 or 16x16, got {tile}")
+        self.fmt = "e2m1"
+        self.track_stats = track_stats
+        self.last_scale: Tensor | None = None
+        self.last_stats: dict[str, Tensor] | None = None
+        self.block = tuple(tile)
+        self.hadamard = hadamard
+        self.stochastic = stochastic
+        self.seed = seed
+        self._generator: torch.Generator | None = None
+
+    def _stream(self, device: torch.device) -> torch.Generator | None:
+        if not self.stochastic:
+            return None
+        if self._generator is None or self._generator.device != device:
+            # an unseeded process has a 64-bit initial seed: keep the sum in manual_seed's range
+            self._generator = torch.Generator(device).manual_seed((torch.initial_seed() + self.seed) % 2**63)
+        return self._generator
+
+    @torch.no_grad()
+    def quantize(self, x: Tensor) -> Tensor:
+        """Quantize-dequantize ``x`` (blocks along its last dim); returns float32."""
+        x = x.detach()
+        x2d = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        out, block, s_enc = nvfp4_quantize(x2d, self.block, self.stochastic, self._stream(x.device))
+        self.last_scale = block
+        if self.track_stats:
+            self.last_stats = nvfp4_stats(x2d, s_enc, block, self.block, out)
+        return out.reshape(x.shape)
+
+    def quantize_columnwise(self, t2d: Tensor) -> Tensor:
+        """Column-wise blocks, after the Hadamard transform along the first dim when it is on.
+
+        With the transform the result lives in the rotated (and zero-padded to a
+        multiple of 16) basis of the first dim: ``(tokens', features)``.
+        """
+        if not self.hadamard:
+            return super().quantize_columnwise(t2d)
+        rotated = rht(t2d.t(), hadamard_matrix(device=t2d.device))
+        return self.quantize(rotated).t()
+
+    def _scales(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError("NVFP4Scaler quantizes with two scale levels in quantize()")
+
+
+def make_nvfp4_scaler(recipe: LayerRecipe, role: str, seed: int = 0) -> NVFP4Scaler:
+    """NVFP4 per role as TE's recipe sets it: 2D tiles for weights, RHT for input and
+    gradient (wgrad operands), stochastic rounding for gradients, each switchable."""
+    if role == "weight":
+        tile = (NVFP4_BLOCK, NVFP4_BLOCK) if recipe.nvfp4_2d_weights else (1, NVFP4_BLOCK)
+        return NVFP4Scaler(tile)
+    stochastic = role == "grad_output" and recipe.nvfp4_stochastic_rounding
+    return NVFP4Scaler((1, NVFP4_BLOCK), hadamard=recipe.nvfp4_rht, stochastic=stochastic, seed=seed)
+
+
 def role_format(fp8_format: Fp8Format | str, role: str) -> str:
     """The element format a role uses: E5M2 only for gradients under HYBRID."""
     if role not in ROLES:
@@ -253,12 +340,16 @@ def role_format(fp8_format: Fp8Format | str, role: str) -> str:
     return E5M2 if (hybrid and role == "grad_output") else E4M3
 
 
-def make_scaler(recipe: LayerRecipe, role: str) -> Scaler:
+def make_scaler(recipe: LayerRecipe, role: str, seed: int = 0) -> Scaler:
     """The scaler for one tensor ``role`` ("input", "weight", "grad_output") of a layer.
+
+    Args:
+        recipe: The layer's recipe.
+        role: The tensor role.
+        seed: Seeds the stochastic rounding of NVFP4 gradients (give each layer its own).
 
     Raises:
         ValueError: For a BF16 recipe (nothing to quantize) or an unknown role.
-        NotImplementedError: For NVFP4, which is not emulated yet.
     """
     fmt = role_format(recipe.fp8_format, role)
     p = recipe.precision
@@ -273,5 +364,5 @@ def make_scaler(recipe: LayerRecipe, role: str) -> Scaler:
     if p is Precision.MXFP8:
         return MXScaler(fmt)
     if p is Precision.NVFP4:
-        raise NotImplementedError("NVFP4 emulation is not implemented yet")
+        return make_nvfp4_scaler(recipe, role, seed)
     raise ValueError(f"precision {p.value!r} needs no FP8 scaler")

@@ -17,7 +17,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, create_model, model_validator
 
 from precsearch.policy.rules import MOMENT_DTYPES, MemoryKnobs
-from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN, AmaxAlgo, Fp8Format, LayerRecipe, Precision
+from precsearch.precision import (MAX_AMAX_HISTORY, MAX_MARGIN, NVFP4_KNOBS, AmaxAlgo, Fp8Format, LayerRecipe,
+                                  Precision)
 
 
 def shown(value: Any) -> str:
@@ -94,6 +95,7 @@ _RECIPE_RULES: dict[str, Any] = {
     "amax_history_len": _count(1, MAX_AMAX_HISTORY),
     "amax_compute_algo": _name(AmaxAlgo),
     "margin": _count(0, MAX_MARGIN),
+    **{k: Annotated[bool, _expect(lambda v: isinstance(v, bool), "true or false")] for k in NVFP4_KNOBS},
 }
 _MEMORY_RULES: dict[str, Any] = {
     "master_weights": Annotated[bool, _expect(lambda v: isinstance(v, bool), "true or false")],

@@ -32,8 +32,9 @@ How it stays comparable with the one-process probe:
   (``transformer_engine/pytorch/quantization.py``,
   ``reduce_and_update_fp8_tensors``). The emulated backend does the same: its
   delayed scalers record the max of the ranks' amaxes, which is the amax of the
-  whole batch, so scales match the one-process probe. Current, block and MXFP8
-  scaling quantize each rank's own tensors, as TE does in data parallelism.
+  whole batch, so scales match the one-process probe. Current, block, MXFP8 and
+  NVFP4 scaling quantize each rank's own tensors, as TE does in data parallelism
+  (TE reduces NVFP4's tensor amax only for tensors it gathers, as with sequence parallelism).
   Each rank's loss gradient is ``nproc`` times the whole-batch one; per-tensor
   and per-block scales absorb that factor exactly for a power-of-two ``nproc``.
 * **Memory per rank.** On a GPU each rank measures its own peak

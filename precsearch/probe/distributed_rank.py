@@ -137,8 +137,9 @@ def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path
     data = RankBatches(load_batches(space), rank, world)
     parallel = Parallel(shard=lambda model: _shard(model, device), mean=_mean_over_ranks)
     on_step = _progress_writer(progress) if rank == 0 else None
-    result = run_probe(cfg, probe, policy, data, get_backend(space.backend.value, device), device, on_step,
-                       parallel=parallel, init=space.model.start())
+    backend = get_backend(space.backend.value, device, needs=space.search.precisions())
+    result = run_probe(cfg, probe, policy, data, backend, device, on_step, parallel=parallel,
+                       init=space.model.start())
     own = predict_rank_peak(cfg, probe, policy)
     result.predicted_memory = own.to_dict()
     if result.memory_source != "measured":

@@ -72,8 +72,11 @@ ELEMENT_BYTES: dict[Precision, float] = {
     Precision.MXFP8: 1.0 + 1 / 32,  # an E8M0 scale per 32 elements
     Precision.NVFP4: 0.5 + 1 / 16,  # FP4 data, an E4M3 scale per 16 elements
 }
-#: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks).
-WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2}
+#: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks;
+#: NVFP4: TE's default 16x16 tiles, an E4M3 scale per 256 weights; with 1x16 blocks it is 0.5 + 1/16).
+#: The per-tensor FP32 scales of NVFP4 (4 bytes per tensor) are left out.
+WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2,
+                                                        Precision.NVFP4: 0.5 + 1 / 256}
 
 #: The precision units of one block: (suffix, does its input arrive in BF16, is it saved anyway).
 _UNIT_INPUTS = (

@@ -34,7 +34,7 @@ class ProbeHost:
     def __init__(self, space: Space):
         self.space = space
         self.device = resolve_device(space.probe.device)
-        self.backend = get_backend(space.backend.value, self.device)
+        self.backend = get_backend(space.backend.value, self.device, needs=space.search.precisions())
         self.data = load_batches(space)
         self.cfg = space.model.probe()
         self.start = space.model.start()

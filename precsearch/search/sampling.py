@@ -1,9 +1,10 @@
 """From a space and an Optuna trial to a :class:`Policy`.
 
 Param names are short and flat so that they read well as MLflow params:
-``precision.<group>``, ``precision.L<block>.<unit>`` (per-module units, whose rules come
-first), ``precision.default``, ``recipe.<setting>``,
-``warmup_steps``, ``clip_grad``, ``memory.<knob>``. Fixed knobs make no param.
+``precision.<group>``, ``precision.L<block>.<unit>`` (per-module units), ``precision.default``,
+``recipe.<setting>``, ``warmup_steps``, ``clip_grad``, ``memory.<knob>``, ``bf16_blocks.first``/``.last``.
+Fixed knobs make no param. Rules are matched first to last: the BF16 end blocks first (they override a
+unit's choice in those blocks), then the per-module units, then the groups.
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ import optuna
 from precsearch.config.space import Space
 from precsearch.config.unit_space import searched_units
 from precsearch.policy.rules import MemoryKnobs, Policy, Rule
-from precsearch.precision import LayerRecipe
+from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
 
 
 def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) -> Policy:
     """Ask ``trial`` for every searched knob of ``space`` and build the policy."""
     search = space.search
+    rules = edge_rules(search.bf16_blocks.first.suggest(trial, "bf16_blocks.first"),
+                       search.bf16_blocks.last.suggest(trial, "bf16_blocks.last"))
     units = searched_units(search.units, space.model.probe().n_layers)
-    rules = tuple(Rule(u.rule_name, (u.unit,), u.knob.suggest(trial, u.param)) for u in units)
+    rules += tuple(Rule(u.rule_name, (u.unit,), u.knob.suggest(trial, u.param)) for u in units)
     rules += tuple(g.to_rule(g.precision.suggest(trial, f"precision.{g.name}")) for g in search.groups)
     recipe = LayerRecipe(
         fp8_format=search.recipe.fp8_format.suggest(trial, "recipe.fp8_format"),
         amax_history_len=search.recipe.amax_history_len.suggest(trial, "recipe.amax_history_len"),
         amax_compute_algo=search.recipe.amax_compute_algo.suggest(trial, "recipe.amax_compute_algo"),
         margin=search.recipe.margin.suggest(trial, "recipe.margin"),
+        **{k: getattr(search.recipe, k).suggest(trial, f"recipe.{k}") for k in NVFP4_KNOBS},
     )
     return Policy(
         rules=rules,
@@ -42,6 +46,16 @@ def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) 
             fp8_weights=search.memory.fp8_weights.suggest(trial, "memory.fp8_weights"),
         ),
     )
+
+
+def edge_rules(first: int, last: int) -> tuple[Rule, ...]:
+    """Rules keeping the ``first`` and ``last`` blocks whole in BF16; tried before every group."""
+    rules = []
+    if first:
+        rules.append(Rule("bf16_first_blocks", ("*",), Precision.BF16, first=first))
+    if last:
+        rules.append(Rule("bf16_last_blocks", ("*",), Precision.BF16, last=last))
+    return tuple(rules)
 
 
 def policy_from_params(space: Space, params: dict[str, Any]) -> Policy:

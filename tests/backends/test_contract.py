@@ -442,6 +442,8 @@ def test_te_recipe_key_and_delayed_groups():
     d_max = LayerRecipe(Precision.FP8_DELAYED, amax_compute_algo=AmaxAlgo.MAX)
     d_recent = LayerRecipe(Precision.FP8_DELAYED, amax_compute_algo=AmaxAlgo.MOST_RECENT)
     assert recipe_key(d_max) != recipe_key(d_recent)
+    nvfp4 = LayerRecipe(Precision.NVFP4)
+    assert recipe_key(nvfp4) != recipe_key(LayerRecipe(Precision.NVFP4, nvfp4_rht=False))  # its own TE object
     _check_delayed_keys({"a": d_max, "b": d_max, "c": a})
     with pytest.raises(UnsupportedRecipe, match="amax_compute_algo"):
         _check_delayed_keys({"a": d_max, "b": d_recent})

@@ -152,6 +152,22 @@ def test_te_recipe_objects_match_layer_recipes_and_are_shared():
 
 
 @needs_te
+def test_te_nvfp4_recipe_takes_the_switches():
+    """Each NVFP4 switch must reach TE's NVFP4BlockScaling (the object is built without a Blackwell GPU;
+    running it needs compute capability 10.x, which this test does not ask for)."""
+    from precsearch.backends.te import make_te_recipe
+
+    default = make_te_recipe(LayerRecipe(Precision.NVFP4))
+    assert type(default).__name__ == "NVFP4BlockScaling"
+    assert not (default.disable_rht or default.disable_stochastic_rounding or default.disable_2d_quantization)
+    assert default.fp4_quant_fwd_weight.fp4_2d_quantization and default.fp4_quant_bwd_grad.stochastic_rounding
+    off = make_te_recipe(LayerRecipe(Precision.NVFP4, nvfp4_rht=False, nvfp4_2d_weights=False,
+                                     nvfp4_stochastic_rounding=False))
+    assert off.disable_rht and off.disable_stochastic_rounding and off.disable_2d_quantization
+    assert not off.fp4_quant_fwd_inp.random_hadamard_transform
+
+
+@needs_te
 def test_te_fp8_ran_only_where_assigned():
     """TE's own per-module state proves which layers ran which recipe."""
     fp8 = hopper_mix()

@@ -10,6 +10,7 @@ import pytest
 
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
+from precsearch.precision import Precision
 
 
 def _run(capsys, *argv) -> tuple[int, str]:
@@ -70,11 +71,26 @@ def test_group_matching_no_layer(tmp_path, capsys):
                        "model.layers.0.self_attn.q_proj")
 
 
-def test_precision_backend_cannot_run(tmp_path, capsys):
+def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch):
+    """A backend's refusal (here a made-up one for nvfp4) must come back naming the group's field."""
+    from precsearch.backends.emulated import EmulatedBackend
+
+    monkeypatch.setattr(EmulatedBackend, "supported_precisions",
+                        lambda self, device: {p: ("refused for the test" if p.value == "nvfp4" else None)
+                                              for p in Precision})
     data = tiny_space_dict()
     data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4"]}
     path = write_space(tmp_path, data)
     _assert_user_error(*_run(capsys, "validate", path), "search.groups[1].precision", "nvfp4", "Valid here")
+
+
+def test_blackwell_recipes_validate_emulated_with_a_note(tmp_path, capsys):
+    """NVFP4 and MXFP8 must validate on a CPU (emulated), saying their speed and memory are not a B200's."""
+    data = tiny_space_dict()
+    data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4", "mxfp8"]}
+    code, err = _run(capsys, "validate", write_space(tmp_path, data))
+    assert code == 0, err
+    assert "mxfp8 and nvfp4 run emulated" in err and "not a B200's" in err
 
 
 def test_gpu_backend_not_available_here(tmp_path, capsys):

@@ -34,6 +34,12 @@ CASES = [
     ("margin_negative", {"search.recipe.margin": -1}, "search.recipe.margin", ">= 0"),
     ("margin_negative_range", {"search.recipe.margin": {"low": -2, "high": 2}}, "search.recipe.margin", ">= 0"),
     ("margin_flushes_everything", {"search.recipe.margin": 40}, "search.recipe.margin", "flush"),
+    # --- BF16 edge blocks that are negative or leave no low-precision block (2-block probe) ------
+    ("edge_blocks_negative", {"search.bf16_blocks": {"first": -1}}, "search.bf16_blocks.first", ">= 0"),
+    ("edge_blocks_cover_probe", {"search.bf16_blocks": {"first": 1, "last": {"choices": [0, 1]}}},
+     "search.bf16_blocks", "no low-precision block"),
+    ("nvfp4_switch_not_bool", {"search.recipe.nvfp4_rht": {"choices": [True, "sometimes"]}},
+     "search.recipe.nvfp4_rht", "bool"),
     # --- gradient clipping that silently trains wrongly --------------------------------------------
     ("clip_zero", {"search.clip_grad": 0}, "search.clip_grad", "> 0"),
     ("clip_negative", {"search.clip_grad": -1}, "search.clip_grad", "> 0"),

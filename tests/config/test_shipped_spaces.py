@@ -38,3 +38,13 @@ def test_quickstart_calls_unstable_only_outside_seed_noise():
     objectives = load_space(path).objectives
     assert objectives.stability_unit == "noise" and objectives.reference_seeds >= 3
     assert objectives.stability_limit >= 2.0
+
+
+@pytest.mark.parametrize("name", ["llama3_8b_b200.yaml", "llama3_70b_b200.yaml", "b200_cpu.yaml"])
+def test_b200_spaces_validate_on_any_machine(name):
+    """The Blackwell spaces must pass every check here too (backend auto: emulated without a 10.x GPU);
+    a space naming backend te or device cuda would be refused on a CPU or, for NVFP4, on an H200."""
+    path = next(p for p in SPACES if p.name == name)
+    space = load_space(path)
+    check_space(space, file=str(path), environment=True)
+    assert space.backend.value == "auto" and space.probe.device in ("auto", "cpu")

@@ -95,19 +95,16 @@ def test_sensitivity_needs_searched_units():
     assert exc.value.field == "search.sensitivity"
 
 
-def test_emulated_backend_refuses_nvfp4_units_naming_the_field():
+def test_emulated_backend_takes_nvfp4_units():
+    """NVFP4 is emulated (issue 19), so per-module units may choose it, with the sensitivity pass too."""
     space = _space([{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}])
-    with pytest.raises(UserError) as exc:
-        check_space(space, file="s.yaml")
-    assert exc.value.field == "search.units[0].precision"
+    check_space(space, file="s.yaml")
+    base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
+            "search.sensitivity": {}}
+    check_space(parse_space(tiny_space_dict(**base)), file="s.yaml", environment=False)
 
 
 def test_sensitivity_refuses_what_it_cannot_score_or_trade():
-    base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
-            "search.sensitivity": {}}
-    with pytest.raises(UserError, match="NVFP4 has no emulation") as exc:
-        check_space(parse_space(tiny_space_dict(**base)), file="s.yaml", environment=False)
-    assert exc.value.field == "search.sensitivity"
     speed = {"search.units": [{"precision": {"choices": ["bf16", "fp8_current"]}}],
              "search.sensitivity": {"budget_on": "speed"}}
     with pytest.raises(UserError, match="enable objectives.throughput") as exc:

@@ -205,3 +205,16 @@ def test_per_module_mixed_recipes_run_exactly_through_the_python_api(monkeypatch
               dataloader=[])
     converted = EmulatedBackend().converted_layers(ns["model"])
     assert converted == {n: p for n, p in layer_table(policy, N).items() if p.is_fp8}
+
+
+def test_nvfp4_policy_goes_through_the_python_api_naming_its_switches():
+    """Accelerate has no NVFP4 setting: the export must say so, name the switches, and carry them in policy.yaml."""
+    import yaml
+
+    policy = Policy(default=Precision.NVFP4, recipe=LayerRecipe(nvfp4_rht=False))
+    path, warnings = choose_path(policy, 4)
+    assert path == "precsearch"
+    assert any("nvfp4_rht=False" in w and "nvfp4_stochastic_rounding=True" in w for w in warnings)
+    rendered = render("accelerate", policy, 4, {})
+    saved = yaml.safe_load(rendered.files[POLICY_FILE])["policy"]["recipe"]
+    assert saved["nvfp4_rht"] is False and saved["nvfp4_2d_weights"] is True

@@ -25,9 +25,11 @@ from precsearch.export.megatron import (
     CONFIG_FILE,
     MODULES,
     hf_to_megatron,
+    NVFP4_ENV,
     megatron_export,
     megatron_name,
     megatron_table,
+    nvfp4_environment,
 )
 from precsearch.policy.rules import PrecisionConflict
 from precsearch.policy import Policy, Rule
@@ -68,6 +70,9 @@ POLICIES = {
                                       Rule("rest", ("model.*",), P.FP8_CURRENT))),
     "mxfp8_head": Policy(default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3")),
     "nvfp4": Policy(rules=(EDGES, Rule("mlp", ("*.mlp.*",), P.NVFP4), Rule("attn", ("*.self_attn.*",), P.FP8_BLOCK))),
+    "nvfp4_global": Policy(rules=(Rule("last", ("*",), P.BF16, last=1), Rule("qkv", ("*.q_proj", "*.k_proj",
+                                                                                     "*.v_proj"), P.MXFP8)),
+                           default=P.NVFP4, recipe=LayerRecipe(nvfp4_rht=False)),
     "bf16": Policy(clip_grad=0.5),
     # per-module spaces: every unit of every block and the head its own precision (issue 17)
     **{f"per_module_{seed}": per_module_policy(N, seed, ("bf16", "fp8_current", "fp8_block", "mxfp8"))
@@ -408,3 +413,31 @@ def test_the_config_path_is_absolute_when_sourced_by_a_relative_path(tmp_path):
     path = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
                           cwd=tmp_path / "work").stdout.strip()
     assert Path(path).is_absolute() and Path(path).resolve() == (tmp_path / "m" / CONFIG_FILE).resolve()
+
+
+def test_nvfp4_majority_becomes_fp4_flags_with_edges_and_fp8_matchers():
+    """NVFP4 as the global recipe: --fp4-format/--fp4-recipe (never beside --fp8-format, which Megatron
+    refuses), BF16 end blocks as --num-layers-at-end-in-bf16, MXFP8 q/k/v through the config file."""
+    flags, config, _ = megatron_export(POLICIES["nvfp4_global"], N)
+    args = _flag_dict(flags)
+    assert args["--fp4-format"] == "e2m1" and args["--fp4-recipe"] == "nvfp4" and "--fp8-format" not in args
+    assert args["--num-layers-at-start-in-bf16"] == "0" and args["--num-layers-at-end-in-bf16"] == "1"
+    assert config["configs"]["mxfp8"]["training_recipe"]["fp8_quantization_recipe"] == "mxfp8"
+    assert [m["pattern"] for m in config["matchers"].values()] == ["decoder.layers.*.self_attention.linear_qkv"]
+
+
+def test_nvfp4_switches_are_exported_as_te_environment(tmp_path):
+    """Megatron builds NVFP4BlockScaling() with TE's env defaults: the switches must reach the processes
+    as NVTE_NVFP4_DISABLE_* (all three, explicit), and only when some module runs NVFP4."""
+    env = nvfp4_environment(POLICIES["nvfp4_global"], N)
+    assert env == {"NVTE_NVFP4_DISABLE_RHT": "1", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": "0",
+                   "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": "0"}
+    assert set(NVFP4_ENV.values()) == set(env)
+    assert nvfp4_environment(POLICIES["edges"], N) == {}
+    rendered = render("megatron", POLICIES["nvfp4_global"], N, {"study": "s", "trial": 1})
+    (tmp_path / ARGS_FILE).write_text(rendered.files[ARGS_FILE])
+    out = subprocess.run(["bash", "-c", f'source "{tmp_path / ARGS_FILE}" && env | grep ^NVTE_NVFP4 | sort'],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == sorted(f"{k}={v}" for k, v in env.items())
+    # TE's recipe reads exactly these names (transformer_engine/common/recipe/__init__.py, NVFP4BlockScaling)
+    assert "NVTE_NVFP4" not in render("megatron", POLICIES["edges"], N, {}).files[ARGS_FILE]

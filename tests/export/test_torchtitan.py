@@ -19,6 +19,7 @@ from precsearch.export.rendered import hf_linear_names, layer_table
 from precsearch.export.torchtitan import (
     CONVERTER,
     FILE,
+    MX_CONVERTER,
     filter_fqns_for,
     is_filtered,
     torchtitan_export,
@@ -133,3 +134,23 @@ def test_per_module_units_torchtitan_cannot_run_are_named_and_kept_bf16():
     assert block and any(f"{len(block)} fp8_block layer(s)" in w and "kept BF16" in w for w in warnings)
     filters = data["quantize"]["linear"]["float8"]["filter_fqns"]
     assert all(is_filtered(tt_name(n), filters) == (p is not P.FP8_CURRENT) for n, p in table.items())
+
+
+def test_mxfp8_majority_becomes_the_mx_converter():
+    """MXFP8 layers must reach torchao's MX converter with TE's scale rounding (RCEIL); fp8_current layers,
+    which torchtitan cannot convert beside them, stay BF16 with a warning, as do NVFP4 ones."""
+    policy = Policy(rules=(Rule("edges", ("*",), P.BF16, last=1), Rule("qkv", ("*.q_proj", "*.k_proj", "*.v_proj"),
+                                                                      P.FP8_CURRENT, first=1),
+                           Rule("fc2", ("*.down_proj",), P.NVFP4), Rule("rest", ("model.*",), P.MXFP8)),
+                    recipe=LayerRecipe(fp8_format="hybrid"))
+    data, warnings, text = _toml(policy, 4)
+    assert data["model"]["converters"] == [MX_CONVERTER] == ["quantize.linear.mx"]
+    section = data["quantize"]["linear"]["mx"]
+    assert section["recipe_name"] == "mxfp8_cublas_rceil" and "float8" not in data["quantize"]["linear"]
+    table = layer_table(policy, 4)
+    assert all(is_filtered(tt_name(n), section["filter_fqns"]) == (p is not P.MXFP8) for n, p in table.items())
+    joined = "\n".join(warnings)
+    assert "3 fp8_current layer(s) (q_proj in blocks 0; k_proj in blocks 0; v_proj in blocks 0) kept BF16" in joined
+    assert "cannot combine its float8 and mx converters" in joined
+    assert "3 nvfp4 layer(s) (down_proj in blocks 0-2) kept BF16" in joined and "no nvfp4 recipe" in joined
+    assert "cast gradients to E4M3" in joined

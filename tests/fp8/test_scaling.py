@@ -258,10 +258,21 @@ def test_make_scaler_per_recipe():
     assert isinstance(mx, MXScaler) and mx.block == (1, 32)
 
 
-def test_make_scaler_refuses_nvfp4_bf16_and_bad_role():
-    """NVFP4 would be silently emulated as something else, or bad input accepted."""
-    with pytest.raises(NotImplementedError, match="NVFP4 emulation is not implemented yet"):
-        make_scaler(LayerRecipe(Precision.NVFP4), "input")
+def test_make_scaler_nvfp4_follows_te_roles():
+    """TE's NVFP4BlockScaling: 2D weights, RHT on input and gradient, SR on the gradient only; each
+    switch must reach the scaler (else a searched knob would change nothing)."""
+    on = LayerRecipe(Precision.NVFP4)
+    w, x, g = (make_scaler(on, r) for r in ("weight", "input", "grad_output"))
+    assert (w.block, w.hadamard, w.stochastic) == ((16, 16), False, False)
+    assert (x.block, x.hadamard, x.stochastic) == ((1, 16), True, False)
+    assert (g.block, g.hadamard, g.stochastic) == ((1, 16), True, True)
+    off = LayerRecipe(Precision.NVFP4, nvfp4_rht=False, nvfp4_2d_weights=False, nvfp4_stochastic_rounding=False)
+    w, x, g = (make_scaler(off, r) for r in ("weight", "input", "grad_output"))
+    assert w.block == (1, 16) and not (x.hadamard or g.hadamard or g.stochastic)
+
+
+def test_make_scaler_refuses_bf16_and_bad_role():
+    """Bad input would be accepted."""
     with pytest.raises(ValueError):
         make_scaler(LayerRecipe(Precision.BF16), "input")
     with pytest.raises(ValueError, match="grad_output"):

@@ -65,3 +65,23 @@ def test_newer_or_malformed_policy_file_is_refused(tmp_path):
     path.write_text("just: text\n")
     with pytest.raises(UserError, match="not a precsearch policy"):
         load_policy_file(path)
+
+
+def test_nvfp4_switches_round_trip_and_are_type_checked(tmp_path):
+    """An exported NVFP4 policy must reload with its switches (else the training stack runs TE's defaults),
+    and a non-boolean switch must be refused naming the field."""
+    import yaml
+
+    from precsearch.errors import UserError
+    from precsearch.policy.file import parse_policy
+    from precsearch.precision import LayerRecipe, Precision
+
+    policy = Policy(default=Precision.NVFP4, recipe=LayerRecipe(nvfp4_rht=False, nvfp4_stochastic_rounding=False))
+    path = tmp_path / "policy.yaml"
+    save_policy(policy, path)
+    loaded, _ = load_policy_file(path)
+    assert loaded.recipe == policy.recipe
+    data = yaml.safe_load(dump_policy(policy))
+    data["policy"]["recipe"]["nvfp4_2d_weights"] = "yes"
+    with pytest.raises(UserError, match="nvfp4_2d_weights"):
+        parse_policy(data)

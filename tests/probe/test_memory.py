@@ -8,7 +8,7 @@ import torch
 
 from precsearch import cpu_bf16
 from precsearch.precision import Precision
-from precsearch.probe.memory import activation_bytes, linear_shapes, predict_peak
+from precsearch.probe.memory import ELEMENT_BYTES, WEIGHT_BYTES, activation_bytes, linear_shapes, predict_peak
 from precsearch.probe.model import PRESETS, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import PARAM_DTYPES
 
@@ -38,6 +38,24 @@ def test_fp8_quantizes_each_linear_input_to_one_byte():
     assert fp8.linear_inputs == tokens * (CFG.n_layers * (3 * d + f) + d)
     assert fp8.weight_copies == bf16.weight_copies  # FP8 + transpose (2 x 1 B) vs one BF16 cast (2 B)
     assert fp8.total < bf16.total
+
+
+def test_blackwell_formats_bytes_per_element():
+    """The scale bytes of each Blackwell format (else their memory saving is mis-predicted): MXFP8 an E8M0
+    byte per 32 elements; NVFP4 half a byte plus an E4M3 byte per 16 activations, per 256 weights (16x16)."""
+    assert ELEMENT_BYTES[Precision.MXFP8] == WEIGHT_BYTES[Precision.MXFP8] == 1 + 1 / 32
+    assert ELEMENT_BYTES[Precision.NVFP4] == 0.5 + 1 / 16
+    assert WEIGHT_BYTES[Precision.NVFP4] == 0.5 + 1 / 256
+    names = linear_layer_names(CFG)
+    tokens, d, f = 128 * 8, CFG.dim, CFG.ffn_dim
+    peaks = {p: predict_peak(CFG, {n: p for n in names}, seq_len=128, micro_batch=8)
+             for p in (Precision.BF16, Precision.MXFP8, Precision.NVFP4)}
+    nvfp4 = peaks[Precision.NVFP4]
+    # every unit's input saved once in NVFP4, linear_proj's beside the attention output saved anyway
+    assert nvfp4.linear_inputs == int(tokens * (CFG.n_layers * (3 * d + f) + d) * (0.5 + 1 / 16))
+    weights = sum(i * o for i, o in linear_shapes(CFG).values()) * CFG.n_layers + CFG.dim * CFG.vocab_size
+    assert nvfp4.weight_copies == int(weights * 2 * (0.5 + 1 / 256))  # row-wise and column-wise copies
+    assert nvfp4.total < peaks[Precision.MXFP8].total < peaks[Precision.BF16].total
 
 
 def test_weights_dominate_at_short_sequences_so_fp8_saves_little():
