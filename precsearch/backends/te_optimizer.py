@@ -2,6 +2,16 @@
 
 Split from :mod:`precsearch.backends.te` (the layers); :meth:`TEBackend.build_optimizer`
 uses these for non-default :class:`~precsearch.policy.MemoryKnobs`.
+
+Why the parameters are split into several groups (:func:`size_bounded_groups`): TE 2.20's
+``FusedAdam.step()`` dequantizes every *scaled* state of a param group (FP8 or FP16 moments,
+FP16 master weights, and a BF16 moment whose partner is not BF16) into a new FP32 tensor,
+runs the Adam kernel on those, then re-quantizes them, and it keeps the FP32 copies of the
+whole group alive until the group is done. With all parameters in one group the step
+therefore holds an FP32 copy of every scaled state at once: FP8 moments then cost 4 + 1 bytes
+per element at the step's peak instead of 1, more than FP32 moments. Splitting the parameters
+into groups no larger than the largest parameter bounds that temporary to one group's size
+(measured: ``scripts/results/2026-11-30_h200_bench_memory_knobs.json``).
 """
 
 from __future__ import annotations
@@ -42,9 +52,12 @@ def build_optimizer(
     weight_decay: float,
     *,
     master_weights: bool = False,
+    master_weight_dtype: torch.dtype | str = torch.float32,
+    store_param_remainders: bool = False,
     exp_avg_dtype: torch.dtype | str = torch.float32,
     exp_avg_sq_dtype: torch.dtype | str = torch.float32,
     eps: float = 1e-8,
+    split_groups: bool = True,
 ) -> torch.optim.Optimizer:
     """TE's ``FusedAdam`` in AdamW mode, with the memory knobs a search can vary.
 
@@ -64,6 +77,11 @@ def build_optimizer(
           ``TEBackend(fp8_weights=True)``, where it is required.
         * ``exp_avg_dtype``/``exp_avg_sq_dtype``: fp32, bf16, fp16 or fp8
           (``torch.uint8``); non-fp32 states get a per-tensor FP32 scale.
+        * ``master_weight_dtype``: fp32 or fp16 (FP16 with a per-tensor FP32 scale).
+        * ``store_param_remainders``: with BF16 parameters and FP32 master weights,
+          keep only the 16 low bits of each FP32 master (the high 16 are the BF16
+          parameter): 2 bytes per element instead of 4, same values.
+        * ``split_groups``: pass :func:`size_bounded_groups` instead of one group.
         * GPU only (FusedAdam allocates on ``cuda``).
 
     Raises:
@@ -73,18 +91,47 @@ def build_optimizer(
     require_te()
     from transformer_engine.pytorch.optimizers import FusedAdam
 
+    groups = size_bounded_groups(params) if split_groups else params
     return FusedAdam(
-        params,
+        groups,
         lr=lr,
         betas=betas,
         eps=eps,
         weight_decay=weight_decay,
         adam_w_mode=True,
         master_weights=master_weights,
-        master_weight_dtype=torch.float32,
+        master_weight_dtype=_state_dtype(master_weight_dtype),
         exp_avg_dtype=_state_dtype(exp_avg_dtype),
         exp_avg_sq_dtype=_state_dtype(exp_avg_sq_dtype),
+        store_param_remainders=store_param_remainders,
     )
+
+
+def size_bounded_groups(params: Iterable[nn.Parameter] | Iterable[dict]) -> list[dict]:
+    """Parameters packed, in order, into groups of at most the largest parameter's element count.
+
+    Each group keeps the options of the group it came from (plain parameters form one group
+    without options). Adam's update is element-wise, so the split changes no value; it bounds
+    the FP32 temporaries ``FusedAdam.step()`` holds per group (see the module docstring).
+    """
+    given = list(params)
+    sources = given if given and isinstance(given[0], dict) else [{"params": given}]
+    sources = [{**g, "params": list(g["params"])} for g in sources]
+    limit = max((p.numel() for g in sources for p in g["params"]), default=0)
+    groups: list[dict] = []
+    for source in sources:
+        options = {k: v for k, v in source.items() if k != "params"}
+        current: list[nn.Parameter] = []
+        size = 0
+        for p in source["params"]:
+            if current and size + p.numel() > limit:
+                groups.append({**options, "params": current})
+                current, size = [], 0
+            current.append(p)
+            size += p.numel()
+        if current:
+            groups.append({**options, "params": current})
+    return groups
 
 
 def seed_master_weights(optimizer: torch.optim.Optimizer) -> int:
