@@ -12,6 +12,13 @@ therefore holds an FP32 copy of every scaled state at once: FP8 moments then cos
 per element at the step's peak instead of 1, more than FP32 moments. Splitting the parameters
 into groups no larger than the largest parameter bounds that temporary to one group's size
 (measured: ``scripts/results/2026-11-30_h200_bench_memory_knobs.json``).
+
+Why FP8 states are re-made (:func:`compact_fp8_states`): ``FusedAdam`` creates an FP8 state
+with a ``Float8Quantizer`` left at its default usage (row-wise *and* column-wise), so on
+Hopper every FP8 moment also allocates its transpose: 2 bytes per element, what a BF16
+moment costs. The optimizer only ever reads the row-wise data (``.float()``) and writes it
+back (``copy_``), so the states are initialised eagerly here and each FP8 one replaced by a
+row-wise-only tensor: 1 byte per element.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def build_optimizer(
     exp_avg_sq_dtype: torch.dtype | str = torch.float32,
     eps: float = 1e-8,
     split_groups: bool = True,
+    compact_states: bool = True,
 ) -> torch.optim.Optimizer:
     """TE's ``FusedAdam`` in AdamW mode, with the memory knobs a search can vary.
 
@@ -82,6 +90,8 @@ def build_optimizer(
           keep only the 16 low bits of each FP32 master (the high 16 are the BF16
           parameter): 2 bytes per element instead of 4, same values.
         * ``split_groups``: pass :func:`size_bounded_groups` instead of one group.
+        * ``compact_states``: initialise the states now, FP8 ones row-wise only
+          (:func:`compact_fp8_states`); False leaves FusedAdam's lazy, two-layout states.
         * GPU only (FusedAdam allocates on ``cuda``).
 
     Raises:
@@ -92,7 +102,8 @@ def build_optimizer(
     from transformer_engine.pytorch.optimizers import FusedAdam
 
     groups = size_bounded_groups(params) if split_groups else params
-    return FusedAdam(
+    remainders = store_param_remainders and master_weights and _state_dtype(master_weight_dtype) == torch.float32
+    opt = FusedAdam(
         groups,
         lr=lr,
         betas=betas,
@@ -103,8 +114,38 @@ def build_optimizer(
         master_weight_dtype=_state_dtype(master_weight_dtype),
         exp_avg_dtype=_state_dtype(exp_avg_dtype),
         exp_avg_sq_dtype=_state_dtype(exp_avg_sq_dtype),
-        store_param_remainders=store_param_remainders,
+        store_param_remainders=remainders,
     )
+    if compact_states:
+        compact_fp8_states(opt)
+    return opt
+
+
+def compact_fp8_states(optimizer: torch.optim.Optimizer) -> int:
+    """Initialise every state of ``optimizer`` now; keep its FP8 states row-wise only (no transpose).
+
+    Returns:
+        How many FP8 states were re-made.
+    """
+    from transformer_engine.pytorch.constants import DType
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
+
+    remade = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                optimizer.initialize_state(p, optimizer.store_param_remainders and p.dtype == torch.bfloat16)
+            for name in ("exp_avg", "exp_avg_sq"):
+                if optimizer.name_to_dtype_map[name] != torch.uint8:
+                    continue
+                quantizer = Float8Quantizer(scale=torch.ones(1, dtype=torch.float32, device=p.device),
+                                            amax=torch.zeros(1, dtype=torch.float32, device=p.device),
+                                            fp8_dtype=DType.kFloat8E4M3, rowwise=True, columnwise=False)
+                state[name] = None  # free the two-layout tensor before the one-layout one is made
+                state[name] = quantizer.quantize(torch.zeros(p.shape, dtype=torch.float32, device=p.device))
+                remade += 1
+    return remade
 
 
 def size_bounded_groups(params: Iterable[nn.Parameter] | Iterable[dict]) -> list[dict]:

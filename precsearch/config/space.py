@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
-from precsearch.policy.rules import Rule
+from precsearch.policy.rules import MemoryKnobs, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 from precsearch.probe.model import PRESETS, ModelConfig
 
@@ -204,8 +204,12 @@ class MemorySection(Section):
     """Optimizer and weight-storage knobs (backend ``te`` on a GPU; see :class:`~precsearch.policy.MemoryKnobs`)."""
 
     master_weights: knob(bool) = Knob(fixed=False)
-    moment_dtype: knob(Literal["param", "fp32", "bf16"]) = Knob(fixed="param")
+    moment_dtype: knob(Literal["param", "fp32", "bf16", "fp8"]) = Knob(fixed="param")
     fp8_weights: knob(bool) = Knob(fixed=False)
+    exp_avg_dtype: knob(Literal["fp32", "bf16", "fp8"] | None) = Knob(fixed=None)
+    exp_avg_sq_dtype: knob(Literal["fp32", "bf16", "fp8"] | None) = Knob(fixed=None)
+    master_dtype: knob(Literal["fp32", "fp16", "remainders"]) = Knob(fixed="fp32")
+    fp8_attention: knob(Literal["off", "dpa", "mha"]) = Knob(fixed="off")
 
 
 class SearchSection(Section):
@@ -229,10 +233,15 @@ class SearchSection(Section):
 
 
 class BaselineMemory(Section):
-    """How the BF16 reference run keeps its training state (what "memory saved" is measured against)."""
+    """How the BF16 reference run keeps its training state (what "memory saved" is measured against).
 
-    master_weights: bool = False
-    moment_dtype: Literal["param", "fp32", "bf16"] = "param"
+    The default is the standard mixed-precision set-up (Megatron-Core's and most Llama 3 recipes'):
+    FP32 master weights and FP32 AdamW moments. With FP32 parameters it is plain AdamW (the master
+    copy would equal the parameters), so a CPU probe with FP32 parameters runs it on any backend.
+    """
+
+    master_weights: bool = True
+    moment_dtype: Literal["param", "fp32", "bf16", "fp8"] = "fp32"
 
 
 #: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
@@ -380,3 +389,7 @@ class Space(Section):
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()
     tracking: TrackingSection = TrackingSection()
+
+    def baseline_knobs(self) -> MemoryKnobs:
+        """The reference run's memory knobs (``objectives.baseline_memory``), resolved for the probe's parameters."""
+        return MemoryKnobs(**self.objectives.baseline_memory.model_dump()).resolved(self.probe.param_dtype)

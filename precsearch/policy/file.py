@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from precsearch.errors import UserError
-from precsearch.policy.rules import MOMENT_DTYPES, MemoryKnobs, Policy
+from precsearch.policy.rules import FP8_ATTENTION, MASTER_DTYPES, MOMENT_DTYPES, MemoryKnobs, Policy
 from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN, AmaxAlgo, Fp8Format, LayerRecipe, Precision
 
 SCHEMA_VERSION = 1
@@ -108,9 +108,16 @@ def _check_policy(policy: Any) -> None:
     for key in ("master_weights", "fp8_weights"):
         if key in memory:
             _expect(isinstance(memory[key], bool), f"policy.memory.{key}", "true or false", memory[key])
-    if "moment_dtype" in memory:
-        _expect(memory["moment_dtype"] in MOMENT_DTYPES, "policy.memory.moment_dtype",
-                f"one of {', '.join(MOMENT_DTYPES)}", memory["moment_dtype"])
+    for key, valid in (("moment_dtype", MOMENT_DTYPES), ("exp_avg_dtype", (None, *MOMENT_DTYPES)),
+                       ("exp_avg_sq_dtype", (None, *MOMENT_DTYPES)), ("master_dtype", MASTER_DTYPES),
+                       ("fp8_attention", FP8_ATTENTION)):
+        if key in memory:
+            _expect(memory[key] in valid, f"policy.memory.{key}",
+                    f"one of {', '.join('null' if v is None else v for v in valid)}", memory[key])
+    if memory.get("fp8_weights") and memory.get("master_dtype", "fp32") != "fp32":
+        raise UserError(f"master_dtype {memory['master_dtype']!r} cannot go with fp8_weights: TE's FP8-parameter "
+                        "Adam kernel keeps FP32 master weights; valid: fp32, or fp8_weights false",
+                        field="policy.memory.master_dtype")
 
 
 def _check_rule(rule: Any, field: str) -> None:

@@ -390,7 +390,7 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
 
 def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
     """The BF16 references (every seed at ``rung`` steps, and the stress lr) for ``policy``'s gradient clipping."""
-    baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
+    baseline = ctx.space.baseline_knobs()
     reference = Policy.bf16(policy.clip_grad, baseline)
     told = []
 

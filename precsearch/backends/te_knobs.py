@@ -1,0 +1,36 @@
+"""Which memory knobs (:class:`~precsearch.policy.MemoryKnobs`) Transformer Engine can apply on a device.
+
+Kept apart from :mod:`precsearch.backends.te` so the checks run without importing TE.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from precsearch.backends.capability import gpu_capability, te_import_error
+from precsearch.policy.rules import MemoryKnobs
+
+#: FP8 fused attention (cuDNN) needs Hopper or newer.
+FP8_ATTENTION_MIN_CAPABILITY = (9, 0)
+
+
+def te_memory_knob_problem(knobs: MemoryKnobs, device: torch.device) -> str | None:
+    """None if the ``te`` backend applies ``knobs`` on ``device``; else why not, naming the knob."""
+    if knobs.is_default:
+        return None
+    named = ", ".join(knobs.changed())
+    if device.type != "cuda":
+        return f"{named}: TE FusedAdam, FP8 weights and FP8 attention need a CUDA GPU (device is {device})"
+    error = te_import_error()
+    if error is not None:
+        return f"{named}: {error}"
+    if knobs.fp8_attention == "mha":
+        return ("fp8_attention=mha: the probe applies FP8 attention to the attention core only (its RoPE runs "
+                "between the q/k/v GEMM and attention, on BF16); valid here: off, dpa (exports still name mha)")
+    if knobs.fp8_attention != "off":
+        cap = gpu_capability(device)
+        if cap is None or cap < FP8_ATTENTION_MIN_CAPABILITY:
+            have = f"sm_{cap[0]}{cap[1]}" if cap else "no GPU"
+            return (f"fp8_attention={knobs.fp8_attention}: TE's FP8 fused attention needs sm_90 (Hopper) or "
+                    f"newer; {device} is {have}; valid here: off")
+    return None
