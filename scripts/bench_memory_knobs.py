@@ -65,16 +65,16 @@ ROWS: dict[str, Row] = {
     "bf16_std": Row(fp8=False, groups="one"),
     "fp8_std": Row(groups="one"),
     "fp8_m_bf16": Row(exp_avg="bf16", exp_avg_sq="bf16", groups="one"),
-    "fp8_m_fp8_one": Row(exp_avg="fp8", exp_avg_sq="fp8", groups="one"),
     "fp8_m_fp8": Row(exp_avg="fp8", exp_avg_sq="fp8"),
     "fp8_m1_fp8": Row(exp_avg="fp8"),
     "fp8_m2_fp8": Row(exp_avg_sq="fp8"),
+    "fp8_m_fp8_one_compact": Row(exp_avg="fp8", exp_avg_sq="fp8", groups="one"),
     "fp8_fp16_master_one": Row(master="fp16", groups="one"),
     "fp8_fp16_master": Row(master="fp16"),
     "fp8_rem": Row(remainders=True, groups="one"),
-    "fp8_rem_m_fp8_one": Row(remainders=True, exp_avg="fp8", exp_avg_sq="fp8", groups="one"),
     "fp8_rem_m_fp8": Row(remainders=True, exp_avg="fp8", exp_avg_sq="fp8"),
     "fp8_rem_m_bf16": Row(remainders=True, exp_avg="bf16", exp_avg_sq="bf16", groups="one"),
+    "fp8_rem_m1_fp8_m2_bf16": Row(remainders=True, exp_avg="fp8", exp_avg_sq="bf16"),
     "fp8w_std": Row(fp8_weights=True, groups="one"),
     "fp8w_m_fp8": Row(fp8_weights=True, exp_avg="fp8", exp_avg_sq="fp8"),
     "fp8_dpa": Row(fp8_dpa=True, groups="one"),
@@ -84,7 +84,10 @@ ROWS: dict[str, Row] = {
 }
 #: The first H200 call's rows with FP8 states as FusedAdam makes them (two layouts, created at the first step).
 ROWS |= {f"{k}_te": Row(**{**asdict(v), "compact": False}) for k, v in ROWS.items()
-         if "fp8" in (v.exp_avg, v.exp_avg_sq)}
+         if "fp8" in (v.exp_avg, v.exp_avg_sq) and not k.endswith("_compact")}
+#: The first call's one-group rows (FusedAdam's states, one param group: the issue's measurement).
+ROWS |= {"fp8_m_fp8_one_te": Row(exp_avg="fp8", exp_avg_sq="fp8", groups="one", compact=False),
+         "fp8_rem_m_fp8_one_te": Row(remainders=True, exp_avg="fp8", exp_avg_sq="fp8", groups="one", compact=False)}
 BASELINE = "bf16_std"
 PHASES = ("forward", "backward", "step")
 
@@ -177,7 +180,7 @@ def run_row(cfg, args: argparse.Namespace, data, row: Row) -> dict:
             "weights_gib": weights / GIB, "state_gib": state / GIB,
             "phase_peak_gib": {p: (v - base) / GIB for p, v in phase_peak.items()},
             "phase_alloc_gib": {p: (v - base) / GIB for p, v in phase_alloc.items()},
-            "first_loss": losses[0], "last_loss": losses[-1]}
+            "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}
 
 
 def guarded(cfg, args, data, row: Row) -> dict:

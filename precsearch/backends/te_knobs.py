@@ -9,7 +9,10 @@ import torch
 
 from precsearch.backends.capability import gpu_capability, te_import_error
 from precsearch.policy.rules import MemoryKnobs
+from precsearch.precision import Precision
 
+#: Precisions whose TE recipe can run attention in FP8 (TE refuses ``fp8_dpa`` on block-scaled recipes).
+FP8_ATTENTION_PRECISIONS = (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
 #: FP8 fused attention (cuDNN) needs Hopper or newer.
 FP8_ATTENTION_MIN_CAPABILITY = (9, 0)
 

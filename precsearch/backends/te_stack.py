@@ -36,8 +36,9 @@ from torch import Tensor, nn
 from precsearch.arch.units import OUTPUT_LAYER
 from precsearch.backends.base import WrappedLinear
 from precsearch.backends.capability import require_te
+from precsearch.backends.te_knobs import FP8_ATTENTION_PRECISIONS
 from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
-from precsearch.precision import LayerRecipe, Precision
+from precsearch.precision import LayerRecipe
 from precsearch.probe.diagnostics import TensorStats
 
 #: Delayed-scaling slots of a ``te.LayerNormMLP`` (``FP8FwdTensors``: GEMM1_INPUT, GEMM1_WEIGHT, GEMM2_WEIGHT).
@@ -172,10 +173,6 @@ class TECoreAttention(nn.Module):
             return self.attention(q, k, v)
         with self._autocast(enabled=True, recipe=self.fp8_recipe):
             return self.attention(q, k, v)
-
-
-#: Precisions whose TE recipe can run attention in FP8 (TE refuses ``fp8_dpa`` on block-scaled recipes).
-FP8_ATTENTION_PRECISIONS = (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
 
 
 def fp8_attention_recipe(te_recipe: Any, recipe: LayerRecipe, mode: str) -> Any:
