@@ -11,10 +11,28 @@ from precsearch.backends.capability import gpu_capability, te_import_error
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 
-#: Precisions whose TE recipe can run attention in FP8 (TE refuses ``fp8_dpa`` on block-scaled recipes).
-FP8_ATTENTION_PRECISIONS = (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
 #: FP8 fused attention (cuDNN) needs Hopper or newer.
 FP8_ATTENTION_MIN_CAPABILITY = (9, 0)
+#: On Hopper TE 2.20 trains FP8 attention only with this head dimension (``fused_attn.cpp``: sm90
+#: training needs d_qk = d_v = 128) and only under delayed scaling (current scaling: sm_100 or newer).
+FP8_ATTENTION_HOPPER_HEAD_DIM = 128
+
+
+def fp8_attention_precisions(capability: tuple[int, int] | None) -> tuple[Precision, ...]:
+    """The q/k/v precisions whose blocks TE can run FP8 attention for, on a GPU of ``capability``."""
+    if capability is None or capability < FP8_ATTENTION_MIN_CAPABILITY:
+        return ()
+    if capability < (10, 0):
+        return (Precision.FP8_DELAYED,)
+    return (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
+
+
+def fp8_attention_model_problem(head_dim: int, capability: tuple[int, int] | None) -> str | None:
+    """Why TE cannot train FP8 attention at ``head_dim`` on this GPU, or None."""
+    if capability is not None and capability < (10, 0) and head_dim != FP8_ATTENTION_HOPPER_HEAD_DIM:
+        return (f"TE trains FP8 attention on Hopper only with head_dim {FP8_ATTENTION_HOPPER_HEAD_DIM} "
+                f"(cuDNN FP8 fused attention); the model's head_dim is {head_dim}; valid here: off")
+    return None
 
 
 def te_memory_knob_problem(knobs: MemoryKnobs, device: torch.device) -> str | None:

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from precsearch.arch.units import OUTPUT_LAYER
 from precsearch.backends.base import WrappedLinear
-from precsearch.backends.capability import require_te
-from precsearch.backends.te_knobs import FP8_ATTENTION_PRECISIONS
+from precsearch.backends.capability import gpu_capability, require_te
+from precsearch.backends.te_knobs import fp8_attention_precisions
 from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
 from precsearch.precision import LayerRecipe
 from precsearch.probe.diagnostics import TensorStats
@@ -175,9 +175,9 @@ class TECoreAttention(nn.Module):
             return self.attention(q, k, v)
 
 
-def fp8_attention_recipe(te_recipe: Any, recipe: LayerRecipe, mode: str) -> Any:
-    """A copy of ``te_recipe`` with ``fp8_dpa`` on, or None when ``mode`` is off or ``recipe`` cannot."""
-    if mode == "off" or recipe.precision not in FP8_ATTENTION_PRECISIONS:
+def fp8_attention_recipe(te_recipe: Any, recipe: LayerRecipe, mode: str, capability: tuple[int, int] | None) -> Any:
+    """A copy of ``te_recipe`` with ``fp8_dpa`` on, or None when ``mode`` is off or TE cannot on this GPU."""
+    if mode == "off" or recipe.precision not in fp8_attention_precisions(capability):
         return None
     return dataclasses.replace(te_recipe, fp8_dpa=True)
 
@@ -280,10 +280,12 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
         recipes: Unit name -> recipe, for every unit of the model.
         te_recipe: The TE recipe object of an FP8 recipe (shared per recipe key); None for BF16.
         fp8_weights: FP8 units keep their weights in FP8 only (``te.quantized_model_init``).
-        fp8_attention: ``dpa``: blocks whose q/k/v unit runs delayed or current FP8 run
-            attention in FP8 (:class:`TECoreAttention`); ``off``: BF16 attention.
+        fp8_attention: ``dpa``: blocks whose q/k/v unit runs a recipe TE can fuse FP8
+            attention for on this GPU (delayed scaling on Hopper) run attention in FP8
+            (:class:`TECoreAttention`); ``off``: BF16 attention.
     """
     cfg = model.cfg
+    capability = gpu_capability(next(model.parameters()).device)
 
     def unit(name: str, build: Callable[..., nn.Module], module: nn.Module) -> TEPrecisionLinear:
         r = recipes[name]
@@ -297,7 +299,7 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
         attn.linear_qkv = unit(prefix + "self_attention.linear_qkv", te_layernorm_linear, attn.linear_qkv)
         attn.linear_proj = unit(prefix + "self_attention.linear_proj", te_linear, attn.linear_proj)
         qkv = recipes[prefix + "self_attention.linear_qkv"]
-        dpa = (fp8_attention_recipe(attn.linear_qkv.te_recipe, qkv, fp8_attention)
+        dpa = (fp8_attention_recipe(attn.linear_qkv.te_recipe, qkv, fp8_attention, capability)
                if attn.linear_qkv.te_recipe is not None else None)
         attn.core_attention = TECoreAttention(cfg.n_heads, cfg.head_dim, cfg.n_kv_heads, dpa, attn.linear_qkv)
         attn.rope = te_rope

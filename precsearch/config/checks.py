@@ -10,6 +10,8 @@ from dataclasses import fields
 import torch
 
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
+from precsearch.backends.capability import gpu_capability
+from precsearch.backends.te_knobs import fp8_attention_model_problem
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import DataSource, Space
 from precsearch.config.values import check_values
@@ -123,6 +125,10 @@ def _check_memory_knobs(space: Space, backend, device) -> None:
             problem = backend.memory_knob_problem(knobs, device)
             if problem:
                 raise UserError(f"{name}={value}: {problem}", field=f"search.memory.{name}")
+    if any(v != "off" for v in mem.fp8_attention.options()):
+        problem = fp8_attention_model_problem(space.model.probe().head_dim, gpu_capability(device))
+        if problem:
+            raise UserError(f"fp8_attention: {problem}", field="search.memory.fp8_attention")
 
 
 def check_nproc(space: Space) -> None:

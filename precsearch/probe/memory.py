@@ -54,7 +54,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from precsearch.backends.te_knobs import FP8_ATTENTION_PRECISIONS
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.arch.config import ModelConfig
@@ -156,7 +155,10 @@ def predict_peak(
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
 
     ``state_group_elements``: the largest optimizer param group (default: the largest
-    parameter, as :func:`precsearch.backends.te_optimizer.build_optimizer` splits them).
+    parameter, as :func:`precsearch.backends.te_optimizer.build_optimizer` splits them;
+    ``num_params()`` for one group). Two groups' FP32 copies are alive at once: FusedAdam's
+    ``tensor_lists`` still holds the previous group's until the next group's kernel
+    (measured at the 8B width: 7.5 GiB with groups of 525M elements, two FP8 moments).
     """
     memory = memory or MemoryKnobs()
     tokens = seq_len * micro_batch
@@ -187,7 +189,7 @@ def predict_peak(
         - fp8_attention_saving(cfg, precisions, memory, tokens),
         logits=tokens * cfg.vocab_size * _LOGIT_FP32_TENSORS * _FP32,
         master=int(n_params * master),
-        step_transient=_FP32 * group * scaled_states(memory, param_dtype),
+        step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
     )
 
 
@@ -213,12 +215,16 @@ def max_param_elements(cfg: ModelConfig) -> int:
 
 def fp8_attention_saving(cfg: ModelConfig, precisions: dict[str, Precision], memory: MemoryKnobs,
                          tokens: int) -> int:
-    """Bytes FP8 attention saves: q, k, v and the output kept in FP8 (1 byte) instead of BF16 per block."""
+    """Bytes FP8 attention saves: q, k, v and the output kept in FP8 (1 byte) instead of BF16 per block.
+
+    Counted for blocks whose q/k/v unit runs delayed scaling, the one recipe whose FP8 attention TE fuses
+    on Hopper (current scaling needs sm_100; see :mod:`precsearch.backends.te_knobs`).
+    """
     if memory.fp8_attention == "off":
         return 0
     kv = cfg.n_kv_heads * cfg.head_dim
     blocks = sum(1 for i in range(cfg.n_layers)
-                 if precisions.get(f"decoder.layers.{i}.self_attention.linear_qkv") in FP8_ATTENTION_PRECISIONS)
+                 if precisions.get(f"decoder.layers.{i}.self_attention.linear_qkv") is Precision.FP8_DELAYED)
     return tokens * blocks * (2 * cfg.dim + 2 * kv) * (_BF16 - 1)
 
 

@@ -45,8 +45,13 @@ KNOBS = {
     "remainders_fp8_moments": MemoryKnobs(master_weights=True, moment_dtype="fp8", master_dtype="remainders"),
     "fp8_weights_fp8_moments": MemoryKnobs(moment_dtype="fp8", fp8_weights=True),
 }
-#: Optimizer-state bytes measured vs predicted: per-tensor scales and the allocator's rounding only.
-STATE_TOLERANCE = 0.02
+#: Optimizer-state bytes measured vs predicted: 1% plus a fixed 2 MiB for FusedAdam's own buffers, per-tensor
+#: scales and the allocator's 512-byte blocks (measured on the H200: 0.06 to 1.5 MiB over the model at this size).
+STATE_TOLERANCE, STATE_SLACK = 0.01, 2 * 2**20
+#: FP8 attention needs head_dim 128 to train on Hopper (TE 2.20 fused_attn.cpp); the first H200 run of this
+#: test used head_dim 64 and TE found no attention backend.
+ATTENTION_CFG = ModelConfig(vocab_size=1024, dim=512, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=1024,
+                            max_seq_len=512)
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +87,7 @@ def test_optimizer_state_bytes_match_the_model(name):
     predicted = predict_peak(CFG, _precisions(), seq_len=128, micro_batch=1, param_dtype="bf16", memory=memory)
     measured = _state_bytes(memory)
     print(f"{name}: state {measured / 2**20:.2f} MiB measured, {predicted.optimizer / 2**20:.2f} MiB predicted")
-    assert measured == pytest.approx(predicted.optimizer, rel=STATE_TOLERANCE)
+    assert abs(measured - predicted.optimizer) <= STATE_TOLERANCE * predicted.optimizer + STATE_SLACK
 
 
 @pytest.mark.parametrize("name", list(KNOBS))
@@ -124,7 +129,8 @@ def test_one_param_group_holds_fp32_copies_of_every_fp8_moment():
         assert all(torch.isfinite(p).all() for p in model.parameters())
         del opt, model
     n = CFG.num_params()
-    predicted = 4 * 2 * (n - max_param_elements(CFG))
+    # one group holds every FP32 copy; split groups hold two groups' worth (memory.predict_peak's docstring)
+    predicted = 4 * 2 * (n - 2 * max_param_elements(CFG))
     measured = peaks[False] - peaks[True]
     print(f"one group - split: {measured / 2**20:.2f} MiB measured, {predicted / 2**20:.2f} MiB predicted")
     assert measured == pytest.approx(predicted, rel=0.1)
@@ -133,11 +139,12 @@ def test_one_param_group_holds_fp32_copies_of_every_fp8_moment():
 def test_fp8_attention_saves_activation_memory():
     """The forward under ``fp8_attention: dpa`` keeps less for the backward than with BF16 attention."""
     saved = {}
-    ids = torch.randint(0, CFG.vocab_size, (2, 512), generator=torch.Generator().manual_seed(0)).to(DEV)
+    cfg = ATTENTION_CFG
+    ids = torch.randint(0, cfg.vocab_size, (2, 512), generator=torch.Generator().manual_seed(0)).to(DEV)
     for mode in ("off", "dpa"):
         memory = MemoryKnobs(fp8_attention=mode)
         backend = get_backend("te", DEV).for_memory(memory)
-        model = build_probe(CFG, _policy(memory), backend, DEV, seed=0, param_dtype="bf16")
+        model = build_probe(cfg, _policy(memory), backend, DEV, seed=0, param_dtype="bf16")
         for _ in range(2):  # the first forward also makes TE's FP8 metadata
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
@@ -147,7 +154,7 @@ def test_fp8_attention_saves_activation_memory():
             loss.backward()
             model.zero_grad(set_to_none=True)
         del model
-    predicted = 2 * 512 * CFG.n_layers * (2 * CFG.dim + 2 * CFG.n_kv_heads * CFG.head_dim)
+    predicted = 2 * 512 * cfg.n_layers * (2 * cfg.dim + 2 * cfg.n_kv_heads * cfg.head_dim)
     print(f"fp8 attention: {(saved['off'] - saved['dpa']) / 2**20:.2f} MiB less saved, "
           f"{predicted / 2**20:.2f} MiB predicted")
     assert saved["dpa"] < saved["off"]
