@@ -64,6 +64,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "feasible": score["feasible"],
         "diverged": score["diverged"],
         "memory_source": trial.user_attrs.get("memory_source", ""),
+        "memory_sources": trial.user_attrs.get("memory_sources", ""),
         "policy": policy_summary(trial.params),
         "params": dict(trial.params),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
@@ -83,6 +84,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
                      f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}")
+        if r.get("memory_sources"):
+            lines.append(f"{'':>5}  saved from: {r['memory_sources']} (target, vs the baseline)")
     return "\n".join(lines)
 
 
