@@ -4,6 +4,10 @@
 #   2. scripts/bench_memory_knobs.py at the Llama-3-8B width (KNOB_ARGS, default 24 layers, seq 4096, mb 1).
 #   run(command="mkdir -p /tmp/site && tar xJf .gpu/site.tar.xz -C /tmp/site && cd .wt/mem && bash scripts/gpu_memory_knobs.sh",
 #       carry=[".gpu", ".wt/mem"], timeout_s=600)
+# The GPU tests alone (about 30 s of tests after TE's first import; the machine's start not included):
+#   ... && cd .wt/mem && TESTS=tests/backends/test_gpu_memory_knobs.py BENCH=0 bash scripts/gpu_memory_knobs.sh
+# The two 2026-11-30 calls: scripts/results/2026-11-30_h200_bench_memory_knobs_call{1,2}.{json,log} (call 1 ran
+# before compact FP8 states existed: its FP8-moment rows are today's *_te rows).
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_memory_knobs_out
 source "$(dirname "$0")/gpu_env.sh"
