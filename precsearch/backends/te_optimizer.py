@@ -124,9 +124,18 @@ def build_optimizer(
 def compact_fp8_states(optimizer: torch.optim.Optimizer) -> int:
     """Initialise every state of ``optimizer`` now; keep its FP8 states row-wise only (no transpose).
 
+    Values are kept: a state holding moments (after ``load_state_dict``, which re-makes
+    them with both layouts) is re-quantized with FusedAdam's own per-tensor scaling; an
+    all-zero one (a fresh state) with scale 1, as FusedAdam initialises it. A no-op for
+    an optimizer without FP8 states (``torch.optim.AdamW``).
+
     Returns:
         How many FP8 states were re-made.
     """
+    names = [n for n in ("exp_avg", "exp_avg_sq")
+             if getattr(optimizer, "name_to_dtype_map", {}).get(n) == torch.uint8]
+    if not names:
+        return 0
     from transformer_engine.pytorch.constants import DType
     from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
 
@@ -136,14 +145,17 @@ def compact_fp8_states(optimizer: torch.optim.Optimizer) -> int:
             state = optimizer.state[p]
             if not state:
                 optimizer.initialize_state(p, optimizer.store_param_remainders and p.dtype == torch.bfloat16)
-            for name in ("exp_avg", "exp_avg_sq"):
-                if optimizer.name_to_dtype_map[name] != torch.uint8:
-                    continue
+            for name in names:
+                values = state[name].float()
+                state[name] = None  # free the two-layout tensor before the one-layout one is made
                 quantizer = Float8Quantizer(scale=torch.ones(1, dtype=torch.float32, device=p.device),
                                             amax=torch.zeros(1, dtype=torch.float32, device=p.device),
                                             fp8_dtype=DType.kFloat8E4M3, rowwise=True, columnwise=False)
-                state[name] = None  # free the two-layout tensor before the one-layout one is made
-                state[name] = quantizer.quantize(torch.zeros(p.shape, dtype=torch.float32, device=p.device))
+                if bool(values.abs().max() > 0):
+                    state[name] = quantizer.make_empty(p.shape, device=p.device)
+                    optimizer._apply_scale(name, values, state[name], optimizer._scales[p][name])
+                else:
+                    state[name] = quantizer.quantize(values)
                 remade += 1
     return remade
 
