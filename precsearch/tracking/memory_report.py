@@ -43,8 +43,13 @@ def breakdown(result: ProbeResult, reference: ProbeResult) -> dict[str, Any]:
 def saving_sources(trial: dict[str, int], baseline: dict[str, int], top: int = 3) -> str:
     """The components that move memory most against the baseline, e.g. ``moments -35.1 GiB, master -11.7 GiB``."""
     moves = [(k, trial.get(k, 0) - baseline.get(k, 0)) for k in COMPONENTS if k in trial or k in baseline]
-    moves = [m for m in sorted(moves, key=lambda m: -abs(m[1])) if abs(m[1]) >= 0.005 * GIB][:top]
-    return ", ".join(f"{k.replace('_weights', '').replace('_', ' ')} {v / GIB:+.1f} GiB" for k, v in moves)
+    floor = 0.005 * sum(baseline.values())  # moves under 0.5% of the baseline are noise in a summary
+    moves = [m for m in sorted(moves, key=lambda m: -abs(m[1])) if m[1] and abs(m[1]) >= floor][:top]
+    return ", ".join(f"{k.replace('_weights', '').replace('_', ' ')} {_size(v)}" for k, v in moves)
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:+.1f} GiB" if abs(n) >= GIB else f"{n / 2**20:+.1f} MiB"
 
 
 def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:

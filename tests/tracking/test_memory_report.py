@@ -59,3 +59,9 @@ def test_phase_memory_records_nothing_on_a_cpu():
     phases = PhaseMemory(torch.device("cpu"))
     phases.mark("forward")
     assert phases.to_dict() == {} and phases.overall_peak() == 0
+
+
+def test_small_models_are_summarised_in_mib_and_noise_is_left_out():
+    base = {"moments": 3 * 2**20, "weights": 200 * 2**20, "activations": 100 * 2**20}
+    trial = {"moments": 1 * 2**20, "weights": 200 * 2**20, "activations": 99.9 * 2**20}
+    assert saving_sources(trial, base) == "moments -2.0 MiB"  # 0.1 MiB of activations is under 0.5% of 303 MiB
