@@ -9,9 +9,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from precsearch import __version__
+from precsearch.version import __version__
 from precsearch.cli_checks import at_least, check_fraction, check_gpus_present, check_workers
 from precsearch.errors import UserError
+from precsearch.export.pick import PICKS
+from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
 
 EXIT_USER_ERROR = 2
@@ -50,8 +52,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from precsearch.search.front import format_table
-    from precsearch.search.launcher import parse_gpus
-    from precsearch.search.study import run_study
+    from precsearch.runtime.launcher import parse_gpus
+    from precsearch.runtime.study import run_study
 
     at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
     space = _load_checked_space(args.space)
@@ -63,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          progress=not args.no_progress, workers=args.workers, gpus=gpus)
     except KeyboardInterrupt:
         return _stopped()
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
 
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     print(format_table([r for r in rows if r["pareto"]]))
@@ -91,7 +93,7 @@ def _shell_path(path: Path) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from precsearch.search.worker import run_worker
+    from precsearch.runtime.worker import run_worker
 
     at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
     try:
@@ -140,7 +142,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
     from precsearch.tracking import ui
     from precsearch.tracking.server import mlflow_server_command
 
@@ -203,8 +205,8 @@ def _optuna_dashboard(ws, host: str, port: int) -> int:
 def _open_study(output_dir: Path):
     import optuna
 
-    from precsearch.search.stores import open_storage
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.stores import open_storage
+    from precsearch.runtime.workspace import Workspace
 
     ws = Workspace.load(output_dir)
     try:
@@ -261,12 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--trial", type=int, help="the trial number")
-    which.add_argument("--pick", choices=("max-memory", "fastest", "most-stable"),
+    which.add_argument("--pick", choices=tuple(PICKS),
                        help="choose the trial: most memory saved, highest tokens/s on the Pareto front, or "
                             "lowest instability (among feasible trials)")
     p.add_argument("--max-instability", type=float, metavar="X",
                    help="with --pick: only trials whose instability is at most X (e.g. 0.005)")
-    p.add_argument("--format", choices=("policy", "megatron", "torchtitan", "accelerate"), default="policy",
+    p.add_argument("--format", choices=tuple(FORMATS), default=next(iter(FORMATS)),
                    help="policy.yaml (default), Megatron-LM flags + precision config, a torchtitan TOML "
                         "section, or an Accelerate snippet")
     p.add_argument("--n-layers", type=int, metavar="N",
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # precsearch drives heartbeats itself around ask/tell (precsearch.search.study._run_trial)
+    # precsearch drives heartbeats itself around ask/tell (precsearch.runtime.study._run_trial)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     try:
         return args.func(args)

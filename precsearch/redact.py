@@ -42,3 +42,9 @@ def redact_text(text: str) -> str:
     """``text`` (a YAML file, a log line, an error message) with every URL password replaced by ``***``."""
     text = _USERINFO.sub(lambda m: f"{m['head']}{MASK}{m['at']}" if m["secret"] else m[0], text)
     return _SECRET_PARAM.sub(lambda m: f"{m['head']}{MASK}" if m["secret"] else m[0], text)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (at most 300 characters), redacted; its type name if it has none."""
+    lines = str(exc).strip().splitlines()
+    return redact_text(lines[0][:300] if lines else type(exc).__name__)

@@ -56,7 +56,7 @@ from precsearch.probe.result import ProbeResult
 from precsearch.probe.risk import THRESHOLD, risk_score, seed_spread
 from precsearch.probe.runner import run_probe
 from precsearch.probe.signals import Signals
-from precsearch.search.evaluate import front_policies, te_version
+from precsearch.runtime.evaluate import front_policies, te_version
 from precsearch.search.sampling import policy_from_params
 from precsearch.search.scoring import tail_gap
 

@@ -40,7 +40,7 @@ from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.memory import linear_shapes
 from precsearch.probe.model import ModelConfig
-from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
+from precsearch.runtime.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.search.pareto import dominates
 from precsearch.search.scoring import DIRECTIONS as SCORE_DIRECTIONS
 from precsearch.probe.data import load_batches

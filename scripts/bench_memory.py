@@ -43,7 +43,7 @@ from precsearch.probe.data import TokenBatches, load_tokens
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import PRESETS, ModelConfig
 from precsearch.probe.runner import backend_precisions, run_probe
-from precsearch.search.evaluate import te_version
+from precsearch.runtime.evaluate import te_version
 
 BLOCKS = "decoder.layers.*"
 GIB = 2**30

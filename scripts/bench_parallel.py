@@ -47,8 +47,8 @@ def _check(out_dir: Path) -> dict:
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from precsearch.search.study import finished_count
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.study import finished_count
+    from precsearch.runtime.workspace import Workspace
 
     ws = Workspace.load(out_dir)
     study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)

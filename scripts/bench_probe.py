@@ -31,7 +31,7 @@ import torch
 import yaml
 
 from precsearch.backends import resolve_device
-from precsearch.search.evaluate import te_version
+from precsearch.runtime.evaluate import te_version
 from precsearch.config.loader import parse_space
 from precsearch.config.space import Space
 

@@ -3,7 +3,8 @@
 Times, as the median of --repeats calls, what a trial's recording renders: the loss chart, the policy
 and memory tables, the front update (PNG and page, with the study's rows repeated to --rows trials), and,
 for scale, the signals plot that was there before, and the former front (PNG and plotly page) if
---old-front names a copy of the former ``front_report.py``. Prints a table; writes JSON with --json.
+--old-front names a copy of the former ``front_report.py`` (skipped without plotly, which precsearch no
+longer depends on). Prints a table; writes JSON with --json.
 
     python scripts/bench_review.py --output-dir /tmp/smoke --json scripts/results/review_cost.json
 """
@@ -27,7 +28,7 @@ import optuna  # noqa: E402
 from precsearch.policy import Policy  # noqa: E402
 from precsearch.probe.result import ProbeResult  # noqa: E402
 from precsearch.search.front import trial_rows  # noqa: E402
-from precsearch.search.workspace import Workspace  # noqa: E402
+from precsearch.runtime.workspace import Workspace  # noqa: E402
 from precsearch.tracking.front_report import write_front  # noqa: E402
 from precsearch.tracking.signals_report import trial_signals  # noqa: E402
 from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table  # noqa: E402
@@ -70,7 +71,9 @@ def main() -> int:
         "signals.png (there before)": median_s(lambda: trial_signals(result.signals, reference.signals,
                                                                      [reference.signals]), args.repeats),
     }
-    if args.old_front is not None:
+    if args.old_front is not None and importlib.util.find_spec("plotly") is None:
+        print("former front skipped: plotly is not installed (precsearch no longer needs it; pip install plotly)")
+    elif args.old_front is not None:
         spec = importlib.util.spec_from_file_location("old_front", args.old_front)
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)

@@ -49,10 +49,10 @@ from precsearch.probe.result import ProbeResult
 from precsearch.probe.runner import run_probe
 from precsearch.search.hypervolume import hypervolume
 from precsearch.search.pareto import pareto_indices
-from precsearch.search.reference import ReferenceCache, reference_key
+from precsearch.runtime.reference import ReferenceCache, reference_key
 from precsearch.search.sampling import policy_from_params, suggest_policy
 from precsearch.search.scoring import DIVERGED_INSTABILITY, score
-from precsearch.search.stores import make_sampler
+from precsearch.runtime.stores import make_sampler
 from precsearch.probe.data import load_batches
 
 PRECISIONS = ["bf16", "fp8_current", "fp8_delayed"]

@@ -47,7 +47,7 @@ from precsearch.probe.data import TokenBatches
 from precsearch.probe.diagnostics import DiagnosticsConfig
 from precsearch.probe.model import PRESETS, ModelConfig
 from precsearch.probe.runner import run_probe
-from precsearch.search.evaluate import te_version
+from precsearch.runtime.evaluate import te_version
 
 P = Precision
 #: Row -> (attention precision, MLP precision); equal ones make a uniform row.

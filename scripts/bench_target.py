@@ -25,7 +25,7 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.precision import Precision
-from precsearch.search.evaluate import evaluate_policies, format_rows, front_policies, te_version
+from precsearch.runtime.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.probe.data import load_batches
 
 

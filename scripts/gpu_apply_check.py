@@ -27,11 +27,11 @@ from precsearch.backends import resolve_device
 from precsearch.config.loader import load_space
 from precsearch.export import export_trial
 from precsearch.policy import Policy
-from precsearch.policy.apply import _backend_of
+from precsearch.backends.policy_runtime import _backend_of
 from precsearch.probe.runner import _lr_lambda, build_probe, evaluate
 from precsearch.search.front import trial_rows
 from precsearch.probe.data import load_batches
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.events import count_events
 from precsearch.probe.runner import run_probe
-from precsearch.search.reference import ReferenceCache, gather_references, stress_probe
+from precsearch.runtime.reference import ReferenceCache, gather_references, stress_probe
 from precsearch.search.scoring import score
 from precsearch.probe.data import load_batches
 from precsearch.probe.risk import risk_score, seed_spread

@@ -23,7 +23,7 @@ python3 - "$DIR" > "$OUT/rungs.txt" 2>&1 <<'PY'
 # every trial with its rung, what it continues, and its verdict, straight from the Optuna storage
 import sys
 import optuna
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 ws = Workspace.load(sys.argv[1])
 study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
 for t in study.trials:

@@ -126,7 +126,7 @@ def study_front(output_dir: Path) -> set[int]:
     import optuna
 
     from precsearch.search.front import trial_rows
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
 
     ws = Workspace.load(output_dir)
     study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
@@ -134,7 +134,7 @@ def study_front(output_dir: Path) -> set[int]:
 
 
 def run_checks(base: str, output_dir: Path, browser: str, results: Path, prefix: str, budget_ms: int) -> Checks:
-    from precsearch.search.workspace import Workspace
+    from precsearch.runtime.workspace import Workspace
 
     check = Checks()
     ws = Workspace.load(output_dir)

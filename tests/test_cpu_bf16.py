@@ -109,7 +109,7 @@ def test_cpu_with_native_bf16_keeps_autocasts_gemm(monkeypatch):
 def test_reference_key_names_the_gemm_path(monkeypatch):
     # a reference computed with native BF16 GEMMs is not reused where float32 ones run, nor back
     from precsearch.config.loader import parse_space
-    from precsearch.search.reference import reference_key
+    from precsearch.runtime.reference import reference_key
     from _spaces import tiny_space_dict
 
     space = parse_space(tiny_space_dict())

@@ -1,4 +1,4 @@
-"""Numeric backends behind one ABC (:class:`~precsearch.backends.base.Backend`).
+"""Numeric backends behind one ABC (:class:`~precsearch.backends.base.Backend`), listed in :mod:`.registry`.
 
 ``emulated`` runs everywhere (FP8 numerics in PyTorch). ``te`` (Transformer
 Engine) and ``torchao`` are the GPU backends; they import their libraries only
@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from precsearch.backends.base import Backend, BackendUnavailable, UnsupportedRecipe
+from precsearch.backends.registry import AUTO, BACKEND_CHOICES, BACKEND_NAMES, BACKENDS
 
-__all__ = ["Backend", "BackendUnavailable", "UnsupportedRecipe", "get_backend", "resolve_device", "BACKEND_NAMES"]
-
-BACKEND_NAMES = ("emulated", "te", "torchao")
+__all__ = ["BACKENDS", "BACKEND_CHOICES", "BACKEND_NAMES", "Backend", "BackendUnavailable", "UnsupportedRecipe",
+           "get_backend", "resolve_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,34 +27,17 @@ def resolve_device(name: str) -> torch.device:
 
 def _auto_backend(device: torch.device) -> str:
     """Transformer Engine on a GPU where it imports, else the emulated backend."""
-    if device.type == "cuda":
-        from precsearch.backends.capability import te_import_error
-
-        if te_import_error() is None:
-            return "te"
+    if device.type == "cuda" and BACKENDS["te"].import_error() is None:
+        return "te"
     return "emulated"
 
 
 def get_backend(name: str, device: torch.device) -> Backend:
-    """The backend called ``name`` (``auto`` picks one for ``device``)."""
-    if name == "auto":
+    """The backend called ``name`` (``auto`` picks one for ``device``); names: :data:`BACKENDS`."""
+    if name == AUTO:
         name = _auto_backend(device)
-    if name == "emulated":
-        from precsearch.backends.emulated import EmulatedBackend
-
-        return EmulatedBackend()
-    if name == "te":
-        from precsearch.backends.capability import te_import_error
-        from precsearch.backends.te import TEBackend
-
-        if (error := te_import_error()) is not None:
-            raise BackendUnavailable(f"backend 'te': {error}; valid here: emulated")
-        return TEBackend()
-    if name == "torchao":
-        from precsearch.backends.capability import torchao_import_error
-        from precsearch.backends.torchao_backend import TorchaoBackend
-
-        if (error := torchao_import_error()) is not None:
-            raise BackendUnavailable(f"backend 'torchao': {error}; valid here: emulated")
-        return TorchaoBackend()
-    raise BackendUnavailable(f"unknown backend '{name}'; valid: auto, {', '.join(BACKEND_NAMES)}")
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend '{name}'; valid: {', '.join(BACKEND_CHOICES)}")
+    if (error := BACKENDS[name].import_error()) is not None:
+        raise BackendUnavailable(f"backend '{name}': {error}; valid here: emulated")
+    return BACKENDS[name].make()

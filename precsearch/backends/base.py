@@ -21,7 +21,7 @@ Contract (checked for every backend by ``tests/backends/test_contract.py``):
 * ``track_stats(model, True)`` makes the following forward/backward passes
   compute FP8 statistics; ``layer_stats`` then returns, for every converted
   layer that ran FP8 in the latest such pass, one
-  :class:`~precsearch.probe.diagnostics.TensorStats` per tensor role
+  :class:`~precsearch.backends.tensor_stats.TensorStats` per tensor role
   (``input``, ``weight``, ``grad_output``: amax, per-tensor scale or None,
   overflow and underflow shares in [0, 1], non-finite count). A backend that
   cannot observe its FP8 casts returns ``{}`` (the default), never made-up
@@ -39,7 +39,7 @@ from torch import nn
 
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.diagnostics import TensorStats
+from precsearch.backends.tensor_stats import TensorStats
 
 
 class UnsupportedRecipe(Exception):
@@ -156,6 +156,13 @@ def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter (CPU for a model without any)."""
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
+
+
+def refuse_layers(backend: str, problems: dict[str, str]) -> None:
+    """Raise :class:`UnsupportedRecipe` naming every layer (name -> why) ``backend`` cannot convert; none: return."""
+    if problems:
+        listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
+        raise UnsupportedRecipe(f"backend '{backend}' cannot convert {len(problems)} layer(s): {listed}")
 
 
 def linear_modules(model: nn.Module, names: list[str]) -> dict[str, nn.Linear]:

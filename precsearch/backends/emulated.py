@@ -26,7 +26,7 @@ from precsearch import cpu_bf16
 from precsearch.backends.base import Backend, keep_input_norm, linear_modules, model_device, norm_input
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.diagnostics import TensorStats
+from precsearch.backends.tensor_stats import TensorStats
 
 _NVFP4_REASON = "NVFP4 emulation is not implemented yet"
 

@@ -1,124 +1,6 @@
 """The Transformer Engine backend: per-layer FP8 recipes on real FP8 tensor cores.
 
-Contract (on top of :mod:`precsearch.backends.base`):
-
-* ``convert`` rebuilds the probe from TE's fused modules in Megatron-Core's
-  layout (:mod:`precsearch.backends.te_stack`): every precision unit becomes a
-  :class:`~precsearch.backends.te_stack.TEPrecisionLinear` around a
-  ``te.LayerNormLinear``, ``te.Linear`` or ``te.LayerNormMLP`` (BF16 units
-  too, as the training stack runs them), attention becomes
-  ``te.DotProductAttention`` with TE's fused RoPE. Weight values are copied in.
-  **TE modules own new Parameter objects**, so ``convert`` must run before the
-  optimizer is built (the probe runner does this).
-* While the step's FP8 is on, every unit enters ``te.autocast(enabled=<unit is
-  FP8>, recipe=<its recipe>)`` around its TE module, so each unit runs its own
-  recipe (TE nests: the innermost context decides) and BF16 units run BF16;
-  with FP8 off (the warm-up, the reference) no context is entered at all.
-* :meth:`TEBackend.autocast` toggles ``fp8_enabled`` on every wrapper and,
-  while FP8 is on, also holds ONE outer ``te.autocast(enabled=True)`` around the
-  forward, for the delayed-scaling bookkeeping explained below.
-* :meth:`TEBackend.fp8_metadata` reports, per converted layer, what TE holds
-  after a forward (whether FP8 ran, the recipe state, quantizers, and for
-  delayed scaling the scales and amax histories).
-* :meth:`TEBackend.track_stats` / :meth:`TEBackend.layer_stats`: per-layer FP8
-  statistics from the tensors each layer hands to TE, against TE's own scale
-  for delayed scaling (how, and why not TE's debug API: :mod:`precsearch.backends.te_stats`).
-
-Facts verified in Transformer Engine 2.20.2 (the wheel the H200 runs; paths in
-the NVIDIA/TransformerEngine repository):
-
-* ``te.autocast(enabled, calibrating, recipe, amax_reduction_group)`` is the
-  2.x context (``transformer_engine/pytorch/quantization.py``, class
-  ``autocast``); ``fp8_autocast`` and ``fp8_model_init`` are deprecated
-  aliases of ``autocast`` and ``quantized_model_init``. ``__enter__`` saves the
-  global state and ``__exit__`` restores it, so contexts nest and the inner
-  one's ``enabled``/``recipe`` win.
-* Delayed scaling keeps its state per module: ``fp8_meta["scaling_fwd"]`` and
-  ``["scaling_bwd"]`` are ``DelayedScalingRecipeState`` objects with ``scale``
-  (3 forward slots: input, weight, output; 2 backward: grad_output,
-  grad_input) and ``amax_history`` (``amax_history_len`` x slots)
-  (``quantization.py``, ``DelayedScalingRecipeState``;
-  ``transformer_engine/pytorch/module/base.py``, ``set_meta_tensor``). A module
-  re-creates that state only when the recipe *type* changes, so toggling FP8
-  off for the warm-up and on again keeps it.
-* Each delayed-scaling module registers its amax/scale tensors once in global
-  buffers keyed by ``str(recipe)`` and the amax reduction group
-  (``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer``). The amax
-  reduction and scale update of the forward tensors runs in
-  ``autocast_exit`` when the OUTERMOST enabled context exits with grad enabled
-  (``autocast_depth == 0``), over *every* registered delayed-scaling module, not
-  only those that ran inside it; the backward update runs in the backward of
-  the module that ran first in an outermost context (``is_first_fp8_module``;
-  ``module/linear.py``, ``_check_fp8_reduce_and_update``).
-* What per-layer contexts imply on one GPU: no process group, so nothing is
-  reduced across ranks (``reduce_and_update_fp8_tensors`` all-reduces only when
-  ``torch.distributed`` is initialised with more than one rank). If each
-  layer's context were the outermost one, every layer's exit (and every layer's
-  backward) would run the update over all delayed-scaling layers: N update
-  launches per step for N FP8 layers instead of one. The numbers stay right with
-  TE's default fused update: its kernel rolls a module's amax history and
-  recomputes its scale only when the module's newest amax is non-zero, i.e.
-  only for modules that ran since their last update
-  (``transformer_engine/common/recipe/delayed_scaling.cu``, ``kernel_bulk``:
-  ``if (last_amax != 0.0f)``, added by TE PR #825 "Avoid amax roll for
-  non-run modules"). The unfused Python path (``NVTE_UNFUSED_FP8_UPDATE=1`` or a
-  callable ``amax_compute_algo``; ``quantization.py``,
-  ``_update_amax_history``) rolls unconditionally, so there per-layer contexts
-  would shorten the history to ``amax_history_len / N`` steps. The one outer
-  context held by :meth:`TEBackend.autocast` makes every per-layer context a
-  nested one, so the forward update runs once per step (at the outer exit).
-  The backward update is claimed by the first FP8 module that runs inside an
-  outermost context; since ``autocast.__exit__`` restores the whole autocast
-  state (``get_autocast_state``/``set_autocast_state``, ``is_first_fp8_module``
-  included), every nested layer would claim it again, so
-  :class:`TEPrecisionLinear` keeps it consumed after its context exits: one
-  backward update per step too, as with one model-wide context, on either
-  path.
-* ``DelayedScaling``'s ``str()`` (its reduction key) omits
-  ``amax_compute_algo`` (``transformer_engine/common/recipe/__init__.py``,
-  ``_make_repr``), so two delayed-scaling layers that differ only in that field
-  would share one buffer and be updated with one algorithm; ``convert`` refuses
-  such a mix.
-* Megatron-LM refuses ``first_last_layers_bf16`` with delayed scaling
-  (``megatron/core/transformer/transformer_config.py``, ``__post_init__``:
-  "Delayed scaling does not support first / last layer in BF16"; the comment
-  in ``megatron/core/fp8_utils.py`` says per-layer enter/exit "caus[es]
-  incorrect amax reduction behavior"; ``transformer_block.py`` uses one outer
-  context for delayed scaling and per-layer contexts otherwise). precsearch
-  allows BF16 layers anywhere with delayed scaling, and mixes recipes per
-  unit: BF16 units nest ``te.autocast(enabled=False)`` and FP8 units their own
-  recipe's context inside the one outer context, so the amax bookkeeping is
-  the once-per-step update Megatron gets from its outer context (checked on
-  the GPU by ``tests/backends/test_gpu_backends.py``, with the probe built
-  from TE's fused modules).
-* TE honours ``torch.autocast``: ``TransformerEngineBaseModule.
-  set_activation_dtype`` (``module/base.py``) takes the autocast GPU dtype when
-  autocast is on, and ``module/linear.py`` casts the input, the weight (BF16
-  path) and the bias to it; the output is BF16 under the probe's
-  ``torch.autocast(bfloat16)``, as for ``nn.Linear``.
-* FP8 GEMMs need the input's leading dims to multiply to a multiple of 8 and
-  the last dim, and the weight's dims, to be multiples of 16
-  (``transformer_engine/pytorch/utils.py``, ``assert_dim_for_fp8_exec``);
-  ``convert`` checks the feature dims (16, 32 for MXFP8), the token count is
-  checked by TE at the first forward.
-* ``te.Linear(in_features, out_features, bias=, init_method=, params_dtype=,
-  device=)``: ``init_method(weight)`` initialises the weight before TE wraps it
-  (and before it quantizes it under ``quantized_model_init``); the bias is
-  zero-initialised; without a bias TE stores an empty tensor, not a Parameter
-  (``module/linear.py``, ``Linear.__init__``; ``module/base.py``,
-  ``reset_parameters``).
-
-FP8 primary weights (``TEBackend(fp8_weights=True)``, experimental): each
-``te.Linear`` is created inside ``te.quantized_model_init(enabled=True,
-recipe=<its recipe>, preserve_high_precision_init_val=True)`` so its weight is
-a TE ``QuantizedTensor`` quantized from the original float32 values (copied in
-by ``init_method``). Such weights cannot be updated by ``torch.optim.AdamW``:
-build the optimizer with :func:`build_optimizer` (``master_weights=True``) and
-then call :func:`seed_master_weights` so the FP32 master copies start from the
-original values rather than the dequantized FP8 ones (``FusedAdam.
-initialize_state`` would otherwise dequantize). With delayed scaling the
-weight's first cast uses TE's initial scale of 1 (no amax seen yet); later
-casts use the calibrated scale.
+How it drives TE (its contract, the TE 2.x facts it relies on, FP8 primary weights): ``te.md`` beside this file.
 """
 
 from __future__ import annotations
@@ -131,14 +13,14 @@ import torch
 from torch import nn
 
 from precsearch.arch.units import unit_names
-from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device
+from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device, refuse_layers
 from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_knobs import te_memory_knob_problem
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
-from precsearch.probe.diagnostics import TensorStats
+from precsearch.backends.tensor_stats import TensorStats
 
 #: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
 FP8_DIM_MULTIPLE = 16
@@ -334,10 +216,7 @@ class TEBackend(Backend):
         """
         linears = linear_modules(model, list(recipes))
         self.check_supported(recipes, model_device(model))
-        problems = _dim_problems(linears, recipes)
-        if problems:
-            listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
-            raise UnsupportedRecipe(f"backend 'te' cannot convert {len(problems)} layer(s): {listed}")
+        refuse_layers("te", _dim_problems(linears, recipes))
         _check_delayed_keys(recipes)
         te_recipes: dict[tuple, Any] = {}
 

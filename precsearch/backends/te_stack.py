@@ -39,7 +39,7 @@ from precsearch.backends.capability import gpu_capability, require_te
 from precsearch.backends.te_knobs import fp8_attention_precisions
 from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
 from precsearch.precision import LayerRecipe
-from precsearch.probe.diagnostics import TensorStats
+from precsearch.backends.tensor_stats import TensorStats
 
 #: Delayed-scaling slots of a ``te.LayerNormMLP`` (``FP8FwdTensors``: GEMM1_INPUT, GEMM1_WEIGHT, GEMM2_WEIGHT).
 _MLP_SLOTS = {("linear_fc1", "input"): ("scaling_fwd", 0), ("linear_fc1", "weight"): ("scaling_fwd", 1),

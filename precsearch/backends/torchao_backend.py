@@ -67,6 +67,7 @@ from precsearch.backends.base import (
     linear_modules,
     model_device,
     norm_input,
+    refuse_layers,
 )
 from precsearch.backends.capability import TORCHAO_NEVER, torchao_import_error, torchao_support
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
@@ -215,10 +216,7 @@ class TorchaoBackend(Backend):
         """
         linears = linear_modules(model, list(recipes))
         self.check_supported(recipes, model_device(model))
-        problems = unsupported_layers(model, recipes)
-        if problems:
-            listed = "; ".join(f"{n}: {why}" for n, why in problems.items())
-            raise UnsupportedRecipe(f"backend 'torchao' cannot convert {len(problems)} layer(s): {listed}")
+        refuse_layers("torchao", unsupported_layers(model, recipes))
         fp8 = {n: r for n, r in recipes.items() if r.precision.is_fp8}
         for fmt in sorted({r.fp8_format for r in fp8.values()}, key=lambda f: f.value):
             names = {n for n, r in fp8.items() if r.fp8_format is fmt}

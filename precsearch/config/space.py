@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from precsearch.backends.registry import BACKEND_CHOICES
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
-from precsearch.policy.rules import MemoryKnobs, Rule
+from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
-from precsearch.probe.model import PRESETS, ModelConfig
+from precsearch.arch.config import PRESETS, ModelConfig
 
 
 class Section(BaseModel):
@@ -142,11 +143,8 @@ class ProbeSection(Section):
         return v
 
 
-class Backend(str, Enum):
-    AUTO = "auto"
-    EMULATED = "emulated"
-    TE = "te"
-    TORCHAO = "torchao"
+BackendName = Enum("BackendName", {name.upper(): name for name in BACKEND_CHOICES}, type=str)
+"""The space file's ``backend``: ``auto`` or a name of :data:`precsearch.backends.registry.BACKENDS`."""
 
 
 class LayerSelector(Section):
@@ -204,12 +202,12 @@ class MemorySection(Section):
     """Optimizer and weight-storage knobs (backend ``te`` on a GPU; see :class:`~precsearch.policy.MemoryKnobs`)."""
 
     master_weights: knob(bool) = Knob(fixed=False)
-    moment_dtype: knob(Literal["param", "fp32", "bf16", "fp8"]) = Knob(fixed="param")
+    moment_dtype: knob(MomentDtype) = Knob(fixed="param")
     fp8_weights: knob(bool) = Knob(fixed=False)
-    exp_avg_dtype: knob(Literal["fp32", "bf16", "fp8"] | None) = Knob(fixed=None)
-    exp_avg_sq_dtype: knob(Literal["fp32", "bf16", "fp8"] | None) = Knob(fixed=None)
-    master_dtype: knob(Literal["fp32", "fp16", "remainders"]) = Knob(fixed="fp32")
-    fp8_attention: knob(Literal["off", "dpa", "mha"]) = Knob(fixed="off")
+    exp_avg_dtype: knob(StateDtype | None) = Knob(fixed=None)
+    exp_avg_sq_dtype: knob(StateDtype | None) = Knob(fixed=None)
+    master_dtype: knob(MasterDtype) = Knob(fixed="fp32")
+    fp8_attention: knob(Fp8Attention) = Knob(fixed="off")
 
 
 class SearchSection(Section):
@@ -241,7 +239,7 @@ class BaselineMemory(Section):
     """
 
     master_weights: bool = True
-    moment_dtype: Literal["param", "fp32", "bf16", "fp8"] = "fp32"
+    moment_dtype: MomentDtype = "fp32"
 
 
 #: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
@@ -384,7 +382,7 @@ class Space(Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
     probe: ProbeSection = ProbeSection()
-    backend: Backend = Backend.AUTO
+    backend: BackendName = BackendName.AUTO
     search: SearchSection = SearchSection()
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()

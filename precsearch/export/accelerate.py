@@ -18,7 +18,7 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
 
 Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
 warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
-API (:mod:`precsearch.policy.apply`), which runs the exact policy.
+API (:mod:`precsearch.backends.policy_runtime`), which runs the exact policy.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.formats import (
+from precsearch.export.rendered import (
     ATTN_PROJS,
     MLP_PROJS,
     Rendered,

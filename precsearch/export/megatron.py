@@ -53,7 +53,7 @@ from typing import Any
 
 import yaml
 
-from precsearch.export.formats import (
+from precsearch.export.rendered import (
     LM_HEAD,
     Rendered,
     block_ranges,

@@ -11,12 +11,13 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from precsearch import __version__
+from precsearch.version import __version__
 from precsearch.errors import UserError
-from precsearch.export.formats import choose_trial, render
+from precsearch.export.pick import choose_trial
+from precsearch.export.registry import render
 from precsearch.policy import Policy
 from precsearch.policy.file import dump_policy
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 
 def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Policy, dict[str, Any]]:

@@ -33,7 +33,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.formats import (
+from precsearch.export.rendered import (
     ATTN_PROJS,
     LM_HEAD,
     MLP_PROJS,

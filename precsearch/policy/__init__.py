@@ -1,4 +1,8 @@
-"""Precision policies: what a trial chose, in a form training code can apply."""
+"""Precision policies: what a trial chose, as data (rules) and as a file (``policy.yaml``).
+
+Applying one to a model is the backends' job: :func:`load_policy` and :class:`PolicyRuntime` are
+re-exported here from :mod:`precsearch.backends.policy_runtime`.
+"""
 
 from precsearch.policy.rules import MemoryKnobs, Policy, Rule, block_index
 
@@ -8,9 +12,10 @@ _APPLY = ("PolicyError", "PolicyRuntime", "load_policy")
 
 
 def __getattr__(name: str):
-    # the runtime pulls in torch and the backends; import it only when asked for
+    # applying a policy is the backends' job (precsearch.backends.policy_runtime): the runtime pulls in
+    # torch and the backends, so it is imported only when asked for (precsearch._layers.UPWARD_ALLOWED)
     if name in _APPLY:
-        from precsearch.policy import apply
+        from precsearch.backends import policy_runtime
 
-        return getattr(apply, name)
+        return getattr(policy_runtime, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from precsearch.arch.units import hf_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
@@ -91,13 +91,20 @@ class Rule:
         )
 
 
-#: Moment dtypes a policy may name; ``param`` is the parameters' dtype (as ``torch.optim.AdamW``).
-MOMENT_DTYPES = ("param", "fp32", "bf16", "fp8")
-#: How FP32 master weights are kept: whole, in FP16 with a per-tensor scale, or as the 16 low bits
-#: beside the BF16 parameter (TE ``store_param_remainders``: the same FP32 values in 2 bytes).
-MASTER_DTYPES = ("fp32", "fp16", "remainders")
-#: FP8 attention (TE recipes' ``fp8_dpa`` / ``fp8_mha``): off, the attention core, or the whole MHA block.
-FP8_ATTENTION = ("off", "dpa", "mha")
+MomentDtype = Literal["param", "fp32", "bf16", "fp8"]
+"""AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); ``param`` is the parameters' dtype (as
+``torch.optim.AdamW``); the space file's knob takes the same."""
+MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
+StateDtype = Literal["fp32", "bf16", "fp8"]
+"""One moment's own dtype (:attr:`MemoryKnobs.exp_avg_dtype`, ``exp_avg_sq_dtype``; None: ``moment_dtype``)."""
+STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
+MasterDtype = Literal["fp32", "fp16", "remainders"]
+"""How FP32 master weights are kept: whole, in FP16 with a per-tensor scale, or as the 16 low bits
+beside the BF16 parameter (TE ``store_param_remainders``: the same FP32 values in 2 bytes)."""
+MASTER_DTYPES: tuple[str, ...] = get_args(MasterDtype)
+Fp8Attention = Literal["off", "dpa", "mha"]
+"""FP8 attention (TE recipes' ``fp8_dpa`` / ``fp8_mha``): off, the attention core, or the whole MHA block."""
+FP8_ATTENTION: tuple[str, ...] = get_args(Fp8Attention)
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,8 @@ class MemoryKnobs:
     fp8_attention: str = "off"
 
     def __post_init__(self) -> None:
-        for name, valid in (("moment_dtype", MOMENT_DTYPES), ("exp_avg_dtype", (None, *MOMENT_DTYPES)),
-                            ("exp_avg_sq_dtype", (None, *MOMENT_DTYPES)), ("master_dtype", MASTER_DTYPES),
+        for name, valid in (("moment_dtype", MOMENT_DTYPES), ("exp_avg_dtype", (None, *STATE_DTYPES)),
+                            ("exp_avg_sq_dtype", (None, *STATE_DTYPES)), ("master_dtype", MASTER_DTYPES),
                             ("fp8_attention", FP8_ATTENTION)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} {getattr(self, name)!r}; valid: {', '.join(map(str, valid))}")

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.probe.model import ModelConfig
+from precsearch.arch.config import ModelConfig
 
 
 @dataclass(frozen=True)

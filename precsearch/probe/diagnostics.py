@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from precsearch.backends.tensor_stats import LayerStats, TensorStats  # noqa: F401 - re-exported
 from precsearch.fp8.scaling import ROLES
 
 if TYPE_CHECKING:
@@ -89,41 +90,6 @@ class DiagnosticsConfig:
     def collects(self, step: int, steps: int) -> bool:
         """True when ``step`` of a ``steps``-step probe is a collection step."""
         return step % self.every == 0 or step == steps - 1
-
-
-@dataclass(frozen=True)
-class TensorStats:
-    """How the FP8 cast treated one operand of one layer in one step.
-
-    Attributes:
-        amax: max |x| before quantization (NaN when x held a NaN).
-        scale: The per-tensor scale the cast used; None for block/MX recipes.
-        overflow: Share of finite values that saturation clipped.
-        underflow: Share of values that were non-zero and came back zero.
-        nonfinite: Count of NaN/inf values.
-    """
-
-    amax: float
-    scale: float | None
-    overflow: float
-    underflow: float
-    nonfinite: int
-
-    @classmethod
-    def from_quantization(cls, stats: dict[str, Tensor], numel: int) -> TensorStats:
-        """From :func:`~precsearch.fp8.formats.quantization_stats` of a tensor of ``numel`` values."""
-        scale = stats.get("scale")
-        return cls(
-            amax=float(stats["amax"]),
-            scale=float(scale) if scale is not None else None,
-            overflow=float(stats["saturated_frac"]),
-            underflow=float(stats["underflow_frac"]),
-            nonfinite=round(float(stats["nonfinite_frac"]) * numel),
-        )
-
-
-LayerStats = dict[str, dict[str, TensorStats]]
-"""Layer name -> tensor role -> :class:`TensorStats`."""
 
 
 def stats_rows(step: int, stats: LayerStats, precisions: dict[str, str]) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ How it stays comparable with the one-process probe:
 * **Memory per rank.** On a GPU each rank measures its own peak
   (``torch.cuda.max_memory_allocated``, reset once the model is sharded, so the
   full-size build before sharding is not counted); on CPU each rank reports
-  :func:`predict_rank_peak`. ``ProbeResult.per_rank_peak_bytes`` lists them and
+  :func:`~precsearch.probe.distributed_rank.predict_rank_peak`. ``ProbeResult.per_rank_peak_bytes`` lists them and
   ``peak_memory_bytes`` is the largest. ``tokens_per_s`` counts the global batch.
 
 Transformer Engine under FSDP2 (checked in TE 2.20's source): a ``te.Linear``
@@ -50,22 +50,20 @@ the forward (``module/linear.py``: ``columnwise_usage = ... and not is_fsdp2``),
 re-quantizing it from the re-gathered weight in the backward; nothing needs
 turning on. TE's own FSDP2 test (``tests/pytorch/distributed/fsdp2_tests``)
 copies parameters' Python attributes across ``fully_shard``, which replaces the
-Parameters; :func:`_shard` does the same. FP8 weight storage, FP32 master
+Parameters; ``distributed_rank._shard`` does the same. FP8 weight storage, FP32 master
 weights and TE ``FusedAdam`` are not verified with FSDP2 here and are refused
 (:func:`precsearch.config.checks.check_nproc`).
 
-The torchrun entry is :func:`main` (``python -m torch.distributed.run ... -m
-precsearch.probe.distributed REQUEST RESULT``). NVLink multicast stays off
-(``NCCL_NVLS_ENABLE=0`` and its PyTorch/NVSHMEM twins) in every launch.
+The torchrun entry is :func:`precsearch.probe.distributed_rank.main` (``python -m
+torch.distributed.run ... -m precsearch.probe.distributed_rank REQUEST RESULT``). NVLink multicast
+stays off (``NCCL_NVLS_ENABLE=0`` and its PyTorch/NVSHMEM twins) in every launch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -73,24 +71,15 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 
-import precsearch
 from precsearch.config.space import ProbeSection, Space
-from precsearch.fp8.scaling import DelayedScaler
 from precsearch.policy import Policy
-from precsearch.probe.data import TokenBatches, load_batches
-from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration
-from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.runner import Parallel, StepCallback, backend_precisions, run_probe
+from precsearch.probe.runner import StepCallback
+from precsearch.utils.processes import dying_with_parent, stop_group
 
 #: The module torchrun starts on every rank (tests point it at a worker that fails on purpose).
-_WORKER = "precsearch.probe.distributed"
+_WORKER = "precsearch.probe.distributed_rank"
 #: Set in every launch: NVLink multicast can take a shared host's GPUs out of service.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 _STDERR_LINES = 20
@@ -146,16 +135,9 @@ def run_distributed_probe(space: Space, probe: ProbeSection, policy: Policy, lab
         return ProbeResult.from_dict(json.loads((work / "result.json").read_text()))
 
 
-#: torchrun, after asking Linux for SIGTERM when the launching process dies, even by SIGKILL; torchrun
-#: answers SIGTERM by stopping its ranks, so a killed caller leaves no probe holding the GPUs. (Done in
-#: the child after exec, not in a preexec_fn, which is unsafe when the caller runs threads.)
-_TORCHRUN = ("import ctypes, runpy, signal, sys; "
-             "sys.platform.startswith('linux') and ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
-             "sys.argv[0] = 'torchrun'; runpy.run_module('torch.distributed.run', run_name='__main__')")
-
-
 def _command(work: Path, nproc: int) -> list[str]:
-    return [sys.executable, "-c", _TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
+    torchrun = dying_with_parent([sys.executable, "-m", "torch.distributed.run"], argv0="torchrun")
+    return [*torchrun, "--standalone", "--nproc-per-node", str(nproc),
             "--log-dir", str(work / "logs"), "--redirects", "3",
             "-m", _WORKER, str(work / "request.json"), str(work / "result.json")]
 
@@ -163,7 +145,7 @@ def _command(work: Path, nproc: int) -> list[str]:
 def _environment() -> dict[str, str]:
     env = dict(os.environ) | NO_MULTICAST | {"PYTHONUNBUFFERED": "1"}
     # the ranks import the same precsearch as this process, wherever it was found
-    root = str(Path(precsearch.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 
@@ -180,26 +162,15 @@ def _launch_and_wait(work: Path, nproc: int, on_step: StepCallback | None, timeo
             while proc.poll() is None:
                 progress.read()
                 if deadline is not None and time.monotonic() > deadline:
-                    _stop(proc)
+                    stop_group(proc, grace_s=15)
                     raise DistributedProbeError(f"distributed probe '{label}' did not finish within {timeout:g} s",
                                                 stderr_tail=_tail(work / "launcher.log"))
                 time.sleep(_POLL_S)
         except BaseException:
-            _stop(proc)
+            stop_group(proc, grace_s=15)
             raise
     progress.read()
     return proc.returncode
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class _Progress:
@@ -249,208 +220,3 @@ def _tail(path: Path, lines: int = _STDERR_LINES) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-class RankBatches:
-    """This rank's rows of every batch of a :class:`TokenBatches` (the batch split evenly over ranks).
-
-    It offers what the probe loop reads (``train_batch``, ``eval_set``), so
-    :func:`run_probe` runs on it unchanged.
-    """
-
-    def __init__(self, data: TokenBatches, rank: int, world: int):
-        if data.micro_batch % world:
-            raise ValueError(f"micro_batch {data.micro_batch} does not split evenly over {world} ranks")
-        self.data, self.rank, self.world = data, rank, world
-
-    def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        return t.chunk(self.world)[self.rank]
-
-    def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the step's ``(inputs, targets)``."""
-        inputs, targets = self.data.train_batch(step)
-        return self._rows(inputs), self._rows(targets)
-
-    def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's rows of each held-out batch."""
-        return [(self._rows(i), self._rows(t)) for i, t in self.data.eval_set()]
-
-
-def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> MemoryBreakdown:
-    """The memory model's peak for one of ``probe.nproc`` FSDP2 ranks (``micro_batch`` is the global batch).
-
-    Parameters, gradients, optimizer state and its temporaries are split over
-    the ranks. Activations and logits are those of the rank's own rows.
-    ``weight_copies`` holds what the backward sees unsharded: the parameters of
-    the root (embeddings, final norm, head, which FSDP2 keeps gathered after the
-    forward) and of two blocks (the one computing and the one prefetched), plus
-    autocast's BF16 casts of BF16 layers as on one process. FP8 layers keep no
-    weight copy: under FSDP2 Transformer Engine re-quantizes the weight from the
-    re-gathered one in the backward (``module/linear.py``, "Backward will
-    re-quantize from the FSDP2 all-gathered weight", TE issue #2681).
-    """
-    nproc = probe.nproc
-    sizes = dict(seq_len=probe.seq_len, micro_batch=probe.micro_batch // nproc, param_dtype=probe.param_dtype)
-    precisions = backend_precisions(policy, cfg)
-    own = predict_peak(cfg, precisions, **sizes, memory=policy.memory)
-    # with fp8_weights the model counts no copy for FP8 layers and the same copies for BF16 ones
-    bf16_copies = predict_peak(cfg, precisions, **sizes,
-                               memory=dataclasses.replace(policy.memory, fp8_weights=True)).weight_copies
-    root = 2 * cfg.vocab_size * cfg.dim + cfg.dim
-    block = (cfg.num_params() - root) // cfg.n_layers
-    gathered = (root + 2 * block) * (4 if probe.param_dtype == "fp32" else 2)
-    return dataclasses.replace(
-        own, params=_split(own.params, nproc), grads=_split(own.grads, nproc),
-        optimizer=_split(own.optimizer, nproc),
-        weight_copies=bf16_copies + gathered)
-
-
-def _split(total: int, nproc: int) -> int:
-    return -(-total // nproc)  # FSDP2 pads each parameter to a multiple of the ranks
-
-
-# ---- the torchrun side: every rank runs this ----
-
-
-@record
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry: ``REQUEST RESULT``; every rank trains its share, rank 0 writes the result JSON."""
-    request_path, result_path = argv if argv is not None else sys.argv[1:]
-    request = json.loads(Path(request_path).read_text())
-    space = Space.model_validate(request["space"])
-    policy = Policy.from_dict(request["policy"])
-    device = _init_process_group(space.probe)
-    try:
-        progress = Path(result_path).with_name("progress.jsonl")
-        result = _run_rank(space, policy, device, progress)
-        dist.barrier()  # every rank is done with every collective before any starts tearing down
-        if dist.get_rank() == 0:
-            partial = Path(result_path).with_suffix(".partial")
-            partial.write_text(json.dumps(result.to_dict()))
-            partial.replace(result_path)
-    finally:
-        dist.destroy_process_group()
-
-
-def _init_process_group(probe: ProbeSection) -> torch.device:
-    from precsearch.backends import resolve_device
-
-    device = resolve_device(probe.device)
-    if device.type != "cuda":
-        dist.init_process_group("gloo")
-        return device
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    return device
-
-
-def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path) -> ProbeResult:
-    from precsearch.backends import get_backend
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg, probe = space.model.probe(), space.probe
-    data = RankBatches(load_batches(space), rank, world)
-    parallel = Parallel(shard=lambda model: _shard(model, device), mean=_mean_over_ranks)
-    on_step = _progress_writer(progress) if rank == 0 else None
-    result = run_probe(cfg, probe, policy, data, get_backend(space.backend.value, device), device, on_step,
-                       parallel=parallel)
-    own = predict_rank_peak(cfg, probe, policy)
-    result.predicted_memory = own.to_dict()
-    if result.memory_source != "measured":
-        result.peak_memory_bytes = own.total
-    peaks: list[int] = [0] * world
-    dist.all_gather_object(peaks, int(result.peak_memory_bytes))
-    result.per_rank_peak_bytes, result.peak_memory_bytes = peaks, max(peaks)
-    result.device = f"{world} x {device.type} (FSDP2)"
-    _predict_target_per_rank(result, space, policy, own.total)
-    return result
-
-
-def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, predicted_rank_bytes: int) -> None:
-    """The target's peak per GPU when trained like the probe (FSDP2 over ``probe.nproc`` GPUs).
-
-    Calibrated from this probe's largest per-rank measurement against the per-rank model (one depth:
-    a fixed offset, :mod:`precsearch.probe.calibration`); on CPU, the per-rank model as is.
-    """
-    cfg, target = space.model.probe(), space.model.target()
-    calibration = Calibration()
-    if result.memory_source == "measured" and len(result.losses) >= 2:
-        calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_rank_bytes, result.peak_memory_bytes)])
-    rank_target = predict_rank_peak(target, space.probe, policy)
-    result.target_memory_bytes = calibration.correct(rank_target.total, target.n_layers)
-    result.target_memory_source = calibration.source
-    result.target_layers = target.n_layers
-    result.memory_calibration = calibration.to_dict()
-
-
-def _progress_writer(path: Path) -> StepCallback:
-    def write(step: int, loss: float, grad_norm: float) -> None:
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": step, "loss": loss, "grad_norm": grad_norm}) + "\n")
-
-    return write
-
-
-def _shard(model: nn.Module, device: torch.device) -> None:
-    """FSDP2 over every transformer block, then the root; FP32 gradient reduction."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    _check_same_weights(model)
-    attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    for block in model.decoder.layers:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    for name, param in model.named_parameters():  # fully_shard made new Parameters: keep TE's attributes
-        for key, value in attrs.get(name, {}).items():
-            setattr(param, key, value)
-    _reduce_delayed_amax(model)
-    if device.type == "cuda":  # measure training, not the full-size build that came before sharding
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _check_same_weights(model: nn.Module) -> None:
-    sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in model.parameters()]).to(_collective_device())
-    ranks = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
-    dist.all_gather(ranks, sums)
-    for rank, other in enumerate(ranks):
-        if not torch.allclose(other, ranks[0], rtol=1e-9, atol=0.0):
-            raise RuntimeError(f"rank {rank} built different weights from rank 0 with the same seed; "
-                               "FSDP2 would shard inconsistent copies")
-
-
-class _RankMaxDelayedScaler(DelayedScaler):
-    """A delayed scaler that records the max of every rank's amax (what TE reduces before its update)."""
-
-    def _observe(self, x: torch.Tensor) -> None:
-        amax = x.detach().abs().amax().float().reshape(1) if x.numel() else x.new_zeros(1, dtype=torch.float32)
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX)
-        super()._observe(amax)
-
-
-def _reduce_delayed_amax(model: nn.Module) -> None:
-    from precsearch.backends.emulated import EmulatedFP8Linear
-
-    for layer in model.modules():
-        if not isinstance(layer, EmulatedFP8Linear):
-            continue
-        for role in ("input_scaler", "weight_scaler", "grad_output_scaler"):
-            s = getattr(layer, role)
-            if type(s) is DelayedScaler:
-                setattr(layer, role, _RankMaxDelayedScaler(s.fmt, s.history_len, s.algo, s.margin, s.track_stats))
-
-
-def _collective_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def _mean_over_ranks(value: float) -> float:
-    total = torch.tensor(value, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(total)
-    return float(total) / dist.get_world_size()
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ re-seeded on resume); the trial is then told the values of its finished twin, so
 learns nothing new but sees its answer, and marked ``duplicate_of``. A duplicate runs no
 probe, makes no MLflow run, has no row in the front and does not count towards ``n_trials``:
 a study ends with the number of distinct policies asked for. Twins are looked up in the same
-study only, whose settings :mod:`precsearch.search.identity` keeps unchanged, so no result is
+study only, whose settings :mod:`precsearch.runtime.identity` keeps unchanged, so no result is
 ever copied across settings. With several workers, a proposal equal to a policy another worker
 is still running (at a lower trial number) waits for that twin and then takes its values
 (:func:`await_twin`); if the twin fails, it runs itself.
@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from precsearch.search import promotion
-from precsearch.search.retry import with_retry
+from precsearch.utils.retry import with_retry
 
 DUPLICATE_OF = "duplicate_of"
 

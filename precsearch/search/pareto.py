@@ -1,4 +1,13 @@
-"""The Pareto front of finished, feasible trials."""
+"""The Pareto front of finished, feasible trials.
+
+Why not Optuna's ``study.best_trials``: it is not the same set here. It ranks every COMPLETE
+trial, while precsearch's front (:func:`precsearch.search.front.trial_rows`) is taken over one row
+per policy: a policy promoted to a longer rung is judged by its highest rung only (its shorter
+trials are superseded, not dominated), and a duplicate told its twin's values is not a second
+point (``best_trials`` would list both twins). Promotion (:mod:`precsearch.search.promotion`)
+needs the front of arbitrary points, not of a study, too. Optuna's own non-domination helpers are private (``optuna.study._multi_objective``),
+so the two small functions below are kept; ``tests/search/test_pareto_scoring.py`` pins them.
+"""
 
 from __future__ import annotations
 

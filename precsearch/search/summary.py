@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
+from precsearch.search import promotion
+from precsearch.search.duplicates import is_duplicate
 from precsearch.search.hypervolume import hypervolume
 from precsearch.search.scoring import DIRECTIONS, DIVERGED_INSTABILITY
 
@@ -29,3 +34,15 @@ def study_metrics(rows: list[dict[str, Any]], finished: int, objectives: list[st
     if feasible:
         metrics["best_memory_saved"] = max(r["memory_saved"] for r in feasible)
     return metrics
+
+
+def finished_count(study: optuna.Study) -> int:
+    """Trials that count towards ``n_trials``: complete, or failed by their own probe.
+
+    Trials failed because their run was interrupted or their worker died are not counted: their
+    params are queued again. Promoted evaluations (longer rungs of the same policies) and duplicates
+    (:mod:`precsearch.search.duplicates`) are not counted.
+    """
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t)
+               and not is_duplicate(t))

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from precsearch.errors import UserError
+from precsearch.utils.processes import dying_with_parent
 from precsearch.tracking.server import LOOPBACK, mlflow_server_command
 
 
@@ -51,8 +52,6 @@ class LocalTrackingServer:
         self.url = ""
 
     def __enter__(self) -> str:
-        from precsearch.search.executor import dying_with_parent
-
         port = free_port()
         self.url = f"http://{LOOPBACK}:{port}"
         cmd = mlflow_server_command(self.store_uri, host=LOOPBACK, port=port, workers=1)

@@ -48,7 +48,7 @@ class _RetryingClient:
             return method
 
         def call(*args, **kwargs):
-            from precsearch.search.retry import with_retry
+            from precsearch.utils.retry import with_retry
 
             return with_retry(lambda: method(*args, **kwargs), f"MLflow {name}", budget_s=self._budget_s)
 
@@ -139,7 +139,7 @@ class Tracker:
             return self.raw_client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
 
         if self.retry_s > 0:
-            from precsearch.search.retry import with_retry
+            from precsearch.utils.retry import with_retry
 
             run_id = with_retry(create, "MLflow create_run", budget_s=self.retry_s)
         else:

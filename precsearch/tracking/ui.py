@@ -9,12 +9,12 @@ orphan keeps serving the port), and dies with ``precsearch ui`` even when that i
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import socket
 import subprocess
 
 from precsearch.errors import UserError
+from precsearch.utils.processes import dying_with_parent, stop_group
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -38,8 +38,6 @@ def check_port(host: str, port: int) -> None:
 
 def serve(cmd: list[str]) -> int:
     """Run the server ``cmd`` until it exits (its status) or a stop signal arrives (0, group stopped)."""
-    from precsearch.search.executor import dying_with_parent
-
     proc = subprocess.Popen(dying_with_parent(cmd), start_new_session=True)
 
     def stop(signum, frame):
@@ -55,26 +53,3 @@ def serve(cmd: list[str]) -> int:
         for s, handler in saved.items():
             signal.signal(s, handler)
         stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM ``proc``'s process group, SIGKILL what is left after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if not _group_alive(proc.pid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -20,7 +20,7 @@ import pytest
 
 import precsearch
 from precsearch.cli import main
-from precsearch.config.loader import MAX_FILE_BYTES
+from precsearch.utils.yaml_io import MAX_FILE_BYTES
 from precsearch.errors import UserError
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -104,7 +104,7 @@ def test_file_over_the_size_limit_is_refused_before_parsing(tmp_path, capsys, ki
 
 def test_overriding_a_merged_key_is_not_a_duplicate(tmp_path):
     """``<<: *defaults`` then overriding one of its keys is ordinary YAML; refusing it would be a false alarm."""
-    from precsearch.config.loader import load_yaml
+    from precsearch.utils.yaml_io import load_yaml
 
     path = tmp_path / "space.yaml"
     path.write_text("base: &d {steps: 8, micro_batch: 2}\nprobe:\n  <<: *d\n  steps: 6\n")

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from precsearch.export.accelerate import FILE, POLICY_FILE, choose_path
-from precsearch.export.formats import layer_table, render
+from precsearch.export.registry import render
+from precsearch.export.rendered import layer_table
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.model import ModelConfig

@@ -15,7 +15,7 @@ from precsearch.cli import build_parser
 from precsearch.config.loader import parse_space
 from precsearch.export.policy_export import export, write_export
 from precsearch.policy import Policy
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 WS = Workspace(output_dir=None, study_name="fake", storage_url="", tracking_uri="", experiment="")
 

@@ -10,18 +10,14 @@ import pytest
 from _spaces import tiny_space_dict
 from precsearch.config.loader import parse_space
 from precsearch.errors import UserError
-from precsearch.export.formats import (
-    block_ranges,
-    choose_trial,
-    hf_linear_names,
-    layer_table,
-    render,
-)
+from precsearch.export.pick import choose_trial
+from precsearch.export.registry import render
+from precsearch.export.rendered import block_ranges, hf_linear_names, layer_table
 from precsearch.export.policy_export import export, export_trial, write_export
 from precsearch.policy import Policy, Rule
 from precsearch.policy.file import load_policy_file
 from precsearch.precision import Precision
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 
 P = Precision
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from precsearch.export.formats import render
+from precsearch.export.registry import render
 from precsearch.export.megatron import (
     ARGS_FILE,
     CONFIG_FILE,

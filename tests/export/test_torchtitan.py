@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from precsearch.export.formats import hf_linear_names, layer_table, render
+from precsearch.export.registry import render
+from precsearch.export.rendered import hf_linear_names, layer_table
 from precsearch.export.torchtitan import (
     CONVERTER,
     FILE,

@@ -67,7 +67,7 @@ def test_every_knob_round_trips_through_a_policy_file(tmp_path):
     ({"moment_dtype": "fp4"}, "policy.memory.moment_dtype"),
     ({"exp_avg_sq_dtype": "int8"}, "policy.memory.exp_avg_sq_dtype"),
     ({"fp8_attention": "all"}, "policy.memory.fp8_attention"),
-    ({"fp8_weights": True, "master_dtype": "fp16"}, "policy.memory.master_dtype"),
+    ({"master_dtype": "bf16"}, "policy.memory.master_dtype"),
 ])
 def test_a_bad_memory_knob_in_a_policy_file_names_the_field(tmp_path, memory, field):
     path = tmp_path / "policy.yaml"

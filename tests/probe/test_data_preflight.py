@@ -19,7 +19,7 @@ from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.config.space import Space
 from precsearch.policy import Policy
-from precsearch.search.executor import ProbeExecutor, ProbeSetupFailed
+from precsearch.runtime.executor import ProbeExecutor, ProbeSetupFailed
 
 # cpu_smoke's probe: seq_len 32, micro_batch 4, eval_batches 2, vocab 256
 NEED = 2 * 4 * 32 + 1 + 32 + 1
@@ -133,7 +133,7 @@ def test_probe_process_reports_bad_data_as_a_user_error_and_rereads_it(tmp_path)
 def test_a_study_stopped_by_bad_data_runs_its_trials_once_the_data_is_fixed(tmp_path):
     """The trial the bad data stopped is not counted as finished: after the fix, the re-run runs n_trials."""
     from precsearch.errors import UserError
-    from precsearch.search.study import run_study
+    from precsearch.runtime.study import run_study
 
     space, path = _bad_then_good(tmp_path)
     out = tmp_path / "out"
@@ -154,7 +154,7 @@ def test_any_start_up_failure_of_the_probe_process_is_reported_with_its_field():
     run stopped) instead of failing each trial with 'exited with status 1'. The field says where to look."""
     from precsearch.backends import BackendUnavailable
     from precsearch.errors import DataError
-    from precsearch.search.executor import _setup_problem
+    from precsearch.runtime.executor import _setup_problem
 
     assert _setup_problem(DataError("t.bin holds only 0 tokens", field="data.path")) == (
         "data.path", "t.bin holds only 0 tokens")

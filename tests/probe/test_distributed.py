@@ -22,7 +22,8 @@ from precsearch.config.loader import load_space
 from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.probe import distributed
-from precsearch.probe.distributed import DistributedProbeError, RankBatches, predict_rank_peak, run_distributed_probe
+from precsearch.probe.distributed import DistributedProbeError, run_distributed_probe
+from precsearch.probe.distributed_rank import RankBatches, predict_rank_peak
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.runner import backend_precisions, run_probe
 from precsearch.search.sampling import policy_from_params

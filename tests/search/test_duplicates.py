@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
-from precsearch.search.study import finished_count
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.study import finished_count
+from precsearch.runtime.workspace import Workspace
 
 QUICK = {"probe.steps": 6, "objectives.reference_seeds": 1, "study.sampler": "random"}
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from precsearch.cli import main
 from precsearch.probe.diagnostics import FirstBad
 from precsearch.probe.result import ProbeResult
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 from precsearch.tracking import Tracker
 from precsearch.tracking.diagnostics_report import (
     COLUMNS,

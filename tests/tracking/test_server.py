@@ -20,7 +20,7 @@ import pytest
 import precsearch
 from precsearch.tracking.local_server import free_port, wait_until_up
 from precsearch.cli import main
-from precsearch.search.workspace import Workspace
+from precsearch.runtime.workspace import Workspace
 from precsearch.tracking import ui
 from precsearch.tracking.server import LOOPBACK, mlflow_server_command
 

@@ -1,0 +1,67 @@
+"""The export formats (``--format``): one registry, read by :func:`render`, validation and the CLI.
+
+Formats: ``policy`` (precsearch's own ``policy.yaml``), ``megatron``
+(Megatron-LM arguments and a ``--te-precision-config-file``), ``torchtitan``
+(a float8 converter TOML section) and ``accelerate`` (a Python snippet). Each
+renders ``(policy, n_layers, provenance, pipeline) -> Rendered``
+(:mod:`precsearch.export.rendered`); only Megatron takes a pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from precsearch.errors import UserError
+from precsearch.export.accelerate import accelerate_files
+from precsearch.export.megatron import megatron_files
+from precsearch.export.rendered import Rendered
+from precsearch.export.torchtitan import torchtitan_files
+from precsearch.policy.file import dump_policy
+from precsearch.policy.rules import Policy
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format.
+
+    Attributes:
+        render: ``(policy, n_layers, provenance, pipeline) -> Rendered``.
+        pipeline: Whether the format can split a policy over pipeline stages (``--pipeline-parallel``).
+    """
+
+    render: Callable[[Policy, int, dict[str, Any], int], Rendered]
+    pipeline: bool = False
+
+
+def _policy_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pipeline: int) -> Rendered:
+    return Rendered({"policy.yaml": dump_policy(policy, provenance)})
+
+
+FORMATS: dict[str, ExportFormat] = {
+    "policy": ExportFormat(_policy_files),
+    "megatron": ExportFormat(megatron_files, pipeline=True),
+    "torchtitan": ExportFormat(lambda policy, n, prov, pipeline: torchtitan_files(policy, n, prov)),
+    "accelerate": ExportFormat(lambda policy, n, prov, pipeline: accelerate_files(policy, n, prov)),
+}
+"""Format name -> format, in the order ``--format`` lists them (the first is the default)."""
+
+
+def render(fmt: str, policy: Policy, n_layers: int, provenance: dict[str, Any] | None = None, *,
+           pipeline: int = 1) -> Rendered:
+    """Render ``policy`` for a model with ``n_layers`` blocks in format ``fmt``.
+
+    ``pipeline`` (Megatron only): model chunks of the run, pipeline stages x virtual stages.
+    """
+    provenance = provenance or {}
+    if n_layers < 1:
+        raise UserError(f"n_layers must be at least 1, got {n_layers}", field="--n-layers")
+    if pipeline != 1 and not (fmt in FORMATS and FORMATS[fmt].pipeline):
+        raise UserError(f"applies to --format megatron only (got --format {fmt})", field="--pipeline-parallel")
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}", field="--format")
+    return FORMATS[fmt].render(policy, n_layers, provenance, pipeline)
+
+
+__all__ = ["FORMATS", "ExportFormat", "render"]

@@ -1,0 +1,90 @@
+"""Cutting a token stream into deterministic training batches and a fixed held-out set."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from precsearch.errors import DataError
+
+
+def _check_batch_args(tokens: torch.Tensor, **sizes: int) -> None:
+    """Programming errors (the config schema already bounds these), hence ValueError."""
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+    for name, value in sizes.items():
+        least = 1 if name in ("seq_len", "micro_batch") else 0
+        if value < least:
+            raise ValueError(f"{name} must be >= {least}, got {value}")
+
+
+#: Share of the stream held out for evaluation (when it exceeds what the eval batches need).
+HELD_OUT_FRACTION = 0.05
+
+
+class TokenBatches:
+    """Deterministic training batches and a fixed held-out set from one token stream.
+
+    The end of the stream is held out: ``HELD_OUT_FRACTION`` of it, and at least
+    ``eval_batches * micro_batch * seq_len + 1`` tokens. Training windows are drawn
+    only from the tokens before it, so the two never overlap. The held-out windows
+    are spread evenly over the held-out part (not packed at its start) so that the
+    loss gap is measured on varied text, not on one file. They depend only on the
+    stream, not on ``seed``, so every trial is scored on the same tokens.
+    """
+
+    def __init__(
+        self, tokens: torch.Tensor, *, seq_len: int, micro_batch: int, seed: int, eval_batches: int = 4
+    ):
+        _check_batch_args(tokens, seq_len=seq_len, micro_batch=micro_batch, seed=seed, eval_batches=eval_batches)
+        self.seq_len, self.micro_batch = seq_len, micro_batch
+        self.seed, self.eval_batches = seed, eval_batches
+        need = eval_batches * micro_batch * seq_len + 1 if eval_batches else 0
+        tail = max(need, int(HELD_OUT_FRACTION * tokens.numel())) if eval_batches else 0
+        #: Index of the first held-out token; training windows end before it.
+        self.eval_start = tokens.numel() - tail
+        if self.eval_start < seq_len + 1:
+            raise DataError(
+                f"{tokens.numel()} tokens are too few: need seq_len + 1 = {seq_len + 1} for training "
+                f"plus {tail} held out ({eval_batches} eval batches of {micro_batch} x {seq_len})",
+                field="data",
+            )
+        self.tokens = tokens.long()
+        self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def max_offset(self) -> int:
+        """Largest start index of a training window."""
+        return self.eval_start - self.seq_len - 1
+
+    def train_offsets(self, step: int) -> torch.Tensor:
+        """Start indices of the ``micro_batch`` windows of ``step`` (a function of seed and step)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        # SeedSequence mixes (seed, step) so nearby seeds and steps give unrelated draws.
+        mixed = int(np.random.SeedSequence([self.seed, step]).generate_state(1, dtype=np.uint64)[0])
+        gen = torch.Generator().manual_seed(mixed)
+        return torch.randint(0, self.max_offset + 1, (self.micro_batch,), generator=gen)
+
+    def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)``, each ``(micro_batch, seq_len)`` int64; targets are inputs shifted by one."""
+        return self._windows(self.train_offsets(step))
+
+    def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The ``eval_batches`` held-out ``(inputs, targets)`` batches, spread over the held-out tail."""
+        if self._eval is None and self.eval_batches == 0:
+            self._eval = []  # split() of empty tensors would give one empty batch
+        if self._eval is None:
+            n_windows = self.eval_batches * self.micro_batch
+            last = self.tokens.numel() - self.seq_len - 1
+            offsets = torch.linspace(self.eval_start, last, n_windows).long()
+            inputs, targets = self._windows(offsets)
+            self._eval = list(
+                zip(inputs.split(self.micro_batch), targets.split(self.micro_batch), strict=True)
+            )
+        return self._eval
+
+    def _windows(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = offsets[:, None] + torch.arange(self.seq_len + 1)
+        windows = self.tokens[index]
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -1,0 +1,143 @@
+"""Which readers give the probe its token stream (``data.source``), and loading it for a space.
+
+Sources (``data.source``):
+
+* ``stdlib``: the Python standard library's own ``.py`` files as bytes
+  (tokens 0..255). Real text that exists offline on every machine.
+* ``synthetic``: a seeded stream with learnable structure (see
+  :func:`synthetic_tokens`), for tests and smoke runs.
+* ``tokens``: a pre-tokenized ``.npy`` file, or a raw ``.bin`` of ``dtype``.
+* ``text``: a ``.txt`` file or a directory of them, tokenized by a local
+  tokenizer (a ``tokenizer.json`` or a Hugging Face tokenizer directory), or
+  taken as bytes when no tokenizer is given. Nothing is ever downloaded.
+
+One module per source kind in this package, each with a ``read(TokenRequest)``; :data:`READERS`
+maps ``data.source`` names to them. A new kind (Megatron indexed datasets, Hugging Face Arrow,
+JSONL) is a new module here and one entry in :data:`READERS` (and in
+:class:`precsearch.config.space.DataSource`). :class:`~precsearch.probe.data.batches.TokenBatches`
+splits a stream into a training part and a fixed held-out tail, and cuts deterministic batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from precsearch.errors import DataError
+from precsearch.probe.data import stdlib, synthetic, text, token_file
+from precsearch.probe.data.batches import TokenBatches
+from precsearch.probe.data.request import TokenRequest
+
+if TYPE_CHECKING:
+    from precsearch.config.space import Space
+
+READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
+    "stdlib": stdlib.read,
+    "synthetic": synthetic.read,
+    "tokens": token_file.read,
+    "text": text.read,
+}
+"""``data.source`` name -> reader of that source's 1-D int64 token stream."""
+
+SOURCES = tuple(READERS)
+#: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug).
+FILE_SOURCES = ("tokens", "text")
+#: A stream must hold at least one (input, target) pair.
+MIN_TOKENS = 2
+
+
+def load_tokens(
+    source: str,
+    *,
+    path: Path | None = None,
+    tokenizer: Path | None = None,
+    dtype: str = "uint16",
+    max_tokens: int | None = None,
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
+    """Load a token stream as a 1-D int64 tensor.
+
+    Args:
+        source: one of :data:`SOURCES`.
+        path: the file or directory for ``tokens`` and ``text``.
+        tokenizer: ``tokenizer.json`` or tokenizer directory for ``text`` (bytes if None).
+        dtype: element type of a ``.bin`` token file, one of
+            :data:`~precsearch.probe.data.token_file.TOKEN_DTYPES`.
+        max_tokens: keep only the first ``max_tokens`` tokens.
+        seed: seed of the ``synthetic`` stream.
+        vocab_size: the model's vocabulary; every token must be below it. Also the
+            vocabulary of the ``synthetic`` stream.
+
+    Raises:
+        DataError: unknown source, missing or unreadable file, bad dtype, token ids
+            outside ``[0, vocab_size)``, or fewer than :data:`MIN_TOKENS` tokens.
+    """
+    if max_tokens is not None and max_tokens < MIN_TOKENS:
+        raise DataError(f"must be at least {MIN_TOKENS}, got {max_tokens}", field="data.max_tokens")
+    if source not in READERS:
+        raise DataError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}", field="data.source")
+    request = TokenRequest(source, path, tokenizer, dtype, max_tokens, seed, vocab_size)
+    if source in FILE_SOURCES:
+        try:
+            tokens = READERS[source](dataclasses.replace(request, path=_existing(path, source)))
+        except OSError as exc:  # unreadable (permissions, a special file): the user's file, not a bug
+            raise DataError(f"cannot read {exc.filename or path}: {exc.strerror or exc}", field="data.path") from None
+    else:
+        tokens = READERS[source](request)
+    where = f"{path}" if source in FILE_SOURCES else f"the {source} stream"
+    _check_tokens(tokens, vocab_size, where, field="data.path" if source in FILE_SOURCES else "data.source")
+    return tokens
+
+def _existing(path: Path | None, source: str) -> Path:
+    if path is None:
+        raise DataError(f"source {source!r} needs a path", field="data.path")
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"no such file or directory: {path}", field="data.path")
+    return path
+
+
+def _check_tokens(tokens: torch.Tensor, vocab_size: int | None, where: str, *, field: str) -> None:
+    if tokens.numel() < MIN_TOKENS:
+        raise DataError(f"{where} holds only {tokens.numel()} tokens; need at least {MIN_TOKENS}", field=field)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0:
+        raise DataError(f"{where} has a negative token id {low}", field=field)
+    if vocab_size is not None and high >= vocab_size:
+        raise DataError(f"{where} has token id {high}, out of range for the model's vocab_size {vocab_size} "
+                        f"(model.vocab_size, or the preset's)", field=field)
+
+
+def load_batches(space: "Space") -> TokenBatches:
+    """The space's token stream as deterministic training batches plus the fixed held-out set.
+
+    Raises:
+        DataError: naming the data file (or source) and the field to change.
+    """
+    d, p = space.data, space.probe
+    tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
+                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size)
+    try:
+        return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
+                            eval_batches=d.eval_batches)
+    except DataError as exc:
+        where = d.path if d.path is not None else f"the {d.source.value} stream"
+        limited = d.max_tokens is not None and tokens.numel() == d.max_tokens
+        raise DataError(f"{where}: {exc.detail}; give more tokens or lower probe.seq_len, probe.micro_batch or "
+                        f"data.eval_batches", field="data.max_tokens" if limited else
+                        "data.path" if d.path is not None else "data.source") from None
+
+
+def check_data(space: "Space") -> None:
+    """Read the space's data once as a probe would, so that a bad file stops the run before any trial.
+
+    Costs one load of the stream (what each probe process does at its start).
+
+    Raises:
+        DataError: naming the data file (or source) and the field to change.
+    """
+    load_batches(space)

@@ -1,0 +1,303 @@
+"""The loop of a study (:func:`work`): ask Optuna for a trial, run its probes, hand it to the tell.
+
+Each trial is one iteration of Optuna's ask-and-tell interface: the ask (under a file lock shared
+by the workers of one output directory), the check for a twin another worker already runs, the
+BF16 references, the probe (and the stress probe), then :func:`precsearch.runtime._tell.record`.
+The same loop runs in every worker of a study (see :mod:`precsearch.runtime.study`). A trial the
+worker is stopped in, or whose worker died, is failed and its params queued again
+(:func:`recover_dead_trials`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+
+import optuna
+from filelock import FileLock
+from optuna.storages._heartbeat import get_heartbeat_thread
+from optuna.trial import TrialState
+
+from precsearch.config.space import ProbeSection
+from precsearch.errors import UserError
+from precsearch.policy import Policy
+from precsearch.probe.continuation import Leg
+from precsearch.probe.result import ProbeResult
+from precsearch.runtime import progress as terminal
+from precsearch.runtime._tell import record
+from precsearch.runtime.liveness import WorkerId, trial_worker
+from precsearch.runtime.reference import References, gather_references, stress_probe
+from precsearch.runtime.say import say
+from precsearch.runtime.session import StudyRun
+from precsearch.runtime.stopping import deferred_signals
+from precsearch.search import promotion
+from precsearch.search.duplicates import (
+    MAX_DUPLICATES_IN_A_ROW,
+    await_twin,
+    tell_duplicate,
+)
+from precsearch.search.front import policy_summary
+from precsearch.search.rungs import (
+    drop_spent,
+    rung_probe,
+    trial_leg,
+    trial_rung,
+    unneeded,
+)
+from precsearch.search.sampling import suggest_policy
+from precsearch.search.scoring import objective_names
+from precsearch.search.summary import finished_count
+from precsearch.utils.retry import with_retry
+
+
+def recover_dead_trials(ctx: StudyRun) -> None:
+    """RUNNING trials whose worker process on this host is gone: fail, close their MLflow run, queue again.
+
+    Trials of live workers, or of workers on other hosts, are left to the heartbeats.
+    """
+    for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = trial_worker(t)
+        if worker is not None and not worker.is_dead():
+            continue
+        ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.user_attrs.get("mlflow_run_id") and t.user_attrs["mlflow_run_id"] not in ctx.lost_runs:
+            ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
+        _requeue(ctx.study, t)
+        say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
+
+    def dead(tag: str) -> bool:
+        host, _, pid = tag.partition(":")
+        return bool(pid.isdigit()) and WorkerId(host, int(pid), 0).is_dead()
+
+    ctx.tracker.close_orphans(dead)
+
+
+def work(ctx: StudyRun, target: int) -> None:
+    """Run trials until the study has ``target`` finished ones (or a stop is asked for), then its promotions.
+
+    While the trials still needed are all running elsewhere, wait: one of them may go stale
+    (its worker died) and need running again. The same holds for a rung still being decided.
+    """
+    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress)
+    try:
+        _work(ctx, target)
+    finally:
+        ctx.status.close()
+
+
+def _work(ctx: StudyRun, target: int) -> None:
+    in_a_row = 0
+    while not ctx.stop.requested:
+        _fail_stale(ctx)
+        finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
+                              budget_s=ctx.space.study.store_retry_s)
+        if finished >= target:
+            # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
+            action = _promotions(ctx) if target >= ctx.space.study.n_trials else "done"
+            if action == "done":
+                return
+            if action == "run":
+                _run_trial(ctx, promoted_only=True)
+            else:
+                time.sleep(min(2.0, ctx.space.study.heartbeat_s))
+            continue
+        if finished + _running(ctx) >= target:
+            time.sleep(min(2.0, ctx.space.study.heartbeat_s))
+            continue
+        in_a_row = 0 if _run_trial(ctx, target=target) else in_a_row + 1
+        if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            say(ctx, f"the sampler proposed {in_a_row} policies in a row that were already scored: the space "
+                      f"looks exhausted; stopping with {finished} distinct policies")
+            return
+
+
+def _promotions(ctx: StudyRun) -> str:
+    """Queue the promotions of every settled rung; ``run``, ``wait`` or ``done`` (see promotion.plan)."""
+    fidelity = ctx.space.study.fidelity
+    if fidelity is None:
+        return "done"
+    with _ask_lock(ctx):  # one worker of this directory decides at a time; other machines: superseded_copy
+        plan = promotion.plan(ctx.study.get_trials(deepcopy=False), fidelity, objective_names(ctx.space.objectives))
+        promotion.enqueue(ctx.study, plan.promote)
+        drop_spent(ctx.workspace.output_dir, ctx.study, ctx.space, objective_names(ctx.space.objectives))
+    for trial, rung in plan.promote:
+        say(ctx, f"trial {trial.number} promoted to {rung} steps  {policy_summary(trial.params)}")
+    return plan.action
+
+
+def _fail_stale(ctx: StudyRun) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        with_retry(lambda: optuna.storages.fail_stale_trials(ctx.study), "checking heartbeats",
+                   budget_s=ctx.space.study.store_retry_s)
+
+
+def _running(ctx: StudyRun) -> int:
+    return sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+               if not promotion.is_promoted(t))
+
+
+def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
+    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run).
+
+    With ``target``, nothing is asked if the study's finished and running trials reach it once this
+    worker holds the ask lock (another local worker may have asked since the count outside it).
+    """
+    retry_s = ctx.space.study.store_retry_s
+    with _ask_lock(ctx):
+        if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
+            return True
+        trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
+    if _not_needed(ctx, trial, promoted_only):
+        return True
+    trial.set_user_attr("worker", ctx.worker.to_dict())
+    if ctx.status is not None:
+        ctx.status.trial_started(trial.number)
+    rung, source = trial_rung(ctx.study, ctx.space, trial)
+    policy = suggest_policy(ctx.space, trial)
+    if promotion.is_promoted(trial):
+        twin = None
+    else:  # another worker may be running the same policy: its result is this one's
+        with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+            twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
+                              lambda: ctx.stop.requested)
+    if twin is not None:  # probes are seeded: the same params would give the same result again
+        tell_duplicate(ctx.study, trial, twin, retry_s)
+        return False
+    run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
+    trial.set_user_attr("mlflow_run_id", run_id)
+    ctx.run_ids[trial.number] = run_id
+    with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+        try:
+            reference = _reference(ctx, policy, rung)
+            leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
+            if source is not None and leg.resume_from is None:
+                say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
+                          f"running its {rung} steps from step 0")
+            result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                            trial=trial.number, leg=leg)
+            stressed = _stressed_result(ctx, trial, policy, source)
+        except (UserError, KeyboardInterrupt):
+            _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
+            raise
+        except Exception as exc:  # a probe that crashes is a failed trial, not a failed study
+            reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("probe process") else str(exc)
+            trial.set_user_attr("fail_reason", reason)
+            ctx.tracker.fail_trial(run_id, reason)
+            with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
+            say(ctx, f"trial {trial.number} failed: {reason}")
+            return True
+        try:
+            record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+        except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
+            if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
+                _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
+            raise
+    return True
+
+
+def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
+    """Close (FAIL, uncounted, unlogged) a trial :func:`~precsearch.search.rungs.unneeded` says not to run."""
+    reason = unneeded(ctx.study, ctx.space, trial.number, promoted_only)
+    if reason is None:
+        return False
+    trial.set_user_attr("not_needed", reason)
+    with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial",
+               budget_s=ctx.space.study.store_retry_s)
+    return True
+
+
+@contextmanager
+def _ask_lock(ctx: StudyRun):
+    """One ``ask`` at a time among the workers sharing this output directory.
+
+    Taking a queued (WAITING) trial relies on ``SELECT ... FOR UPDATE``, which sqlite ignores: two
+    local workers asking at once could both take the same queued trial and run it twice (seen in
+    the resume test). PostgreSQL locks the row itself; the file lock costs nothing there.
+    """
+    ctx.workspace.output_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(ctx.workspace.output_dir / "ask.lock"):
+        yield
+
+
+def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
+    """Queue ``trial``'s params (and rung, for a promoted trial) to run again, once.
+
+    Optuna's skip_if_exists would also skip it for the failed trial itself.
+    """
+    keep = (promotion.FIDELITY, promotion.PROMOTED_FROM)
+    attrs = {k: v for k, v in trial.user_attrs.items() if k in keep}
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    # a queued trial has no params yet: compare the params it is queued with
+    if not any(t.system_attrs.get("fixed_params") == trial.params
+               and {k: v for k, v in t.user_attrs.items() if k in keep} == attrs for t in waiting):
+        study.enqueue_trial(trial.params, user_attrs=attrs or None)
+
+
+def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
+    """Close a trial the worker is stopping in (Ctrl-C, SIGTERM, a store gone): FAIL, queued again.
+
+    The MLflow run gets one attempt only: a worker told to stop must not wait out the retry budget.
+    If it fails, the next ``precsearch run`` closes the run (its worker is gone by then).
+    """
+    with deferred_signals():
+        trial.set_user_attr("interrupted", True)
+        ctx.study.tell(trial, state=TrialState.FAIL)
+        _requeue(ctx.study, trial)
+    try:
+        ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
+    except Exception as exc:  # noqa: BLE001 - best effort, see above
+        say(ctx, f"trial {trial.number}: could not close its MLflow run now ({type(exc).__name__}); "
+                  "the next run will")
+
+
+def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
+    """The BF16 references (every seed at ``rung`` steps, and the stress lr) for ``policy``'s gradient clipping."""
+    baseline = ctx.space.baseline_knobs()
+    reference = Policy.bf16(policy.clip_grad, baseline)
+    told = []
+
+    def run(probe: ProbeSection, label: str, leg: Leg | None) -> ProbeResult:
+        if not told:  # only when one is not cached: say why BF16 probes run between trials
+            told.append(True)
+            say(ctx, terminal.reference_notice(policy.clip_grad, ctx.space.objectives.reference_seeds, rung,
+                                                stress_probe(ctx.space) is not None))
+        return _probe(ctx, reference, label, probe, leg=leg)
+
+    return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
+
+
+def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
+                     source: optuna.trial.FrozenTrial | None = None) -> ProbeResult | None:
+    """The policy's probe at the stress lr, or None without ``objectives.stress``; a promoted trial reuses the
+    one of the trial it continues (the stress probe is not cut into rungs)."""
+    probe = stress_probe(ctx.space)
+    if probe is None:
+        return None
+    if source is not None and "stress_result" in source.user_attrs:
+        return ProbeResult.from_dict(source.user_attrs["stress_result"])
+    return _probe(ctx, policy, f"trial {trial.number} (stress)", probe)
+
+
+def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None,
+           trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
+    """Run one probe of ``policy`` in the probe process; ``probe`` overrides the space's probe section
+    (another seed, a stress lr, a rung's steps), ``leg`` continues a run. Raises ProbeFailed / ProbeCrashed
+    when it produced no result."""
+    probe = probe or ctx.space.probe
+    steps = terminal.probe_bar(probe.steps, label, ctx.progress)
+
+    def on_step(step: int, loss: float, grad_norm: float) -> None:
+        steps.update(1)
+        steps.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if ctx.status is not None:
+            ctx.status.tick()
+
+    try:
+        return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
+    finally:
+        steps.close()
+
+

@@ -1,0 +1,33 @@
+"""After every told trial: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics."""
+
+from __future__ import annotations
+
+from optuna.trial import TrialState
+
+from precsearch.runtime.session import StudyRun
+from precsearch.runtime.study_store import run_ids as _run_ids
+from precsearch.search.front import trial_rows
+from precsearch.search.scoring import objective_names
+from precsearch.search.summary import finished_count, study_metrics
+from precsearch.tracking.front_report import write_front
+
+
+def update_front(ctx: StudyRun) -> dict[str, float]:
+    """Tag the front, write and log its files, the study's metrics and views; returns the metrics."""
+    names = objective_names(ctx.space.objectives)
+    rows = trial_rows(ctx.study, names)
+    front = {r["trial"] for r in rows if r["pareto"]}
+    # every scored trial, also those a longer rung of the same policy superseded (no longer in rows)
+    complete = ctx.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    scored = {t.number for t in complete if "score" in t.user_attrs}
+    # every worker tags every run, also those other workers started since this one opened the study:
+    # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
+    ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
+    ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
+    files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit,
+                        ctx.space.objectives.stability_unit)
+    ctx.tracker.log_front(files)
+    metrics = study_metrics(rows, finished_count(ctx.study), names)
+    ctx.tracker.log_study(metrics)
+    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}))
+    return metrics

@@ -1,0 +1,102 @@
+"""One worker's study session: the stores, tracker and probe process a worker's trials share.
+
+:func:`open_run` opens them (and closes them after); :class:`StudyRun` carries them through the loop
+(:mod:`precsearch.runtime._optimize`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import optuna
+import torch
+from filelock import FileLock
+
+from precsearch.arch.config import ModelConfig
+from precsearch.backends import BackendUnavailable, resolve_device
+from precsearch.config.space import Space
+from precsearch.errors import UserError
+from precsearch.runtime import progress as terminal
+from precsearch.runtime import stores
+from precsearch.runtime.executor import ProbeExecutor
+from precsearch.runtime.liveness import WorkerId
+from precsearch.runtime.lost_stores import lost_runs
+from precsearch.runtime.reference import ReferenceCache
+from precsearch.runtime.say import say
+from precsearch.runtime.stopping import StopRequest
+from precsearch.runtime.study_store import open_study as _open_study
+from precsearch.runtime.study_store import run_ids as _run_ids
+from precsearch.runtime.workspace import Workspace
+from precsearch.tracking import Tracker
+
+
+@dataclass
+class StudyRun:
+    """Everything a worker's trials need, built once per process."""
+
+    space: Space
+    workspace: Workspace
+    study: optuna.Study
+    tracker: Tracker
+    executor: ProbeExecutor | None
+    device: torch.device
+    cfg: ModelConfig
+    references: ReferenceCache
+    worker: WorkerId
+    stop: StopRequest
+    name: str = ""
+    progress: bool = True
+    run_ids: dict[int, str] = field(default_factory=dict)
+    status: terminal.StudyStatus | None = None
+    lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
+
+
+
+@contextmanager
+def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | None = None,
+             parent_id: str | None = None, probes: bool = True, name: str = "", sampler_offset: int = 0):
+    """Open the study's storage, MLflow tracker and (with ``probes``) a probe process; close them after.
+
+    The probe process starts first: it imports torch and the backend (Transformer Engine: about 12 s)
+    while the stores open, rather than when the first probe is asked for.
+    """
+    stop = StopRequest()
+    executor = ProbeExecutor(space, space.study.trial_timeout_s, lambda: stop.requested) if probes else None
+    if executor is not None:
+        executor.start()
+    try:
+        yield from _open_with(space, ws, progress, executor, stop, space_text=space_text, parent_id=parent_id,
+                              name=name, sampler_offset=sampler_offset)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, stop: StopRequest, *,
+               space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
+    with FileLock(ws.output_dir / "stores.lock"):  # two runs started at once: one creates the stores' tables
+        storage = stores.open_storage(ws.storage_url, space.study)
+        tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
+        study = _open_study(space, ws, storage, tracker, sampler_offset)
+    try:
+        device = resolve_device(space.probe.device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="probe.device") from None
+    ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
+                   cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
+                   worker=WorkerId.current(), stop=stop, name=name, progress=progress)
+    ctx.stop._say = lambda message: say(ctx, message)
+    stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
+    if stale is not None:
+        stale.tracker, stale.say = tracker, (lambda message: say(ctx, message))
+    if space_text is not None:  # the run command's driver: the directory is this study's from now on
+        ws.save()
+        tracker.log_space(space_text, {"study": space.study.name, "backend": space.backend.value,
+                                       "device": str(device), "probe_layers": ctx.cfg.n_layers,
+                                       "probe_steps": space.probe.steps})
+    ctx.run_ids = _run_ids(study)
+    ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: say(ctx, message))
+    ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
+    with ctx.stop:
+        yield ctx

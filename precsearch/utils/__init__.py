@@ -1,0 +1,1 @@
+"""Small utilities every layer may use: YAML loading, process helpers, retries."""

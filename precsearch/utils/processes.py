@@ -1,0 +1,71 @@
+"""Child processes that do not outlive their parent, and stopping a child's whole process group.
+
+Every long-lived child precsearch starts (probe workers, torchrun, MLflow servers) is started in a
+session of its own (``start_new_session=True``), so that stopping it can stop everything it
+started, and asks Linux to signal it when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal Linux sends this process when its parent dies."""
+
+#: Run a Python module in a child that Linux sends SIGTERM when its parent dies, even by SIGKILL. Set in
+#: the child itself rather than in a ``preexec_fn``, which is unsafe when the parent runs threads.
+_DYING_WITH_PARENT = ("import ctypes, runpy, signal, sys; "
+                      f"sys.platform.startswith('linux') and ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, "
+                      "signal.SIGTERM); "
+                      "sys.argv[0] = {argv0!r}; runpy.run_module({module!r}, run_name='__main__'{alter})")
+
+
+def dying_with_parent(cmd: list[str], argv0: str | None = None) -> list[str]:
+    """``[python, -m, module, *args]`` rewritten so the child stops (SIGTERM) when this process dies.
+
+    Args:
+        cmd: The command, ``[python, "-m", module, *args]``.
+        argv0: ``sys.argv[0]`` the module sees (e.g. ``"torchrun"`` for ``torch.distributed.run``); by
+            default runpy sets it to the module's file, as ``python -m`` does.
+    """
+    if len(cmd) < 3 or cmd[1] != "-m":
+        raise ValueError(f"expected [python, -m, module, ...], got {cmd[:3]}")
+    alter = "" if argv0 is not None else ", alter_sys=True"
+    code = _DYING_WITH_PARENT.format(module=cmd[2], argv0=argv0 or cmd[2], alter=alter)
+    return [cmd[0], "-c", code, *cmd[3:]]
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if not group_alive(proc.pid):
+            return
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` lives."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,107 @@
+"""What survives what (issue 16, class 10): a deleted store, a moved directory, two runs at once."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import optuna
+from mlflow.tracking import MlflowClient
+
+from _cluster import precsearch
+from _spaces import tiny_space_dict, write_space
+from precsearch.cli import main
+from precsearch.search.front import trial_rows
+from precsearch.runtime.study import finished_count
+from precsearch.runtime.workspace import Workspace
+
+QUICK = {"study.n_trials": 1, "probe.steps": 6, "objectives.reference_seeds": 1}
+
+
+def _finished(tmp_path: Path, out: Path) -> Path:
+    space = write_space(tmp_path, tiny_space_dict(**QUICK))
+    assert main(["run", str(space), "--output-dir", str(out), "--no-progress"]) == 0
+    return space
+
+
+def _again(space: Path, out: Path, n_trials: int = 2) -> tuple[int, str]:
+    """A new process, as a user's next command is (MLflow caches a store's engine per process)."""
+    proc = precsearch("run", str(space), "--output-dir", str(out), "--no-progress", "--n-trials", str(n_trials),
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log, _ = proc.communicate(timeout=600)
+    return proc.returncode, log
+
+
+def _study(out: Path) -> optuna.Study:
+    return optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
+
+
+def _trial_runs(out: Path) -> list:
+    ws = Workspace.load(out)
+    client = MlflowClient(ws.tracking_uri)
+    exp = client.get_experiment_by_name(ws.experiment)
+    return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("precsearch.role") == "trial"]
+
+
+def _front(out: Path) -> set[int]:
+    study = _study(out)
+    return {r["trial"] for r in trial_rows(study, study.user_attrs["objectives"]) if r["pareto"]}
+
+
+def test_a_deleted_mlflow_store_is_started_again_and_the_study_goes_on(tmp_path, capsys):
+    out = tmp_path / "out"
+    space = _finished(tmp_path, out)
+    (out / "mlflow.db").unlink()
+    code, log = _again(space, out)
+    assert code == 0, log[-3000:]
+    assert "the MLflow store has no runs of 1 earlier trials" in log
+    assert finished_count(_study(out)) == 2
+    runs = _trial_runs(out)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # the new trial, logged in the new store
+    assert (runs[0].data.tags["pareto"] == "true") == (int(runs[0].data.tags["trial_number"]) in _front(out))
+
+
+def test_a_deleted_optuna_store_retires_the_old_runs_from_the_front(tmp_path, capsys):
+    out = tmp_path / "out"
+    space = _finished(tmp_path, out)
+    (old,) = _trial_runs(out)
+    assert old.data.tags["pareto"] == "true"
+    (out / "optuna.db").unlink()
+    code, log = _again(space, out, n_trials=1)
+    assert code == 0, log[-3000:]
+    runs = {r.info.run_id: r for r in _trial_runs(out)}
+    assert runs[old.info.run_id].data.tags["pareto"] == "false"
+    assert "precsearch.retired" in runs[old.info.run_id].data.tags
+    new = [r for r in runs.values() if r.info.run_id != old.info.run_id]
+    assert [r.data.tags["pareto"] for r in new] == ["true"] and "precsearch.retired" not in new[0].data.tags
+
+
+def test_a_moved_directory_gets_its_artifacts_at_the_new_path(tmp_path, capsys):
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    space = _finished(tmp_path, out)
+    shutil.move(out, moved)
+    code, log = _again(space, moved)
+    assert code == 0, log[-3000:]
+    assert not out.exists(), "the old path was written again"
+    ws = Workspace.load(moved)
+    client = MlflowClient(ws.tracking_uri)
+    runs = _trial_runs(moved)
+    assert len(runs) == 2
+    for run in runs:
+        assert run.info.artifact_uri.startswith(moved.resolve().as_uri()), run.info.artifact_uri
+        assert "policy.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_two_runs_started_at_once_on_a_fresh_directory_share_the_study(tmp_path):
+    """Both create the stores at once: MLflow's table migration used to fail one of them."""
+    space = write_space(tmp_path, tiny_space_dict(**QUICK | {"study.n_trials": 3}))
+    out = tmp_path / "out"
+    procs = [precsearch("run", str(space), "--output-dir", str(out), "--no-progress", stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT) for _ in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    study = _study(out)
+    assert finished_count(study) == 3
+    counted = [t for t in study.trials if "duplicate_of" not in t.user_attrs and t.state.name == "COMPLETE"]
+    assert len({str(sorted(t.params.items())) for t in counted}) == 3
