@@ -46,12 +46,12 @@ def test_breakdown_png_is_a_png_and_none_without_a_breakdown():
     assert breakdown_png(breakdown(ProbeResult(), base)) is None
 
 
-def test_front_prints_the_summary_under_its_policy():
+def test_front_prints_the_summary_after_its_policy_on_the_same_row():
     row = {"trial": 3, "memory_saved": 0.38, "instability": 0.001, "loss_gap": 0.001, "noise_floor": float("nan"),
            "gap_in_noise": float("nan"), "tokens_per_s": 12000.0, "fidelity_steps": 100, "diverged": False,
            "policy": "fp8", "memory_sources": "moments -35.1 GiB, master -11.7 GiB"}
     lines = format_table([row]).splitlines()
-    assert lines[-1].strip() == "saved from: moments -35.1 GiB, master -11.7 GiB (target, vs the baseline)"
+    assert len(lines) == 3 and lines[-1].endswith("fp8  [saved from: moments -35.1 GiB, master -11.7 GiB]")
     assert "saved from" not in format_table([{**row, "memory_sources": ""}])
 
 
