@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stack import CLIP, LR, BETAS, SEED, WEIGHT_DECAY, Reference, free_gpu, model_config, token_batches  # noqa: E402
 
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights  # noqa: E402
-from precsearch.search.evaluate import te_version  # noqa: E402
+from precsearch.runtime.evaluate import te_version  # noqa: E402
 
 GIB = 2**30
 
