@@ -47,7 +47,7 @@ import torch
 from precsearch.backends import get_backend
 from precsearch.config.loader import load_space
 from precsearch.config.space import ProbeSection
-from precsearch.policy import Policy, Rule
+from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.probe.continuation import Leg
 from precsearch.probe.data import TokenBatches, load_tokens
@@ -77,6 +77,7 @@ class Case:
     warmup_share: float = 0.0  # BF16 warm-up as a share of the first rung
     param_dtype: str | None = None  # the probe's parameter dtype, if not the bench's (study trials: their space's)
     backend: str | None = None  # a backend of its own, reference included (NVFP4: emulated where TE cannot run it)
+    baseline_memory: MemoryKnobs | None = None  # the BF16 reference's memory knobs (default: plain AdamW)
 
     def policy_for(self, rungs: list[int]) -> Policy:
         return replace(self.policy, warmup_steps=int(self.warmup_share * rungs[0]))
@@ -88,8 +89,11 @@ class Case:
                                        "param_dtype": self.param_dtype or base.param_dtype})
 
     def reference_key(self) -> tuple:
-        own = (self.backend,) if self.backend else ()  # cached references of the other cases keep their keys
-        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad, self.param_dtype) + own
+        own = (self.backend,) if self.backend else ()  # a case with its own backend has its own reference
+        return (self.lr_multiplier, self.lr_warmup, self.policy.clip_grad, self.param_dtype, self.baseline_memory) + own
+
+    def reference_policy(self) -> Policy:
+        return Policy.bf16(self.policy.clip_grad, self.baseline_memory)
 
 
 def cases(clip: float | None) -> dict[str, Case]:
@@ -117,6 +121,7 @@ def cases(clip: float | None) -> dict[str, Case]:
         "fp8_delayed, every unit incl. output_layer": Case(Policy(default=Precision.FP8_DELAYED, clip_grad=clip)),
         "fp8_block, every unit incl. output_layer": Case(Policy(default=Precision.FP8_BLOCK, clip_grad=clip)),
         "fp8_delayed, no clipping": Case(fp8(Precision.FP8_DELAYED, clip_grad=None)),
+        **memory_cases(fp8(Precision.FP8_DELAYED)),
         "fp8_delayed E4M3 grads, amax history 1": Case(Policy(default=Precision.FP8_DELAYED, recipe=e4m3_h1,
                                                               clip_grad=clip), fragile=True),
         "fp8_delayed, amax history 1": Case(fp8(Precision.FP8_DELAYED, recipe=hybrid_h1), fragile=True),
@@ -128,6 +133,29 @@ def cases(clip: float | None) -> dict[str, Case]:
         "fp8_current incl. output_layer, 4x lr, no clip": Case(Policy(default=Precision.FP8_CURRENT),
                                                                lr_multiplier=4.0, fragile=True),
     }
+
+
+#: The standard mixed-precision optimizer (BF16 parameters, FP32 master weights and moments): the reference of
+#: the optimizer-knob cases, which change training dynamics (issue 22) and are read against it.
+STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
+
+
+def memory_cases(policy: Policy) -> dict[str, Case]:
+    """FP8 delayed blocks with the optimizer-state knobs, BF16 parameters, against the standard optimizer."""
+    knobs = {
+        "FP8 moments + param remainders": dict(moment_dtype="fp8", master_dtype="remainders"),
+        "FP8 exp_avg, BF16 exp_avg_sq + param remainders": dict(moment_dtype="bf16", exp_avg_dtype="fp8",
+                                                                master_dtype="remainders"),
+        "FP16 master weights": dict(moment_dtype="fp32", master_dtype="fp16"),
+        "BF16 moments": dict(moment_dtype="bf16"),
+    }
+    out = {f"fp8_delayed, {name}": Case(replace(policy, memory=MemoryKnobs(master_weights=True, **kw)),
+                                        param_dtype="bf16", baseline_memory=STANDARD) for name, kw in knobs.items()}
+    # NaN within 5 steps at the 8B width on the H200 (scripts/results/2026-11-30_h200_memory_model_vs_measured.md)
+    out["fp8_delayed, FP8 moments, full FP32 master"] = Case(
+        replace(policy, memory=MemoryKnobs(master_weights=True, moment_dtype="fp8")), param_dtype="bf16",
+        baseline_memory=STANDARD, fragile=True)
+    return out
 
 
 # The three best stable trials by memory saved of the 16-trial study of search_spaces/llama3_8b_h100.yaml
@@ -266,7 +294,7 @@ def plan_jobs(chosen: dict[str, Case], seeds: int, rungs: list[int]) -> tuple[li
         group = case.reference_key()
         if group not in refs:  # BF16 at each seed, this case's lr, warm-up and clipping, cut the same way
             stem = _slug("ref " + " ".join(map(str, group)))
-            refs[group] = [Job(f"{stem}-seed{s}", replace(case, seed=0), Policy.bf16(case.policy.clip_grad), s)
+            refs[group] = [Job(f"{stem}-seed{s}", replace(case, seed=0), case.reference_policy(), s)
                            for s in range(seeds)]
         mine = [Job(f"{_slug(name)}-seed{s}", case, case.policy_for(rungs), s) for s in range(seeds)]
         runs += mine

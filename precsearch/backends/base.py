@@ -84,8 +84,10 @@ class Backend(ABC):
         """
         if knobs.is_default:
             return None
-        return (f"backend '{self.name}' trains with torch AdamW and keeps weights in the parameter dtype; "
-                "master weights, moment dtypes and FP8 weights need backend 'te' on a GPU")
+        named = ", ".join(knobs.changed())
+        return (f"{named}: backend '{self.name}' trains with torch AdamW and keeps weights in the parameter dtype; "
+                "master weights, moment dtypes (FP8 moments need TE FusedAdam), FP8 weights and FP8 attention "
+                "need backend 'te' on a GPU")
 
     def for_memory(self, knobs: MemoryKnobs) -> "Backend":
         """The backend that converts layers as ``knobs`` ask (e.g. FP8 weight storage); default: self."""

@@ -149,14 +149,17 @@ class PolicyRuntime:
         chosen.check_supported(fp8, _device_of(model))
         chosen.convert(model, fp8)
         _CONVERTED[model] = chosen
+        _warn_unapplied_attention(model, self.policy.memory.fp8_attention)
         return model
 
     def build_optimizer(self, model: nn.Module, *, lr: float, betas: tuple[float, float] = (0.9, 0.95),
                         weight_decay: float = 0.0) -> torch.optim.Optimizer:
-        """The AdamW the policy's memory settings ask for (master weights, moment dtype, FP8 weights).
+        """The AdamW the policy's memory settings ask for (master weights and their dtype, each
+        moment's dtype, FP8 weights).
 
         Default settings give ``torch.optim.AdamW``; others give Transformer Engine's
-        ``FusedAdam``. Call it after :meth:`apply`.
+        ``FusedAdam`` (:func:`precsearch.backends.te_optimizer.build_optimizer`: row-wise FP8
+        states, size-bounded param groups). Call it after :meth:`apply`.
         """
         backend = _backend_of(model)
         if backend is None:
@@ -201,6 +204,18 @@ class PolicyRuntime:
         params = model.parameters() if isinstance(model, nn.Module) else model
         max_norm = self.policy.clip_grad if self.policy.clip_grad is not None else math.inf
         return torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+
+
+def _warn_unapplied_attention(model: nn.Module, mode: str) -> None:
+    """FP8 attention reaches only the probe's TE attention; say so when the model has none."""
+    if mode == "off":
+        return
+    from precsearch.backends.te_stack import TECoreAttention
+
+    if not any(isinstance(m, TECoreAttention) for m in model.modules()):
+        warnings.warn(f"fp8_attention={mode}: applied to the probe's Transformer Engine attention only; this "
+                      "model's own attention stays in BF16 (set fp8_dpa in its TE recipe, or "
+                      "TransformerConfig.fp8_dot_product_attention in Megatron-Core)", stacklevel=3)
 
 
 def load_policy(path: str | Path) -> PolicyRuntime:

@@ -15,6 +15,7 @@ from torch import nn
 from precsearch.arch.units import unit_names
 from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device, refuse_layers
 from precsearch.backends.capability import require_te, te_support
+from precsearch.backends.te_knobs import te_memory_knob_problem
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
@@ -164,8 +165,9 @@ class TEBackend(Backend):
     name = "te"
     rebuilds_stack = True
 
-    def __init__(self, *, fp8_weights: bool = False):
+    def __init__(self, *, fp8_weights: bool = False, fp8_attention: str = "off"):
         self.fp8_weights = fp8_weights
+        self.fp8_attention = fp8_attention
 
     @property
     def needs_master_weights(self) -> bool:
@@ -173,23 +175,28 @@ class TEBackend(Backend):
         return self.fp8_weights
 
     def memory_knob_problem(self, knobs: MemoryKnobs, device: torch.device) -> str | None:
-        if knobs.is_default or device.type == "cuda":
-            return None
-        return "TE FusedAdam and FP8 weights need a CUDA GPU"
+        return te_memory_knob_problem(knobs, device)
 
     def for_memory(self, knobs: MemoryKnobs) -> "TEBackend":
-        return self if knobs.fp8_weights == self.fp8_weights else TEBackend(fp8_weights=knobs.fp8_weights)
+        if (knobs.fp8_weights, knobs.fp8_attention) == (self.fp8_weights, self.fp8_attention):
+            return self
+        return TEBackend(fp8_weights=knobs.fp8_weights, fp8_attention=knobs.fp8_attention)
 
     def build_optimizer(self, model: nn.Module, knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
                         weight_decay: float) -> torch.optim.Optimizer:
         """``torch.optim.AdamW`` for the default knobs, else TE ``FusedAdam`` with them."""
         if knobs.is_default:
             return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
+        if knobs.optimizer_knobs.is_default:
+            return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
         param_dtype = next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
-        moments = knobs.moments("fp32" if param_dtype == torch.float32 else "bf16")
+        exp_avg, exp_avg_sq = knobs.moment_dtypes("fp32" if param_dtype == torch.float32 else "bf16")
+        master = knobs.master
         opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
-                              master_weights=knobs.uses_master_weights,
-                              exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
+                              master_weights=master != "none",
+                              master_weight_dtype="fp16" if master == "fp16" else "fp32",
+                              store_param_remainders=master == "remainders",
+                              exp_avg_dtype=exp_avg, exp_avg_sq_dtype=exp_avg_sq)
         if knobs.fp8_weights:
             seed_master_weights(opt)
         return opt
@@ -229,7 +236,7 @@ class TEBackend(Backend):
 
         if _is_probe(model):
             every = {n: recipes.get(n, LayerRecipe()) for n in unit_names(model.cfg)}
-            build_te_stack(model, every, shared, self.fp8_weights)
+            build_te_stack(model, every, shared, self.fp8_weights, self.fp8_attention)
         else:
             convert_linears(model, recipes, shared, self.fp8_weights)
         return model

@@ -26,6 +26,7 @@ holds while FP8 is on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,7 +35,8 @@ from torch import Tensor, nn
 
 from precsearch.arch.units import OUTPUT_LAYER
 from precsearch.backends.base import WrappedLinear
-from precsearch.backends.capability import require_te
+from precsearch.backends.capability import gpu_capability, require_te
+from precsearch.backends.te_knobs import fp8_attention_precisions
 from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
 from precsearch.precision import LayerRecipe
 from precsearch.backends.tensor_stats import TensorStats
@@ -143,16 +145,41 @@ class TEPrecisionLinear(WrappedLinear):
 
 
 class TECoreAttention(nn.Module):
-    """``te.DotProductAttention`` on ``(B, T, heads, head_dim)`` q, k, v; returns ``(B, T, dim)``."""
+    """``te.DotProductAttention`` on ``(B, T, heads, head_dim)`` q, k, v; returns ``(B, T, dim)``.
 
-    def __init__(self, n_heads: int, head_dim: int, n_kv_heads: int):
+    With ``fp8_recipe`` (a delayed or current FP8 recipe with ``fp8_dpa=True``) the
+    attention runs in FP8 (QK^T, softmax, PV on FP8 inputs, FP8 tensors saved for the
+    backward) whenever ``qkv``, the block's q/k/v unit, has FP8 on for the step, so it
+    follows the FP8 warm-up; otherwise BF16.
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, n_kv_heads: int, fp8_recipe: Any = None,
+                 qkv: "TEPrecisionLinear | None" = None):
         super().__init__()
         te = require_te()
         self.attention = te.DotProductAttention(n_heads, head_dim, num_gqa_groups=n_kv_heads,
                                                 attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal")
+        self.fp8_recipe = fp8_recipe
+        self._qkv = [qkv]  # a list, so the unit is not registered twice as a submodule
+        self._autocast = te.autocast
+
+    @property
+    def runs_fp8(self) -> bool:
+        qkv = self._qkv[0]
+        return self.fp8_recipe is not None and qkv is not None and qkv.fp8_enabled
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.attention(q, k, v)
+        if not self.runs_fp8:
+            return self.attention(q, k, v)
+        with self._autocast(enabled=True, recipe=self.fp8_recipe):
+            return self.attention(q, k, v)
+
+
+def fp8_attention_recipe(te_recipe: Any, recipe: LayerRecipe, mode: str, capability: tuple[int, int] | None) -> Any:
+    """A copy of ``te_recipe`` with ``fp8_dpa`` on, or None when ``mode`` is off or TE cannot on this GPU."""
+    if mode == "off" or recipe.precision not in fp8_attention_precisions(capability):
+        return None
+    return dataclasses.replace(te_recipe, fp8_dpa=True)
 
 
 def te_rope(q: Tensor, k: Tensor, angles: Tensor) -> tuple[Tensor, Tensor]:
@@ -245,7 +272,7 @@ def convert_linears(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_rec
 
 
 def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_recipe: Callable[[LayerRecipe], Any],
-                   fp8_weights: bool = False) -> None:
+                   fp8_weights: bool = False, fp8_attention: str = "off") -> None:
     """Swap the probe's modules for TE's, in place (see the module docstring).
 
     Args:
@@ -253,8 +280,12 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
         recipes: Unit name -> recipe, for every unit of the model.
         te_recipe: The TE recipe object of an FP8 recipe (shared per recipe key); None for BF16.
         fp8_weights: FP8 units keep their weights in FP8 only (``te.quantized_model_init``).
+        fp8_attention: ``dpa``: blocks whose q/k/v unit runs a recipe TE can fuse FP8
+            attention for on this GPU (delayed scaling on Hopper) run attention in FP8
+            (:class:`TECoreAttention`); ``off``: BF16 attention.
     """
     cfg = model.cfg
+    capability = gpu_capability(next(model.parameters()).device)
 
     def unit(name: str, build: Callable[..., nn.Module], module: nn.Module) -> TEPrecisionLinear:
         r = recipes[name]
@@ -267,7 +298,10 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
         attn, mlp = layer.self_attention, layer.mlp
         attn.linear_qkv = unit(prefix + "self_attention.linear_qkv", te_layernorm_linear, attn.linear_qkv)
         attn.linear_proj = unit(prefix + "self_attention.linear_proj", te_linear, attn.linear_proj)
-        attn.core_attention = TECoreAttention(cfg.n_heads, cfg.head_dim, cfg.n_kv_heads)
+        qkv = recipes[prefix + "self_attention.linear_qkv"]
+        dpa = (fp8_attention_recipe(attn.linear_qkv.te_recipe, qkv, fp8_attention, capability)
+               if attn.linear_qkv.te_recipe is not None else None)
+        attn.core_attention = TECoreAttention(cfg.n_heads, cfg.head_dim, cfg.n_kv_heads, dpa, attn.linear_qkv)
         attn.rope = te_rope
         fc1, fc2 = recipes[prefix + "mlp.linear_fc1"], recipes[prefix + "mlp.linear_fc2"]
         if fc1 == fc2:

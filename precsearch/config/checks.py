@@ -5,10 +5,14 @@ Each returns nothing and raises :class:`UserError` naming the field.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
+from precsearch.backends.capability import gpu_capability
+from precsearch.backends.te_knobs import fp8_attention_model_problem
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import FILE_SOURCES, DataSource, Space
 from precsearch.config.unit_checks import check_units
@@ -16,6 +20,9 @@ from precsearch.config.values import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe
+
+#: The memory knobs of ``search.memory``, each checked against the backend.
+MEMORY_KNOB_NAMES = tuple(f.name for f in fields(MemoryKnobs))
 
 
 def check_space(space: Space, *, file: str, environment: bool = True) -> None:
@@ -114,17 +121,26 @@ def _check_backend(space: Space) -> None:
 
 
 def _check_memory_knobs(space: Space, backend, device) -> None:
-    baseline = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
-    problem = backend.memory_knob_problem(baseline, device)
+    problem = backend.memory_knob_problem(space.baseline_knobs(), device)
     if problem:
-        raise UserError(problem, field="objectives.baseline_memory")
+        raise UserError(f"{problem}; the default baseline is the standard BF16 set-up (FP32 master weights "
+                        "and moments), which needs TE FusedAdam with BF16 parameters; valid here: "
+                        "master_weights: false, moment_dtype: param (plain AdamW)", field="objectives.baseline_memory")
     mem = space.search.memory
-    for name in ("master_weights", "moment_dtype", "fp8_weights"):
+    if space.probe.param_dtype == "fp32" and any(v != "fp32" for v in mem.master_dtype.options()):
+        raise UserError("master_dtype fp16 or remainders change how FP32 master copies of BF16 parameters are "
+                        "kept; with probe.param_dtype fp32 there are none; valid: fp32, or probe.param_dtype bf16",
+                        field="search.memory.master_dtype")
+    for name in MEMORY_KNOB_NAMES:
         for value in getattr(mem, name).options():
             knobs = MemoryKnobs(**{name: value})
             problem = backend.memory_knob_problem(knobs, device)
             if problem:
                 raise UserError(f"{name}={value}: {problem}", field=f"search.memory.{name}")
+    if any(v != "off" for v in mem.fp8_attention.options()):
+        problem = fp8_attention_model_problem(space.model.probe().head_dim, gpu_capability(device))
+        if problem:
+            raise UserError(f"fp8_attention: {problem}", field="search.memory.fp8_attention")
 
 
 def check_nproc(space: Space) -> None:
@@ -144,13 +160,12 @@ def _check_nproc(space: Space) -> None:
             field="probe.nproc",
         )
     # FSDP2 with TE FusedAdam, FP32 masters or FP8 weights is not verified yet: refuse rather than guess
-    knobs = {f"search.memory.{n}": getattr(space.search.memory, n) for n in ("master_weights", "moment_dtype",
-                                                                               "fp8_weights")}
+    knobs = {f"search.memory.{n}": getattr(space.search.memory, n) for n in MEMORY_KNOB_NAMES}
     for field, knob in knobs.items():
         if any(not MemoryKnobs(**{field.rsplit(".", 1)[1]: v}).is_default for v in knob.options()):
             raise UserError(f"memory knobs are not supported on a probe with nproc {nproc} (FSDP2) yet; "
                             f"valid: the default only, or nproc 1", field=field)
-    if not MemoryKnobs(**space.objectives.baseline_memory.model_dump()).is_default:
+    if not space.baseline_knobs().is_default:
         raise UserError(f"a non-default baseline memory is not supported with nproc {nproc} (FSDP2) yet; "
                         f"valid: the defaults, or nproc 1", field="objectives.baseline_memory")
 

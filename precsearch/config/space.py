@@ -22,7 +22,7 @@ from precsearch.config.knob import Knob, knob
 from precsearch.config.model_section import ModelSection
 from precsearch.config.section import Section
 from precsearch.config.unit_space import SensitivitySection, UnitSet
-from precsearch.policy.rules import MomentDtype, Rule
+from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 
 
@@ -178,6 +178,10 @@ class MemorySection(Section):
     master_weights: knob(bool) = Knob(fixed=False)
     moment_dtype: knob(MomentDtype) = Knob(fixed="param")
     fp8_weights: knob(bool) = Knob(fixed=False)
+    exp_avg_dtype: knob(StateDtype | None) = Knob(fixed=None)
+    exp_avg_sq_dtype: knob(StateDtype | None) = Knob(fixed=None)
+    master_dtype: knob(MasterDtype) = Knob(fixed="fp32")
+    fp8_attention: knob(Fp8Attention) = Knob(fixed="off")
 
 
 class SearchSection(Section):
@@ -210,10 +214,15 @@ class SearchSection(Section):
 
 
 class BaselineMemory(Section):
-    """How the BF16 reference run keeps its training state (what "memory saved" is measured against)."""
+    """How the BF16 reference run keeps its training state (what "memory saved" is measured against).
 
-    master_weights: bool = False
-    moment_dtype: MomentDtype = "param"
+    The default is the standard mixed-precision set-up (Megatron-Core's and most Llama 3 recipes'):
+    FP32 master weights and FP32 AdamW moments. With FP32 parameters it is plain AdamW (the master
+    copy would equal the parameters), so a CPU probe with FP32 parameters runs it on any backend.
+    """
+
+    master_weights: bool = True
+    moment_dtype: MomentDtype = "fp32"
 
 
 #: The default stability limit in noise units: a loss gap within two BF16 seed spreads.
@@ -361,3 +370,7 @@ class Space(Section):
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()
     tracking: TrackingSection = TrackingSection()
+
+    def baseline_knobs(self) -> MemoryKnobs:
+        """The reference run's memory knobs (``objectives.baseline_memory``), resolved for the probe's parameters."""
+        return MemoryKnobs(**self.objectives.baseline_memory.model_dump()).resolved(self.probe.param_dtype)

@@ -34,6 +34,7 @@ from precsearch.export.rendered import (
     layer_table,
     warning_lines,
 )
+from precsearch.export.memory_knobs import accelerate_memory
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import NVFP4_KNOBS, AmaxAlgo, Fp8Format, Precision
@@ -148,6 +149,7 @@ def _loop(policy: Policy, exact: bool) -> str:
 def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:
     """``accelerate_fp8.py`` (and ``policy.yaml`` when the snippet loads it)."""
     path, warnings = choose_path(policy, n_layers)
+    warnings = warnings + accelerate_memory(policy.memory)
     table = layer_table(policy, n_layers)
     recipe = policy.recipe
     lines = header(provenance, f"Hugging Face Accelerate FP8 setup for a {n_layers}-layer Llama 3 "

@@ -67,6 +67,7 @@ from precsearch.export.rendered import (
     warning_lines,
 )
 from precsearch.errors import UserError
+from precsearch.export.memory_knobs import megatron_memory
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
 
@@ -316,17 +317,8 @@ def megatron_export(policy: Policy, n_layers: int,
 
 
 def _memory_flags(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
-    """Megatron's flags for the policy's training-state settings (it trains BF16 with FP32 main params)."""
-    flags: list[str] = []
-    warnings: list[str] = []
-    if memory.fp8_weights:
-        flags.append("--fp8-param-gather")  # FP8 primary weights (with FP32 main params in the optimizer)
-    if memory.moments("fp32") == "bf16":  # an explicit bf16 choice ("param" follows Megatron's FP32 default)
-        flags += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
-    if not memory.uses_master_weights and memory.moment_dtype != "param":
-        warnings.append("the policy trained without FP32 master weights; Megatron keeps FP32 main parameters "
-                        "in BF16 training, so it will use more memory than the probe measured")
-    return flags, warnings
+    """Megatron's flags for the policy's training-state settings (:func:`~precsearch.export.memory_knobs.megatron_memory`)."""
+    return megatron_memory(memory)
 
 
 def nvfp4_environment(policy: Policy, n_layers: int) -> dict[str, str]:

@@ -52,6 +52,7 @@ from precsearch.export.rendered import (
     layer_table,
     warning_lines,
 )
+from precsearch.export.memory_knobs import torchtitan_memory
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
 
@@ -170,6 +171,7 @@ def torchtitan_export(policy: Policy, n_layers: int) -> tuple[dict[str, Any], li
         warnings.append(
             f"torchtitan has no FP8 warm-up setting: the policy runs its first {policy.warmup_steps} steps in BF16. "
             "Train them without the converter, checkpoint, and resume from that checkpoint with it")
+    warnings += torchtitan_memory(policy.memory)
     return settings, warnings
 
 

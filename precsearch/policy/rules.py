@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from precsearch.arch.units import hf_names, unit_of
@@ -91,6 +91,22 @@ class Rule:
         )
 
 
+MomentDtype = Literal["param", "fp32", "bf16", "fp8"]
+"""AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); ``param`` is the parameters' dtype (as
+``torch.optim.AdamW``); the space file's knob takes the same."""
+MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
+StateDtype = Literal["fp32", "bf16", "fp8"]
+"""One moment's own dtype (:attr:`MemoryKnobs.exp_avg_dtype`, ``exp_avg_sq_dtype``; None: ``moment_dtype``)."""
+STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
+MasterDtype = Literal["fp32", "fp16", "remainders"]
+"""How FP32 master weights are kept: whole, in FP16 with a per-tensor scale, or as the 16 low bits
+beside the BF16 parameter (TE ``store_param_remainders``: the same FP32 values in 2 bytes)."""
+MASTER_DTYPES: tuple[str, ...] = get_args(MasterDtype)
+Fp8Attention = Literal["off", "dpa", "mha"]
+"""FP8 attention (TE recipes' ``fp8_dpa`` / ``fp8_mha``): off, the attention core, or the whole MHA block."""
+FP8_ATTENTION: tuple[str, ...] = get_args(Fp8Attention)
+
+
 @dataclass(frozen=True)
 class MemoryKnobs:
     """Training-state settings that change peak memory (applied by the ``te`` backend).
@@ -98,21 +114,38 @@ class MemoryKnobs:
     Attributes:
         master_weights: The optimizer keeps FP32 master copies of (BF16 or FP8)
             parameters (TE ``FusedAdam(master_weights=True)``).
-        moment_dtype: AdamW moment dtype: ``param`` (the parameters' dtype, as
-            ``torch.optim.AdamW``), ``fp32`` or ``bf16`` (TE ``FusedAdam``
-            ``exp_avg_dtype``/``exp_avg_sq_dtype``).
+        moment_dtype: Both AdamW moments: ``param`` (the parameters' dtype, as
+            ``torch.optim.AdamW``), ``fp32``, ``bf16`` or ``fp8`` (E4M3 with a
+            per-tensor scale; TE ``FusedAdam`` ``exp_avg_dtype``/``exp_avg_sq_dtype``).
         fp8_weights: FP8 layers keep their weights only in FP8
-            (``te.quantized_model_init``); implies FP32 master weights and FP32
-            moments (TE's FP8-parameter Adam kernel takes FP32 moments only).
+            (``te.quantized_model_init``); implies FP32 master weights, and BF16
+            moments become FP32 (TE's FP8-parameter Adam kernel takes FP32 moments;
+            FP8 moments are dequantized to FP32 for it and stay FP8).
+        exp_avg_dtype: The first moment's dtype when it differs from ``moment_dtype``
+            (None: ``moment_dtype``).
+        exp_avg_sq_dtype: The second moment's, likewise.
+        master_dtype: How master weights are kept when there are any (see
+            :data:`MASTER_DTYPES`); with ``fp8_weights`` they are always FP32
+            (TE's FP8-parameter kernel), so the field is then ignored.
+        fp8_attention: ``dpa`` runs the attention core (QK^T, softmax, PV) in
+            FP8 in blocks whose q/k/v unit runs delayed or current FP8, ``mha``
+            also keeps q/k/v and the attention output in FP8 between the GEMMs.
     """
 
     master_weights: bool = False
     moment_dtype: str = "param"
     fp8_weights: bool = False
+    exp_avg_dtype: str | None = None
+    exp_avg_sq_dtype: str | None = None
+    master_dtype: str = "fp32"
+    fp8_attention: str = "off"
 
     def __post_init__(self) -> None:
-        if self.moment_dtype not in MOMENT_DTYPES:
-            raise ValueError(f"moment_dtype {self.moment_dtype!r}; valid: {', '.join(MOMENT_DTYPES)}")
+        for name, valid in (("moment_dtype", MOMENT_DTYPES), ("exp_avg_dtype", (None, *STATE_DTYPES)),
+                            ("exp_avg_sq_dtype", (None, *STATE_DTYPES)), ("master_dtype", MASTER_DTYPES),
+                            ("fp8_attention", FP8_ATTENTION)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} {getattr(self, name)!r}; valid: {', '.join(map(str, valid))}")
 
     @property
     def is_default(self) -> bool:
@@ -122,19 +155,54 @@ class MemoryKnobs:
     def uses_master_weights(self) -> bool:
         return self.master_weights or self.fp8_weights
 
-    def moments(self, param_dtype: str) -> str:
-        """The AdamW moment dtype (``fp32`` or ``bf16``) for parameters of ``param_dtype``."""
+    @property
+    def master(self) -> str:
+        """How master weights are kept: ``none`` or one of :data:`MASTER_DTYPES`."""
         if self.fp8_weights:
             return "fp32"
-        return param_dtype if self.moment_dtype == "param" else self.moment_dtype
+        return self.master_dtype if self.master_weights else "none"
+
+    @property
+    def optimizer_knobs(self) -> "MemoryKnobs":
+        """These knobs without FP8 attention (which the optimizer does not see)."""
+        return replace(self, fp8_attention="off")
+
+    def moment_dtypes(self, param_dtype: str) -> tuple[str, str]:
+        """The (first, second) AdamW moment dtypes, each ``fp32``, ``bf16`` or ``fp8``."""
+        chosen = []
+        for own in (self.exp_avg_dtype, self.exp_avg_sq_dtype):
+            dtype = own or self.moment_dtype
+            dtype = param_dtype if dtype == "param" else dtype
+            chosen.append("fp32" if self.fp8_weights and dtype == "bf16" else dtype)
+        return chosen[0], chosen[1]
+
+    def moments(self, param_dtype: str) -> str:
+        """The AdamW moment dtype when both are alike, else ``mixed``."""
+        first, second = self.moment_dtypes(param_dtype)
+        return first if first == second else "mixed"
+
+    def changed(self) -> list[str]:
+        """``name=value`` for every knob that differs from its default, in field order."""
+        default = MemoryKnobs()
+        return [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)]
+
+    def resolved(self, param_dtype: str) -> "MemoryKnobs":
+        """The same training state stated with the fewest non-default knobs, for ``param_dtype`` parameters.
+
+        With FP32 parameters (and no FP8 weights) master weights would copy the
+        parameters (TE skips them) and FP32 moments are the parameters' dtype, so the
+        standard set-up resolves to the defaults, which any backend runs.
+        """
+        if param_dtype != "fp32" or self.fp8_weights:
+            return self
+        first, second = self.moment_dtypes(param_dtype)
+        return replace(self, master_weights=False, master_dtype="fp32",
+                       moment_dtype="param" if first == second == "fp32" else self.moment_dtype,
+                       exp_avg_dtype=None if first == second == "fp32" else self.exp_avg_dtype,
+                       exp_avg_sq_dtype=None if first == second == "fp32" else self.exp_avg_sq_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-MomentDtype = Literal["param", "fp32", "bf16"]
-"""AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); the space file's knob takes the same."""
-MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
 
 
 def member_rules(rules: tuple[Rule, ...], name: str, n_layers: int) -> dict[str, Rule | None]:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, create_model, model_validator
 
-from precsearch.policy.rules import MOMENT_DTYPES, MemoryKnobs
+from precsearch.policy.rules import FP8_ATTENTION, MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES, MemoryKnobs
 from precsearch.precision import (MAX_AMAX_HISTORY, MAX_MARGIN, NVFP4_KNOBS, AmaxAlgo, Fp8Format, LayerRecipe,
                                   Precision)
 
@@ -101,6 +101,12 @@ _MEMORY_RULES: dict[str, Any] = {
     "master_weights": Annotated[bool, _expect(lambda v: isinstance(v, bool), "true or false")],
     "fp8_weights": Annotated[bool, _expect(lambda v: isinstance(v, bool), "true or false")],
     "moment_dtype": _name(MOMENT_DTYPES),
+    "exp_avg_dtype": Annotated[Any, _expect(lambda v: v is None or v in STATE_DTYPES,
+                                            f"null or one of {', '.join(STATE_DTYPES)}")],
+    "exp_avg_sq_dtype": Annotated[Any, _expect(lambda v: v is None or v in STATE_DTYPES,
+                                               f"null or one of {', '.join(STATE_DTYPES)}")],
+    "master_dtype": _name(MASTER_DTYPES),
+    "fp8_attention": _name(FP8_ATTENTION),
 }
 
 

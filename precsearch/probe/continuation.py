@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from precsearch.backends.te_optimizer import compact_fp8_states
 from precsearch.fp8.scaling import Scaler
 from precsearch.probe.events import StepMonitor
 from precsearch.probe.result import ProbeResult
@@ -88,6 +89,7 @@ def restore(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer,
         model.load_state_dict(state["model"])
     _load_scalers(model, state["scalers"])
     opt.load_state_dict(state["optimizer"])
+    compact_fp8_states(opt)  # FusedAdam re-makes FP8 moments with a transpose on load; keep them one layout
     sched.load_state_dict(state["scheduler"])
     monitor.load_state_dict(state["monitor"])
     torch.set_rng_state(state["rng"]["cpu"])

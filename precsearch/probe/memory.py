@@ -99,6 +99,10 @@ class MemoryBreakdown:
         linear_inputs: Linear inputs saved for the backward, BF16 or quantized.
         other_activations: Norm, attention and SwiGLU tensors saved for the backward.
         logits: The cross-entropy's logit-sized tensors at its backward.
+        master: The master-weight part of ``optimizer`` (FP32, FP16, or 16-bit remainders).
+        step_transient: FP32 copies TE ``FusedAdam`` makes of scaled states (FP8 or FP16
+            moments, FP16 master weights, a BF16 moment beside a non-BF16 one) for one
+            param group during the step (:mod:`precsearch.backends.te_optimizer`).
     """
 
     params: int
@@ -108,6 +112,8 @@ class MemoryBreakdown:
     linear_inputs: int
     other_activations: int
     logits: int
+    master: int = 0
+    step_transient: int = 0
 
     @property
     def backward_peak(self) -> int:
@@ -118,7 +124,7 @@ class MemoryBreakdown:
     @property
     def step_peak(self) -> int:
         """Bytes alive during the optimizer step."""
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.step_transient
 
     @property
     def total(self) -> int:
@@ -127,6 +133,13 @@ class MemoryBreakdown:
     def to_dict(self) -> dict[str, int]:
         return asdict(self) | {"backward_peak": self.backward_peak, "step_peak": self.step_peak,
                                "total": self.total}
+
+    def components(self) -> dict[str, int]:
+        """The training state and activations by kind, as a memory breakdown shows them (bytes)."""
+        return {"weights": self.params, "fp8_weight_copies": self.weight_copies, "master_weights": self.master,
+                "moments": self.optimizer - self.master, "gradients": self.grads,
+                "activations": self.linear_inputs + self.other_activations, "logits": self.logits,
+                "step_transient": self.step_transient}
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -140,9 +153,16 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 def predict_peak(
     cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
-    param_dtype: str = "fp32", memory: MemoryKnobs | None = None,
+    param_dtype: str = "fp32", memory: MemoryKnobs | None = None, state_group_elements: int | None = None,
 ) -> MemoryBreakdown:
-    """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16."""
+    """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
+
+    ``state_group_elements``: the largest optimizer param group (default: the largest
+    parameter, as :func:`precsearch.backends.te_optimizer.build_optimizer` splits them;
+    ``num_params()`` for one group). Two groups' FP32 copies are alive at once: FusedAdam's
+    ``tensor_lists`` still holds the previous group's until the next group's kernel
+    (measured at the 8B width: 7.5 GiB with groups of 525M elements, two FP8 moments).
+    """
     memory = memory or MemoryKnobs()
     tokens = seq_len * micro_batch
     n_params = cfg.num_params()
@@ -158,18 +178,57 @@ def predict_peak(
             copies += n * weight
         elif param_dtype == "fp32":
             copies += n * _BF16  # autocast's cached BF16 cast
-    moment = {"fp32": _FP32, "bf16": _BF16}[memory.moments(param_dtype)]
-    master = _FP32 if memory.uses_master_weights and width != _FP32 else 0
+    moments = memory.moment_dtypes(param_dtype)
+    master = MASTER_BYTES[memory.master] if width != _FP32 or memory.fp8_weights else 0
+    group = state_group_elements or max_param_elements(cfg)
     return MemoryBreakdown(
         params=int((n_params - fp8_stored) * width + stored_bytes),
         grads=n_params * width,
-        optimizer=n_params * (2 * moment + master),
+        optimizer=int(n_params * (sum(STATE_BYTES[m] for m in moments) + master)),
         weight_copies=int(copies),
         linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, param_dtype)),
         other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
-                                                 param_dtype=param_dtype),
+                                                 param_dtype=param_dtype)
+        - fp8_attention_saving(cfg, precisions, memory, tokens),
         logits=tokens * cfg.vocab_size * _LOGIT_FP32_TENSORS * _FP32,
+        master=int(n_params * master),
+        step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
     )
+
+
+#: Bytes per element of an AdamW moment; FP8 is one layout with a per-tensor scale
+#: (``te_optimizer.compact_fp8_states``; FusedAdam alone would also keep a transpose: 2 bytes).
+STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1}
+#: Bytes per parameter of the master weights: whole FP32, FP16, or the 16 low bits of FP32.
+MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2}
+
+
+def scaled_states(memory: MemoryKnobs, param_dtype: str) -> int:
+    """How many states per parameter FusedAdam's step copies to FP32 (see :class:`MemoryBreakdown`)."""
+    first, second = memory.moment_dtypes(param_dtype)
+    fused_bf16 = first == second == "bf16"  # unscaled inside the kernel
+    moments = sum(1 for m in (first, second) if m == "fp8" or (m == "bf16" and not fused_bf16))
+    return moments + (1 if memory.master == "fp16" else 0)
+
+
+def max_param_elements(cfg: ModelConfig) -> int:
+    """The largest parameter (the embedding or output layer at Llama shapes): the size of a param group."""
+    return max(cfg.vocab_size * cfg.dim, *(i * o for i, o in _layers(cfg).values()))
+
+
+def fp8_attention_saving(cfg: ModelConfig, precisions: dict[str, Precision], memory: MemoryKnobs,
+                         tokens: int) -> int:
+    """Bytes FP8 attention saves: q, k, v and the output kept in FP8 (1 byte) instead of BF16 per block.
+
+    Counted for blocks whose q/k/v unit runs delayed scaling, the one recipe whose FP8 attention TE fuses
+    on Hopper (current scaling needs sm_100; see :mod:`precsearch.backends.te_knobs`).
+    """
+    if memory.fp8_attention == "off":
+        return 0
+    kv = cfg.n_kv_heads * cfg.head_dim
+    blocks = sum(1 for i in range(cfg.n_layers)
+                 if precisions.get(f"decoder.layers.{i}.self_attention.linear_qkv") is Precision.FP8_DELAYED)
+    return tokens * blocks * (2 * cfg.dim + 2 * kv) * (_BF16 - 1)
 
 
 def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str) -> float:

@@ -32,6 +32,11 @@ class ProbeResult:
         target_memory_source: "calibrated" (corrected by a measurement) or "predicted".
         target_layers: Blocks of the model ``target_memory_bytes`` is for.
         memory_calibration: The correction applied (:class:`~precsearch.probe.calibration.Calibration`).
+        target_breakdown: The memory model's uncorrected components for the target
+            (:meth:`~precsearch.probe.memory.MemoryBreakdown.components`: weights, FP8 weight copies,
+            master weights, moments, gradients, activations, logits, step transient), bytes.
+        memory_phases: On a GPU, the peak and resident bytes by step phase
+            (:class:`~precsearch.probe.phase_memory.PhaseMemory`); empty on a CPU.
         wall_s: Wall time of the whole probe, build included.
         device: Where it ran.
         layer_stats: Per-layer FP8 statistics, one ``{step, layer, role, precision, amax, scale,
@@ -65,6 +70,8 @@ class ProbeResult:
     target_memory_source: str = "predicted"
     target_layers: int = 0
     memory_calibration: dict[str, Any] = field(default_factory=dict)
+    target_breakdown: dict[str, int] = field(default_factory=dict)
+    memory_phases: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = "cpu"
     phase_s: dict[str, float] = field(default_factory=dict)

@@ -28,6 +28,7 @@ from precsearch.probe.data import TokenBatches
 from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
 from precsearch.probe.events import StepMonitor
 from precsearch.probe.memory import predict_peak
+from precsearch.probe.phase_memory import PhaseMemory
 from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.signal_recorder import SignalRecorder
@@ -141,6 +142,7 @@ def run_probe(
     first = continuation.restore(leg, model, opt, sched, monitor, result)
     result.phase_s["build"] = time.perf_counter() - start
     step_times: list[float] = []
+    phases = PhaseMemory(device)
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
     watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
     signals = SignalRecorder(probe.steps, diagnostics.every)
@@ -151,7 +153,8 @@ def run_probe(
         watch.begin_step(step)
         if signals.begin_step(step) and parallel is ONE_PROCESS:  # sharded weights are not whole here
             signals.record_fc1_weights(model)
-        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device)
+        phases.mark("start")
+        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device, phases)
         signals.record_grad_norm(grad_norm)
         signals.end_step()
         loss = parallel.mean(loss)
@@ -186,26 +189,34 @@ def run_probe(
     result.phase_s["eval"] = time.perf_counter() - t0
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
     _measure(result, cfg, probe, policy, model, device, step_times, start, target=target,
-             calibrate=parallel is ONE_PROCESS)
+             calibrate=parallel is ONE_PROCESS, phases=phases)
     return result
 
 
-def _forward_backward(model, data, step, fp8_on, backend, device) -> torch.Tensor:
+def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None
+                      ) -> torch.Tensor:
     inputs, targets = (t.to(device) for t in data.train_batch(step))
     with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
         loss = model(inputs, targets)
+    if phases is not None:
+        phases.mark("forward")
     loss.backward()
     return loss
 
 
-def _train_step(model, opt, data, step, fp8_on, clip, backend, device) -> tuple[float, float]:
+def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None
+                ) -> tuple[float, float]:
     """One step; a non-finite loss or gradient skips the optimizer step (the weights stay as they were)."""
-    loss = _forward_backward(model, data, step, fp8_on, backend, device)
+    loss = _forward_backward(model, data, step, fp8_on, backend, device, phases)
     max_norm = clip if clip is not None else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
     loss_v, grad_v = float(loss.detach()), float(grad_norm)
+    if phases is not None:
+        phases.mark("backward")
     if math.isfinite(loss_v) and math.isfinite(grad_v):
         opt.step()
+    if phases is not None:
+        phases.mark("step")
     opt.zero_grad(set_to_none=True)
     return loss_v, grad_v
 
@@ -235,7 +246,8 @@ def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.
     return sum(losses) / len(losses)
 
 
-def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True) -> None:
+def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,
+             phases: PhaseMemory | None = None) -> None:
     tokens = probe.seq_len * probe.micro_batch
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
@@ -245,8 +257,10 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
     result.predicted_memory = predicted.to_dict()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        result.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+        overall = phases.overall_peak() if phases is not None else 0
+        result.peak_memory_bytes = int(max(overall, torch.cuda.max_memory_allocated(device)))
         result.memory_source = "measured"
+        result.memory_phases = phases.to_dict() if phases is not None else {}
     else:
         result.peak_memory_bytes = predicted.total
         result.memory_source = "predicted"
@@ -267,6 +281,7 @@ def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, 
     prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
                                 micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory)
     result.target_memory_bytes = prediction.bytes
+    result.target_breakdown = prediction.breakdown.components()
     result.target_memory_source = prediction.source
     result.target_layers = target.n_layers
     result.memory_calibration = calibration.to_dict()

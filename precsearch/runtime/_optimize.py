@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 from precsearch.config.space import ProbeSection
 from precsearch.errors import UserError
-from precsearch.policy import MemoryKnobs, Policy
+from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
@@ -255,7 +255,7 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
 
 def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
     """The BF16 references (every seed at ``rung`` steps, and the stress lr) for ``policy``'s gradient clipping."""
-    baseline = MemoryKnobs(**ctx.space.objectives.baseline_memory.model_dump())
+    baseline = ctx.space.baseline_knobs()
     reference = Policy.bf16(policy.clip_grad, baseline)
     told = []
 

@@ -32,6 +32,7 @@ from precsearch.tracking.diagnostics_report import (
     diagnostics_tags,
 )
 from precsearch.tracking.signals_report import trial_signals
+from precsearch.tracking.memory_report import log_memory_breakdown
 from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table
 from precsearch.utils.retry import with_retry
 
@@ -57,6 +58,7 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
         ctx.tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
     ctx.tracker.log_bytes(run_id, loss_curves(result, references.paired, f"trial {trial.number}:"), "loss_curves.png")
     memory = memory_table(result, references.paired)
+    log_memory_breakdown(ctx.tracker, run_id, trial, result, references.paired)
     sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, references.paired.signals,
                                                                [r.signals for r in references.seeds])
     if sig_plot is not None:

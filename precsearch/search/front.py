@@ -64,6 +64,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "feasible": score["feasible"],
         "diverged": score["diverged"],
         "memory_source": trial.user_attrs.get("memory_source", ""),
+        "memory_sources": trial.user_attrs.get("memory_sources", ""),
         "policy": policy_summary(trial.params),
         "params": dict(trial.params),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
@@ -80,9 +81,11 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         noise = "-" if r["diverged"] else noise_text(r["noise_floor"], r["gap_in_noise"])
         marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
+        # where the saving comes from, last: one row per line, the columns before it unchanged
+        sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
                      f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  "
-                     f"{r['policy']}")
+                     f"{r['policy']}{sources}")
     return "\n".join(lines)
 
 

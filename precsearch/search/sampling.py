@@ -9,6 +9,7 @@ unit's choice in those blocks), then the per-module units, then the groups.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import optuna
@@ -40,11 +41,8 @@ def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) 
         recipe=recipe,
         warmup_steps=search.warmup_steps.suggest(trial, "warmup_steps"),
         clip_grad=search.clip_grad.suggest(trial, "clip_grad"),
-        memory=MemoryKnobs(
-            master_weights=search.memory.master_weights.suggest(trial, "memory.master_weights"),
-            moment_dtype=search.memory.moment_dtype.suggest(trial, "memory.moment_dtype"),
-            fp8_weights=search.memory.fp8_weights.suggest(trial, "memory.fp8_weights"),
-        ),
+        memory=MemoryKnobs(**{f.name: getattr(search.memory, f.name).suggest(trial, f"memory.{f.name}")
+                              for f in fields(MemoryKnobs)}),
     )
 
 

@@ -18,8 +18,8 @@ from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.tracking.figures import png_bytes
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "weight_copies", "linear_inputs", "other_activations", "logits",
-                "total")
+MEMORY_PARTS = ("params", "grads", "optimizer", "master", "weight_copies", "linear_inputs", "other_activations",
+                "logits", "step_transient", "total")
 
 
 def policy_table(policy: Policy, n_layers: int) -> str:

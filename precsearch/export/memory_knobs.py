@@ -1,0 +1,78 @@
+"""How each training stack expresses a policy's memory knobs (:class:`~precsearch.policy.MemoryKnobs`).
+
+One function per stack, each returning what it can write and a warning naming every knob it cannot.
+Checked against the stacks' sources:
+
+* Megatron-LM (``megatron/training/arguments.py``, ``megatron/core/optimizer/``):
+  ``--use-precision-aware-optimizer`` with ``--exp-avg-dtype``/``--exp-avg-sq-dtype`` (fp32, fp16,
+  bf16, fp8) and ``--main-params-dtype`` (fp32, fp16) hand the states to TE ``FusedAdam``;
+  ``OptimizerConfig.store_param_remainders`` is True by default there and has no flag, so FP32
+  main parameters are kept as BF16 + 16-bit remainders whenever the precision-aware optimizer
+  is on; ``--fp8-param-gather`` keeps FP8 primary weights. ``TransformerConfig``'s
+  ``fp8_dot_product_attention``/``fp8_multi_head_attention`` are listed among the fields with no
+  command-line flag.
+* torchtitan: its float8 converter (torchao) has no FP8 attention and no FP8 weight storage
+  setting for this path, and its AdamW keeps states in the parameters' dtype (FP32 under FSDP2
+  mixed precision): none of the optimizer knobs.
+* Accelerate: ``TERecipeKwargs`` carries no ``fp8_dpa``; the optimizer is the user's own, so the
+  snippet's ``policy.build_optimizer`` (TE ``FusedAdam``) applies the optimizer knobs.
+"""
+
+from __future__ import annotations
+
+from precsearch.policy.rules import MemoryKnobs
+
+#: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices).
+_MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
+
+
+def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
+    """(flags, warnings) for Megatron-LM, which trains BF16 parameters with FP32 main parameters."""
+    flags: list[str] = []
+    warnings: list[str] = []
+    if memory.fp8_weights:
+        flags.append("--fp8-param-gather")  # FP8 primary weights (with FP32 main params in the optimizer)
+    first, second = memory.moment_dtypes("fp32")  # "param" follows Megatron's FP32 default
+    master = memory.master
+    if (first, second) != ("fp32", "fp32") or master in ("fp16", "remainders"):
+        flags.append("--use-precision-aware-optimizer")
+        if (first, second) != ("fp32", "fp32"):
+            flags += ["--exp-avg-dtype", _MEGATRON_DTYPES[first], "--exp-avg-sq-dtype", _MEGATRON_DTYPES[second]]
+        if master == "fp16":
+            flags += ["--main-params-dtype", "fp16"]
+        elif master == "fp32":
+            warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
+                            "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
+                            "same values, 2 bytes/parameter less than the probe measured")
+    if not memory.uses_master_weights and memory.moment_dtype != "param":
+        warnings.append("the policy trained without FP32 master weights; Megatron keeps FP32 main parameters "
+                        "in BF16 training, so it will use more memory than the probe measured")
+    if memory.fp8_attention != "off":
+        field = "fp8_multi_head_attention" if memory.fp8_attention == "mha" else "fp8_dot_product_attention"
+        warnings.append(f"fp8_attention={memory.fp8_attention}: Megatron has no command-line flag for it; set "
+                        f"TransformerConfig.{field}=True in your model provider (megatron/training/arguments.py "
+                        "lists it among the fields with no CLI argument)")
+    return flags, warnings
+
+
+def torchtitan_memory(memory: MemoryKnobs) -> list[str]:
+    """Warnings for the knobs torchtitan's TOML cannot express (it can express none of them)."""
+    lost = memory.changed()
+    if not lost:
+        return []
+    return [f"{', '.join(lost)}: torchtitan cannot express these memory settings (its AdamW keeps states in the "
+            "parameters' dtype, its float8 converter has no FP8 weight storage or FP8 attention here); training "
+            "uses more memory than the probe measured"]
+
+
+def accelerate_memory(memory: MemoryKnobs) -> list[str]:
+    """Warnings for Accelerate: the optimizer knobs go through ``policy.build_optimizer``, FP8 attention cannot."""
+    warnings = []
+    if not memory.optimizer_knobs.is_default:
+        warnings.append(f"{', '.join(memory.optimizer_knobs.changed())}: build the optimizer with "
+                        "policy.build_optimizer(model, lr=...) (TE FusedAdam, a CUDA GPU) before "
+                        "accelerator.prepare; Accelerate has no setting for them")
+    if memory.fp8_attention != "off":
+        warnings.append(f"fp8_attention={memory.fp8_attention}: Accelerate's TERecipeKwargs has no fp8_dpa "
+                        "setting; attention stays BF16 (more activation memory than the probe measured)")
+    return warnings

@@ -1,0 +1,62 @@
+"""Exports of the memory knobs: Megatron's precision-aware optimizer flags, and warnings naming what a stack lacks.
+
+What would be wrong if these failed: a policy searched with FP8 moments would train in Megatron with
+FP32 moments (more memory than measured, other numerics) without a word, or a flag name would not be
+one Megatron's ``arguments.py`` parses.
+"""
+
+from __future__ import annotations
+
+from precsearch.export.accelerate import accelerate_files
+from precsearch.export.megatron import megatron_export
+from precsearch.export.memory_knobs import accelerate_memory, megatron_memory, torchtitan_memory
+from precsearch.export.torchtitan import torchtitan_export
+from precsearch.policy import MemoryKnobs, Policy
+from precsearch.precision import Precision
+
+FP8_STATE = MemoryKnobs(master_weights=True, moment_dtype="bf16", exp_avg_dtype="fp8", master_dtype="remainders")
+
+
+def test_megatron_gets_the_precision_aware_optimizer_with_each_moment_dtype():
+    flags, warnings = megatron_memory(FP8_STATE)
+    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16"]
+    assert warnings == []  # remainders are Megatron's default under the precision-aware optimizer
+
+
+def test_megatron_fp16_master_and_remainder_default():
+    flags, _ = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp32", master_dtype="fp16"))
+    assert flags == ["--use-precision-aware-optimizer", "--main-params-dtype", "fp16"]
+    flags, warnings = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp8"))
+    assert "--exp-avg-dtype" in flags and any("store_param_remainders" in w for w in warnings)
+
+
+def test_the_standard_optimizer_needs_no_megatron_flag():
+    assert megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp32")) == ([], [])
+
+
+def test_fp8_attention_has_no_megatron_flag_and_says_which_config_field_to_set():
+    _, warnings = megatron_memory(MemoryKnobs(fp8_attention="dpa"))
+    assert any("fp8_attention=dpa" in w and "fp8_dot_product_attention" in w for w in warnings)
+    _, warnings = megatron_memory(MemoryKnobs(fp8_attention="mha"))
+    assert any("fp8_multi_head_attention" in w for w in warnings)
+
+
+def test_megatron_export_carries_the_memory_flags():
+    flags, _, _ = megatron_export(Policy(default=Precision.FP8_DELAYED, memory=FP8_STATE), 4)
+    assert "--use-precision-aware-optimizer" in flags and "--exp-avg-dtype" in flags
+
+
+def test_torchtitan_warns_naming_every_knob_it_cannot_express():
+    _, warnings = torchtitan_export(Policy(default=Precision.FP8_CURRENT, memory=FP8_STATE), 4)
+    lost = [w for w in warnings if "memory settings" in w]
+    assert len(lost) == 1 and all(k in lost[0] for k in ("exp_avg_dtype=fp8", "master_dtype=remainders"))
+    assert torchtitan_memory(MemoryKnobs()) == []
+
+
+def test_accelerate_points_the_optimizer_knobs_to_build_optimizer_and_warns_on_fp8_attention():
+    memory = MemoryKnobs(master_weights=True, moment_dtype="fp8", fp8_attention="dpa")
+    warnings = accelerate_memory(memory)
+    assert any("policy.build_optimizer" in w and "moment_dtype=fp8" in w for w in warnings)
+    assert any("fp8_attention=dpa" in w and "TERecipeKwargs" in w for w in warnings)
+    rendered = accelerate_files(Policy(default=Precision.FP8_DELAYED, memory=memory), 4, {})
+    assert any("fp8_attention=dpa" in w for w in rendered.warnings)

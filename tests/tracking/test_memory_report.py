@@ -1,0 +1,67 @@
+"""The per-trial memory breakdown: its table, its figure and the front's one-line summary.
+
+What would be wrong if these failed: the front would credit a saving to the wrong component (FP8
+compute instead of the optimizer moments), or the MLflow artifact would lack the baseline.
+"""
+
+from __future__ import annotations
+
+from precsearch.policy import MemoryKnobs
+from precsearch.precision import Precision
+from precsearch.probe.memory import predict_peak
+from precsearch.probe.model import PRESETS, linear_layer_names
+from precsearch.probe.phase_memory import PhaseMemory
+from precsearch.probe.result import ProbeResult
+from precsearch.search.front import format_table
+from precsearch.tracking.memory_report import breakdown, breakdown_png, saving_sources
+
+import torch
+
+CFG = PRESETS["llama3-8b"].with_overrides(n_layers=4)
+GIB = 2**30
+
+
+def _result(memory: MemoryKnobs, fp8: bool) -> ProbeResult:
+    precisions = {n: Precision.FP8_DELAYED for n in linear_layer_names(CFG) if n != "output_layer"} if fp8 else {}
+    m = predict_peak(CFG, precisions, seq_len=4096, micro_batch=1, param_dtype="bf16", memory=memory)
+    return ProbeResult(target_breakdown=m.components(), target_memory_bytes=m.total, target_layers=CFG.n_layers)
+
+
+def test_the_saving_is_credited_to_the_moments_and_master_not_to_fp8():
+    base = _result(MemoryKnobs(master_weights=True, moment_dtype="fp32"), fp8=False)
+    trial = _result(MemoryKnobs(master_weights=True, moment_dtype="fp8", master_dtype="remainders"), fp8=True)
+    data = breakdown(trial, base)
+    n = CFG.num_params()
+    assert data["target"]["saved"]["moments"] == 6 * n and data["target"]["saved"]["master_weights"] == 2 * n
+    line = saving_sources(data["target"]["trial"], data["target"]["baseline"], top=5)
+    assert line.startswith("moments -") and "master -" in line
+    assert "step transient +" in line  # FusedAdam's FP32 copies of the FP8 moments, during the step
+    assert "fp8 weight copies +" in line  # FP8 compute costs memory: its weight copies
+
+
+def test_breakdown_png_is_a_png_and_none_without_a_breakdown():
+    base = _result(MemoryKnobs(master_weights=True, moment_dtype="fp32"), fp8=False)
+    png = breakdown_png(breakdown(_result(MemoryKnobs(), fp8=True), base))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert breakdown_png(breakdown(ProbeResult(), base)) is None
+
+
+def test_front_prints_the_summary_after_its_policy_on_the_same_row():
+    row = {"trial": 3, "memory_saved": 0.38, "instability": 0.001, "loss_gap": 0.001, "noise_floor": float("nan"),
+           "gap_in_noise": float("nan"), "tokens_per_s": 12000.0, "fidelity_steps": 100, "diverged": False,
+           "policy": "fp8", "memory_sources": "moments -35.1 GiB, master -11.7 GiB"}
+    lines = format_table([row]).splitlines()
+    assert len(lines) == 3 and lines[-1].endswith("fp8  [saved from: moments -35.1 GiB, master -11.7 GiB]")
+    assert "saved from" not in format_table([{**row, "memory_sources": ""}])
+
+
+def test_phase_memory_records_nothing_on_a_cpu():
+    phases = PhaseMemory(torch.device("cpu"))
+    phases.mark("forward")
+    assert phases.to_dict() == {} and phases.overall_peak() == 0
+
+
+def test_small_models_are_summarised_in_mib_and_noise_is_left_out():
+    base = {"moments": 3 * 2**20, "weights": 200 * 2**20, "activations": 100 * 2**20}
+    trial = {"moments": 1 * 2**20, "weights": 200 * 2**20, "activations": 99.9 * 2**20}
+    assert saving_sources(trial, base) == "moments -2.0 MiB"  # 0.1 MiB of activations is under 0.5% of 303 MiB
