@@ -21,7 +21,7 @@ from precsearch.policy import Policy
 from precsearch.precision import Precision
 from precsearch.probe.data import load_batches
 from precsearch.probe.runner import _forward_backward, build_probe
-from precsearch.probe.unit_timing import time_units
+from precsearch.probe.unit_timing import time_units, timed_module
 
 
 def main(space_path: str, out: str) -> int:
@@ -33,8 +33,10 @@ def main(space_path: str, out: str) -> int:
     precisions = sorted({p for u in units for p in u.knob.options()}, key=list(Precision).index)
     names = [u.unit for u in units]
     table: dict[str, dict[str, float]] = {n: {} for n in names}
+    fused: dict[str, dict[str, str]] = {}  # precision -> unit -> the fused module timed for it
     for p in precisions:
         model = build_probe(cfg, Policy(default=p), backend, device, 0, space.probe.param_dtype)
+        fused[p.value] = {n: m for n in names if (m := timed_module(model, n)) != n}
         step = lambda: (_forward_backward(model, data, 0, p.is_fp8, backend, device),  # noqa: E731
                         model.zero_grad(set_to_none=True))
         for unit, ms in time_units(model, names, step).items():
@@ -44,11 +46,13 @@ def main(space_path: str, out: str) -> int:
     gains = {u: {p: 1 - ms / t["bf16"] for p, ms in t.items() if p != "bf16"} for u, t in table.items()}
     payload = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (wall clock, emulated: "
                "not an FP8 speed)", "backend": space.backend.value,
-               "tokens_per_step": space.probe.seq_len * space.probe.micro_batch, "ms": table, "speed_gain": gains}
+               "tokens_per_step": space.probe.seq_len * space.probe.micro_batch, "ms": table, "speed_gain": gains,
+               "timed_together": fused}
     Path(out).write_text(json.dumps(payload, indent=1))
     for u in names:
         print(f"{u:45s} " + "  ".join(f"{p}: {ms:7.3f} ms" for p, ms in table[u].items())
-              + "  gain " + ", ".join(f"{p} {100 * g:+.1f}%" for p, g in gains[u].items()))
+              + "  gain " + ", ".join(f"{p} {100 * g:+.1f}%" for p, g in gains[u].items())
+              + ("  (fc1+fc2 timed together: one te.LayerNormMLP)" if any(u in f for f in fused.values()) else ""))
     return 0
 
 

@@ -34,14 +34,39 @@ class _Mark:
         return self.event.elapsed_time(later.event) if self.event is not None else 1e3 * (later.t - self.t)
 
 
+def timed_module(model: nn.Module, unit: str) -> str:
+    """The submodule that runs ``unit``'s GEMM: the unit itself, or the fused module it is part of.
+
+    The TE stack fuses a block's fc1 and fc2 into one ``te.LayerNormMLP`` (``mlp.layernorm_mlp``) when they
+    share a precision, so those two units are one module there and can only be timed together.
+    """
+    try:
+        model.get_submodule(unit)
+        return unit
+    except AttributeError:
+        parent, _, leaf = unit.rpartition(".")
+        fused = f"{parent}.layernorm_mlp"
+        if leaf in ("linear_fc1", "linear_fc2"):
+            try:
+                model.get_submodule(fused)
+                return fused
+            except AttributeError:
+                pass
+        raise
+
+
 def time_units(model: nn.Module, units: list[str], step: Callable[[], None], *, warmup: int = 3,
                repeats: int = 10) -> dict[str, float]:
-    """Unit -> median milliseconds of its forward plus backward over ``repeats`` calls of ``step``."""
+    """Unit -> median milliseconds of its forward plus backward over ``repeats`` calls of ``step``.
+
+    Units fused into one module (:func:`timed_module`) each report that module's time.
+    """
     cuda = next(model.parameters()).is_cuda
     for _ in range(warmup):
         step()
-    spans: dict[str, list[list[_Mark]]] = {u: [] for u in units}
-    handles = [h for u in units for h in _hooks(model.get_submodule(u), spans[u], cuda)]
+    modules = {u: timed_module(model, u) for u in units}
+    spans: dict[str, list[list[_Mark]]] = {m: [] for m in dict.fromkeys(modules.values())}
+    handles = [h for m in spans for h in _hooks(model.get_submodule(m), spans[m], cuda)]
     try:
         for _ in range(repeats):
             step()
@@ -50,9 +75,10 @@ def time_units(model: nn.Module, units: list[str], step: Callable[[], None], *, 
     finally:
         for h in handles:
             h.remove()
-    per_span = {u: [a.ms_until(b) for a, b in s] for u, s in spans.items()}
+    per_span = {m: [a.ms_until(b) for a, b in s] for m, s in spans.items()}
     # two spans (forward, backward) per step
-    return {u: statistics.median(v[i] + v[i + 1] for i in range(0, len(v) - 1, 2)) for u, v in per_span.items()}
+    per_module = {m: statistics.median(v[i] + v[i + 1] for i in range(0, len(v) - 1, 2)) for m, v in per_span.items()}
+    return {u: per_module[m] for u, m in modules.items()}
 
 
 def _hooks(module: nn.Module, spans: list[list[_Mark]], cuda: bool) -> list:

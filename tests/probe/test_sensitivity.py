@@ -78,3 +78,28 @@ def test_unit_timing_times_every_unit_forward_and_backward():
     times = time_units(model, units, step, warmup=1, repeats=3)
     assert set(times) == set(units) and all(t > 0 for t in times.values())
     assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
+
+
+def test_units_fused_into_one_module_are_timed_together():
+    """The TE stack's te.LayerNormMLP runs fc1 and fc2 as one module: both units report its time."""
+    from torch import nn
+
+    from precsearch.probe.unit_timing import time_units, timed_module
+
+    class Fused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layernorm_mlp = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
+
+        def forward(self, x):
+            return self.layernorm_mlp(x)
+
+    model = nn.Module()
+    model.mlp = Fused()
+    x = torch.randn(4, 8, requires_grad=True)
+    step = lambda: model.mlp(x).sum().backward()  # noqa: E731
+    assert timed_module(model, "mlp.linear_fc1") == timed_module(model, "mlp.linear_fc2") == "mlp.layernorm_mlp"
+    with pytest.raises(AttributeError):
+        timed_module(model, "mlp.linear_qkv")
+    times = time_units(model, ["mlp.linear_fc1", "mlp.linear_fc2"], step, warmup=1, repeats=3)
+    assert times["mlp.linear_fc1"] == times["mlp.linear_fc2"] > 0
