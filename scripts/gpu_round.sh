@@ -7,9 +7,7 @@ set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_round_out
 source "$(dirname "$0")/gpu_env.sh"
 t0=$(date +%s)
-OUT="$OUT/tests" bash scripts/gpu_check.sh 2>&1 | tail -15 &
-tests=$!
-wait $tests
+OUT="$OUT/tests" timeout "${TEST_TIMEOUT:-280}" bash scripts/gpu_check.sh 2>&1 | tail -15
 echo "== gpu tests done after $(( $(date +%s) - t0 )) s"
 OUT="$OUT/b200" STUDY_TIMEOUT="${B200_TIMEOUT:-170}" bash scripts/gpu_b200_emulated.sh 2>&1 | tail -40
 echo "== b200 study done after $(( $(date +%s) - t0 )) s"
