@@ -126,19 +126,19 @@ def compact_fp8_states(optimizer: torch.optim.Optimizer) -> int:
 
     Values are kept: a state holding moments (after ``load_state_dict``, which re-makes
     them with both layouts) is re-quantized with FusedAdam's own per-tensor scaling; an
-    all-zero one (a fresh state) with scale 1, as FusedAdam initialises it. A no-op for
-    an optimizer without FP8 states (``torch.optim.AdamW``).
+    all-zero one (a fresh state) with scale 1, as FusedAdam initialises it. A FusedAdam
+    without FP8 states has its states initialised only; a no-op for ``torch.optim.AdamW``.
 
     Returns:
         How many FP8 states were re-made.
     """
+    if not hasattr(optimizer, "initialize_state"):  # torch.optim.AdamW: nothing to initialise or re-make
+        return 0
     names = [n for n in ("exp_avg", "exp_avg_sq")
              if getattr(optimizer, "name_to_dtype_map", {}).get(n) == torch.uint8]
-    if not names:
-        return 0
-    from transformer_engine.pytorch.constants import DType
-    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
-
+    if names:
+        from transformer_engine.pytorch.constants import DType
+        from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
     remade = 0
     for group in optimizer.param_groups:
         for p in group["params"]:
