@@ -28,6 +28,7 @@ from typing import Any
 
 from precsearch.arch.config import ModelConfig, RopeScaling
 from precsearch.errors import UserError
+from precsearch.utils.json_io import read_json_object
 
 FIELD = "model.init_from"
 CONFIG = "config.json"
@@ -91,13 +92,7 @@ def _error(path: Path, message: str) -> UserError:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _error(path, f"cannot read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise _error(path, "is not a JSON object")
-    return data
+    return read_json_object(path, _error)
 
 
 def _refuse_torch_dist(path: Path) -> None:

@@ -11,7 +11,6 @@ integers, e.g. ``input_ids``). The ``datasets`` package is not needed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from precsearch.errors import DataError
 from precsearch.probe.data.documents import Document, documents_to_tokens
 from precsearch.probe.data.request import TokenRequest
+from precsearch.utils.json_io import read_json_object
 
 STATE = "state.json"
 DICT = "dataset_dict.json"
@@ -32,13 +32,7 @@ def _error(path: Path, message: str, field: str = "data.path") -> DataError:
 
 
 def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _error(path, f"cannot read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise _error(path, "is not a JSON object")
-    return data
+    return read_json_object(path, _error)
 
 
 def dataset_dir(path: Path) -> Path:
