@@ -48,6 +48,8 @@ from precsearch.fp8.scaling import Scaler
 from precsearch.probe.events import StepMonitor
 from precsearch.probe.result import ProbeResult
 
+_SKIP_SAID: set[Path] = set()  # folders whose skipped checkpoints were reported
+
 #: The per-step records of a :class:`ProbeResult` that a continued leg carries on.
 _RECORDS = ("losses", "grad_norms", "fp8_steps", "events", "layer_stats")
 
@@ -125,9 +127,12 @@ def save(leg: Leg | None, model: torch.nn.Module, opt: torch.optim.Optimizer, sc
     path.parent.mkdir(parents=True, exist_ok=True)
     size, disk = _tensor_bytes(state), shutil.disk_usage(path.parent)
     if size > disk.free - disk_reserve(disk.total):
-        print(f"precsearch: checkpoint {path} not written: it needs {size / 2**30:.1f} GiB and "
-              f"{disk.free / 2**30:.1f} GiB are free (keeping {disk_reserve(disk.total) / 2**30:.1f} GiB); "
-              f"a promotion of this run will train from step 0", file=sys.stderr, flush=True)
+        if path.parent not in _SKIP_SAID:  # once per folder and process, not once per trial
+            _SKIP_SAID.add(path.parent)
+            print(f"precsearch: checkpoint {path} not written: it needs {size / 2**30:.1f} GiB and "
+                  f"{disk.free / 2**30:.1f} GiB are free (keeping {disk_reserve(disk.total) / 2**30:.1f} GiB); "
+                  f"a promotion of this run will train from step 0 (said once for {path.parent})",
+                  file=sys.stderr, flush=True)
         return False
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)

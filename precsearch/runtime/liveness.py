@@ -24,6 +24,8 @@ import psutil
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial
 
+from precsearch.utils.log import logger
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -94,7 +96,7 @@ class StaleTrialHandler:
         self._retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.tracker = None
-        self.say = print
+        self.say = logger().info
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         self._retry(study, trial)

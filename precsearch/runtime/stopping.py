@@ -18,13 +18,15 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from precsearch.utils.log import logger
+
 
 class StopRequest:
     """Installs the handlers on ``__enter__`` and restores the previous ones on ``__exit__``."""
 
-    def __init__(self, say: Callable[[str], None] = print):
+    def __init__(self, say: Callable[[str], None] | None = None):
         self.requested = False
-        self._say = say
+        self._say = say or logger().info
         self._saved: dict[int, object] = {}
 
     def __enter__(self) -> "StopRequest":
