@@ -16,8 +16,8 @@ Sources (``data.source``):
 
 One module per source kind in this package, each with a ``read(TokenRequest)``; :data:`READERS`
 maps ``data.source`` names to them. A new kind (Megatron indexed datasets, Hugging Face Arrow,
-JSONL) is a new module here and one entry in :data:`READERS` (and in
-:class:`precsearch.config.space.DataSource`). :class:`~precsearch.probe.data.batches.TokenBatches`
+JSONL) is a new module here and one entry in :data:`READERS`, named as in
+:class:`precsearch.config.space.DataSource` (the names the space file accepts; a test keeps the two equal). :class:`~precsearch.probe.data.batches.TokenBatches`
 splits a stream into a training part and a fixed held-out tail, and cuts deterministic batches.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from precsearch.config.space import FILE_SOURCES as SPACE_FILE_SOURCES
 from precsearch.errors import DataError
 from precsearch.probe.data import hf_disk, jsonl, megatron, stdlib, synthetic, text, token_file
 from precsearch.probe.data.batches import TokenBatches
@@ -49,8 +50,9 @@ READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
 """``data.source`` name -> reader of that source's 1-D int64 token stream."""
 
 SOURCES = tuple(READERS)
-#: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug).
-FILE_SOURCES = ("tokens", "text", "megatron", "hf_disk", "jsonl")
+#: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug);
+#: the list is the space file's (:data:`precsearch.config.space.FILE_SOURCES`), so validation and reading agree.
+FILE_SOURCES = tuple(source.value for source in SPACE_FILE_SOURCES)
 #: File sources whose path is a prefix naming several files: their reader checks those.
 PREFIX_SOURCES = ("megatron",)
 #: A stream must hold at least one (input, target) pair.
