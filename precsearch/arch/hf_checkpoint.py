@@ -232,12 +232,22 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             header = json.loads(f.read(n))
         except ValueError as exc:
             raise _error(file, f"bad safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise _error(file, f"bad safetensors header: a JSON {type(header).__name__}, expected an object")
     out, end = {}, 0
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        out[name] = TensorInfo(file, meta["dtype"], tuple(meta["shape"]))
-        end = max(end, meta["data_offsets"][1])
+        try:
+            info = TensorInfo(file, str(meta["dtype"]), tuple(int(d) for d in meta["shape"]))
+            begin, stop = (int(x) for x in meta["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _error(file, f"bad safetensors header entry for tensor {name!r} (needs dtype, shape and "
+                               f"data_offsets [begin, end]): {exc!r}") from None
+        if not 0 <= begin <= stop:
+            raise _error(file, f"tensor {name!r} has data_offsets [{begin}, {stop}]: a corrupt header")
+        out[name] = info
+        end = max(end, stop)
     if 8 + n + end > size:
         raise _error(file, f"truncated: the header needs {8 + n + end} bytes, the file has {size}")
     return out
