@@ -45,6 +45,7 @@ def knobs_of(config: dict) -> MemoryKnobs:
 
 
 def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
+    """The memory model's breakdown for one bench row (shape from ``meta``, knobs from ``config``), uncalibrated."""
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=meta["layers"], dim=meta["dim"], ffn_dim=meta["ffn"],
                                               vocab_size=meta["vocab"])
     p = Precision.FP8_DELAYED if config["fp8"] else Precision.BF16
@@ -60,6 +61,7 @@ def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
 
 
 def compare(path: Path) -> list[dict]:
+    """One bench call's rows: measured vs predicted peak and step phase; ``fit_row`` marks the offset's rows."""
     data = json.loads(path.read_text())
     meta, rows = data["meta"], data["rows"]
     offsets = {}
@@ -86,6 +88,7 @@ def compare(path: Path) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
+    """The comparison as a Markdown table (fit rows marked ``(fit)``)."""
     lines = ["| call | row | measured peak GiB | predicted GiB | error | step phase measured | predicted | error "
              "| loss finite |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:

@@ -128,9 +128,11 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
+        """The predicted peak: the larger of the backward-phase and the optimizer-step peaks (bytes)."""
         return max(self.backward_peak, self.step_peak)
 
     def to_dict(self) -> dict[str, int]:
+        """Every field plus the derived ``backward_peak``, ``step_peak`` and ``total`` (bytes)."""
         return asdict(self) | {"backward_peak": self.backward_peak, "step_peak": self.step_peak,
                                "total": self.total}
 
