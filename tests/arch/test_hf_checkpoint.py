@@ -141,6 +141,7 @@ def test_written_config_reads_back_and_loads_in_transformers(tmp_path):
     ([1, 2], ("a JSON list",)),
     ({"w": {"shape": [2], "data_offsets": [0, 8]}}, ("'w'", "dtype")),
     ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, ("'w'", "data_offsets [8, 0]")),
+    ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, ("'w'", "needs 12 bytes", "span 8")),
 ])
 def test_malformed_safetensors_header_names_the_tensor(tmp_path, header, words):
     """A header the safetensors spec does not allow is a UserError naming the file and tensor, not a KeyError."""
