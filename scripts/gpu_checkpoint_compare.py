@@ -69,6 +69,8 @@ def policies(clip: float) -> dict[str, Policy]:
 
 @dataclass
 class Sizes:
+    """The pretrained model's shape, its BF16 pretraining, and the short/long probes cut from it."""
+
     dim: int = 1024
     layers: int = 8
     heads: int = 16
@@ -222,6 +224,8 @@ def _signal_error(runs: dict) -> dict:
 
 
 def main() -> None:
+    """Pretrain, save as a HF checkpoint, run the short probes (random / checkpoint start) and the long runs,
+    write the JSON and the table."""
     args = _args()
     s = CPU_SMOKE if args.cpu_smoke else Sizes()
     if args.probe_layers is not None:
