@@ -235,3 +235,15 @@ def test_field_without_a_source_that_reads_it_is_refused(tmp_path, capsys):
     assert "data.field" in capsys.readouterr().err
 
 
+
+
+def test_hf_disk_state_entry_without_filename_is_named(tmp_path):
+    """A state.json entry that names no shard is an error, not a shard silently skipped."""
+    from precsearch.probe.data.hf_disk import arrow_files
+
+    path = _saved(tmp_path, {"text": ["a b", "c d"]})
+    state = json.loads((path / "state.json").read_text())
+    state["_data_files"].append({"file": "data-00001.arrow"})
+    (path / "state.json").write_text(json.dumps(state))
+    with pytest.raises(DataError, match=r"state.json.*_data_files\[1\] has no 'filename'"):
+        arrow_files(path)
