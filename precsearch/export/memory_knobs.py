@@ -8,7 +8,10 @@ Checked against the stacks' sources:
   bf16, fp8) and ``--main-params-dtype`` (fp32, fp16) hand the states to TE ``FusedAdam``;
   ``OptimizerConfig.store_param_remainders`` is True by default there and has no flag, so FP32
   main parameters are kept as BF16 + 16-bit remainders whenever the precision-aware optimizer
-  is on; ``--fp8-param-gather`` keeps FP8 primary weights. ``TransformerConfig``'s
+  is on; ``--fp8-param-gather`` keeps FP8 primary weights. Both the precision-aware optimizer
+  (``megatron/core/optimizer/__init__.py``: "only supported with distributed optimizer") and
+  ``--fp8-param-gather`` (``arguments.py``) need ``--use-distributed-optimizer``, so it comes
+  with them. ``TransformerConfig``'s
   ``fp8_dot_product_attention``/``fp8_multi_head_attention`` are listed among the fields with no
   command-line flag.
 * torchtitan: its float8 converter (torchao) has no FP8 attention and no FP8 weight storage
@@ -44,6 +47,8 @@ def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
             warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
                             "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
                             "same values, 2 bytes/parameter less than the probe measured")
+    if flags:  # Megatron refuses both the precision-aware optimizer and --fp8-param-gather without it
+        flags.append("--use-distributed-optimizer")
     if not memory.uses_master_weights and memory.moment_dtype != "param":
         warnings.append("the policy trained without FP32 master weights; Megatron keeps FP32 main parameters "
                         "in BF16 training, so it will use more memory than the probe measured")
