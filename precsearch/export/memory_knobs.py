@@ -29,8 +29,14 @@ from precsearch.policy.rules import MemoryKnobs
 _MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
 
 
-def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
-    """(flags, warnings) for Megatron-LM, which trains BF16 parameters with FP32 main parameters."""
+def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[list[str], list[str]]:
+    """(flags, warnings) for Megatron-LM, which trains BF16 parameters with FP32 main parameters.
+
+    ``fp8_recipe``: the exported ``--fp8-recipe`` (None without FP8). With FP32 main parameters and a
+    recipe other than delayed, Megatron keeps the FP32 main copy itself instead of handing it to
+    ``FusedAdam`` (``OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8`` is False), so
+    there are no 16-bit remainders.
+    """
     flags: list[str] = []
     warnings: list[str] = []
     if memory.fp8_weights:
@@ -41,9 +47,14 @@ def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
         flags.append("--use-precision-aware-optimizer")
         if (first, second) != ("fp32", "fp32"):
             flags += ["--exp-avg-dtype", _MEGATRON_DTYPES[first], "--exp-avg-sq-dtype", _MEGATRON_DTYPES[second]]
+        mcore_master = fp8_recipe not in (None, "delayed")  # MCore keeps whole FP32 main params
         if master == "fp16":
             flags += ["--main-params-dtype", "fp16"]
-        elif master == "fp32":
+        elif master == "remainders" and mcore_master:
+            warnings.append(f"master_dtype=remainders: with --fp8-recipe {fp8_recipe} Megatron keeps whole FP32 "
+                            "main parameters itself (no remainders: only delayed scaling or no FP8 hands them to "
+                            "FusedAdam), 2 bytes/parameter more than the probe measured")
+        elif master == "fp32" and not mcore_master:
             warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
                             "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
                             "same values, 2 bytes/parameter less than the probe measured")
