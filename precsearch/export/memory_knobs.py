@@ -8,7 +8,8 @@ Checked against the stacks' sources:
   bf16, fp8) and ``--main-params-dtype`` (fp32, fp16) hand the states to TE ``FusedAdam``;
   ``OptimizerConfig.store_param_remainders`` is True by default there and has no flag, so FP32
   main parameters are kept as BF16 + 16-bit remainders whenever the precision-aware optimizer
-  is on; ``--fp8-param-gather`` keeps FP8 primary weights. Both the precision-aware optimizer
+  is on and hands them to ``FusedAdam`` (no FP8, or ``--fp8-recipe delayed``; under the other
+  recipes Megatron keeps whole FP32 main parameters itself); ``--fp8-param-gather`` keeps FP8 primary weights. Both the precision-aware optimizer
   (``megatron/core/optimizer/__init__.py``: "only supported with distributed optimizer") and
   ``--fp8-param-gather`` (``arguments.py``) need ``--use-distributed-optimizer``, so it comes
   with them. ``TransformerConfig``'s
