@@ -157,10 +157,17 @@ def _summary(result, cfg_layers: tuple[int, ...]) -> dict:
 
 def _spearman(x: list[float], y: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
+        """Ranks from 0, ties sharing their mean rank (else equal gaps would rank by list order)."""
         order = sorted(range(len(v)), key=lambda i: v[i])
         r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
+        start = 0
+        while start < len(order):
+            end = start
+            while end + 1 < len(order) and v[order[end + 1]] == v[order[start]]:
+                end += 1
+            for k in range(start, end + 1):
+                r[order[k]] = (start + end) / 2
+            start = end + 1
         return r
 
     if len(x) < 3:
