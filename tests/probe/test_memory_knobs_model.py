@@ -1,7 +1,8 @@
 """The memory model's arithmetic for the optimizer-state and attention knobs.
 
 Each byte count is what the H200 measured at the 8B width (scripts/results/
-2026-11-30_h200_memory_model_vs_measured.md: worst 0.9% on the whole peak). What would be wrong if
+2026-11-30_h200_memory_model_vs_measured.md: worst 0.9% on the whole peak over the rows not used for
+the per-precision offset fit). What would be wrong if
 these failed: the search would score an FP8-moment policy with the wrong saving, or miss that one
 param group makes FP8 moments cost more at the step than FP32 ones.
 """
