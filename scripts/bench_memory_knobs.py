@@ -93,6 +93,7 @@ PHASES = ("forward", "backward", "step")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The shape, steps, rows and output path of one bench call."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, default in (("layers", 24), ("dim", 4096), ("ffn", 14336), ("heads", 32), ("kv-heads", 8),
                           ("vocab", 128256), ("seq", 4096), ("mb", 1), ("steps", 5), ("warmup-steps", 2)):
@@ -103,6 +104,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def te_recipe(row: Row):
+    """TE delayed scaling (HYBRID, history 1024, max) with the row's FP8 attention switches."""
     from transformer_engine.common import recipe as r
 
     return r.DelayedScaling(fp8_format=r.Format.HYBRID, amax_history_len=1024, amax_compute_algo="max",
@@ -129,6 +131,8 @@ def build(cfg, row: Row):
 
 
 def run_row(cfg, args: argparse.Namespace, data, row: Row) -> dict:
+    """Train one row's model for ``args.steps`` steps: peak and per-phase memory (from step 1 on, after
+    FusedAdam's state exists), optimizer-state bytes, median step time, losses."""
     import transformer_engine.pytorch as te
 
     free_gpu()
@@ -184,6 +188,7 @@ def run_row(cfg, args: argparse.Namespace, data, row: Row) -> dict:
 
 
 def guarded(cfg, args, data, row: Row) -> dict:
+    """:func:`run_row`, with an out-of-memory or any other failure recorded as the row's ``error``."""
     try:
         return run_row(cfg, args, data, row)
     except torch.OutOfMemoryError:
@@ -194,6 +199,7 @@ def guarded(cfg, args, data, row: Row) -> dict:
 
 
 def table(results: dict[str, dict]) -> str:
+    """The rows as a text table, saved memory and speed against the standard-optimizer baseline row."""
     base = results.get(BASELINE, {})
     head = (f"{'row':22s} {'peak GiB':>8} {'saved':>7} {'tok/s':>7} {'x':>5} {'weights':>7} {'state':>6} "
             f"{'fwd pk':>7} {'bwd pk':>7} {'step pk':>7} {'loss':>7}")
@@ -212,6 +218,7 @@ def table(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the baseline and the chosen rows, print the table, write the JSON (exit 2 without a CUDA GPU)."""
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_memory_knobs needs a CUDA GPU with Transformer Engine", file=sys.stderr)

@@ -69,6 +69,8 @@ def policies(clip: float) -> dict[str, Policy]:
 
 @dataclass
 class Sizes:
+    """The pretrained model's shape, its BF16 pretraining, and the short/long probes cut from it."""
+
     dim: int = 1024
     layers: int = 8
     heads: int = 16
@@ -155,10 +157,17 @@ def _summary(result, cfg_layers: tuple[int, ...]) -> dict:
 
 def _spearman(x: list[float], y: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
+        """Ranks from 0, ties sharing their mean rank (else equal gaps would rank by list order)."""
         order = sorted(range(len(v)), key=lambda i: v[i])
         r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
+        start = 0
+        while start < len(order):
+            end = start
+            while end + 1 < len(order) and v[order[end + 1]] == v[order[start]]:
+                end += 1
+            for k in range(start, end + 1):
+                r[order[k]] = (start + end) / 2
+            start = end + 1
         return r
 
     if len(x) < 3:
@@ -222,6 +231,8 @@ def _signal_error(runs: dict) -> dict:
 
 
 def main() -> None:
+    """Pretrain, save as a HF checkpoint, run the short probes (random / checkpoint start) and the long runs,
+    write the JSON and the table."""
     args = _args()
     s = CPU_SMOKE if args.cpu_smoke else Sizes()
     if args.probe_layers is not None:

@@ -19,6 +19,7 @@ them needs Megatron's sharded-state-dict metadata, not supported yet.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -38,6 +39,8 @@ INDEX = "model.safetensors.index.json"
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
 #: safetensors dtypes a weight may be stored in.
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+#: Bytes per element of the safetensors dtypes whose data size a header check verifies.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 class LayerPick(str, Enum):
@@ -232,12 +235,27 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             header = json.loads(f.read(n))
         except ValueError as exc:
             raise _error(file, f"bad safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise _error(file, f"bad safetensors header: a JSON {type(header).__name__}, expected an object")
     out, end = {}, 0
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        out[name] = TensorInfo(file, meta["dtype"], tuple(meta["shape"]))
-        end = max(end, meta["data_offsets"][1])
+        try:
+            info = TensorInfo(file, str(meta["dtype"]), tuple(int(d) for d in meta["shape"]))
+            begin, stop = (int(x) for x in meta["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _error(file, f"bad safetensors header entry for tensor {name!r} (needs dtype, shape and "
+                               f"data_offsets [begin, end]): {exc!r}") from None
+        if not 0 <= begin <= stop:
+            raise _error(file, f"tensor {name!r} has data_offsets [{begin}, {stop}]: a corrupt header")
+        width = DTYPE_BYTES.get(info.dtype)
+        if width is not None and stop - begin != width * math.prod(info.shape):
+            raise _error(file, f"tensor {name!r}: {info.dtype} {list(info.shape)} needs "
+                               f"{width * math.prod(info.shape)} bytes, its data_offsets span {stop - begin}: "
+                               f"a corrupt header")
+        out[name] = info
+        end = max(end, stop)
     if 8 + n + end > size:
         raise _error(file, f"truncated: the header needs {8 + n + end} bytes, the file has {size}")
     return out

@@ -136,7 +136,7 @@ def _check_memory_knobs(space: Space, backend, device) -> None:
             knobs = MemoryKnobs(**{name: value})
             problem = backend.memory_knob_problem(knobs, device)
             if problem:
-                raise UserError(f"{name}={value}: {problem}", field=f"search.memory.{name}")
+                raise UserError(problem, field=f"search.memory.{name}")  # the problem names the knob and value
     if any(v != "off" for v in mem.fp8_attention.options()):
         problem = fp8_attention_model_problem(space.model.probe().head_dim, gpu_capability(device))
         if problem:

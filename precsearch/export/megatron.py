@@ -308,7 +308,8 @@ def megatron_export(policy: Policy, n_layers: int,
     elif lm_head.is_fp8:
         warnings.append(f"lm_head is {lm_head.value} but no decoder layer is FP8; Megatron cannot run only the "
                         "output layer in FP8; kept BF16")
-    mem_flags, mem_warnings = _memory_flags(policy.memory)
+    recipe = flags[flags.index("--fp8-recipe") + 1] if "--fp8-recipe" in flags else None
+    mem_flags, mem_warnings = _memory_flags(policy.memory, recipe)
     flags += mem_flags
     warnings += mem_warnings
     # Megatron's default is 1.0 and it clips only when clip_grad > 0
@@ -316,9 +317,9 @@ def megatron_export(policy: Policy, n_layers: int,
     return flags, config, warnings
 
 
-def _memory_flags(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
+def _memory_flags(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[list[str], list[str]]:
     """Megatron's flags for the policy's training-state settings (:func:`~precsearch.export.memory_knobs.megatron_memory`)."""
-    return megatron_memory(memory)
+    return megatron_memory(memory, fp8_recipe)
 
 
 def nvfp4_environment(policy: Policy, n_layers: int) -> dict[str, str]:

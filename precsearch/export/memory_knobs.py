@@ -8,7 +8,11 @@ Checked against the stacks' sources:
   bf16, fp8) and ``--main-params-dtype`` (fp32, fp16) hand the states to TE ``FusedAdam``;
   ``OptimizerConfig.store_param_remainders`` is True by default there and has no flag, so FP32
   main parameters are kept as BF16 + 16-bit remainders whenever the precision-aware optimizer
-  is on; ``--fp8-param-gather`` keeps FP8 primary weights. ``TransformerConfig``'s
+  is on and hands them to ``FusedAdam`` (no FP8, or ``--fp8-recipe delayed``; under the other
+  recipes Megatron keeps whole FP32 main parameters itself); ``--fp8-param-gather`` keeps FP8 primary weights. Both the precision-aware optimizer
+  (``megatron/core/optimizer/__init__.py``: "only supported with distributed optimizer") and
+  ``--fp8-param-gather`` (``arguments.py``) need ``--use-distributed-optimizer``, so it comes
+  with them. ``TransformerConfig``'s
   ``fp8_dot_product_attention``/``fp8_multi_head_attention`` are listed among the fields with no
   command-line flag.
 * torchtitan: its float8 converter (torchao) has no FP8 attention and no FP8 weight storage
@@ -26,8 +30,14 @@ from precsearch.policy.rules import MemoryKnobs
 _MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
 
 
-def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
-    """(flags, warnings) for Megatron-LM, which trains BF16 parameters with FP32 main parameters."""
+def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[list[str], list[str]]:
+    """(flags, warnings) for Megatron-LM, which trains BF16 parameters with FP32 main parameters.
+
+    ``fp8_recipe``: the exported ``--fp8-recipe`` (None without FP8). With FP32 main parameters and a
+    recipe other than delayed, Megatron keeps the FP32 main copy itself instead of handing it to
+    ``FusedAdam`` (``OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8`` is False), so
+    there are no 16-bit remainders.
+    """
     flags: list[str] = []
     warnings: list[str] = []
     if memory.fp8_weights:
@@ -38,12 +48,19 @@ def megatron_memory(memory: MemoryKnobs) -> tuple[list[str], list[str]]:
         flags.append("--use-precision-aware-optimizer")
         if (first, second) != ("fp32", "fp32"):
             flags += ["--exp-avg-dtype", _MEGATRON_DTYPES[first], "--exp-avg-sq-dtype", _MEGATRON_DTYPES[second]]
+        mcore_master = fp8_recipe not in (None, "delayed")  # MCore keeps whole FP32 main params
         if master == "fp16":
             flags += ["--main-params-dtype", "fp16"]
-        elif master == "fp32":
+        elif master == "remainders" and mcore_master:
+            warnings.append(f"master_dtype=remainders: with --fp8-recipe {fp8_recipe} Megatron keeps whole FP32 "
+                            "main parameters itself (no remainders: only delayed scaling or no FP8 hands them to "
+                            "FusedAdam), 2 bytes/parameter more than the probe measured")
+        elif master == "fp32" and not mcore_master:
             warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
                             "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
                             "same values, 2 bytes/parameter less than the probe measured")
+    if flags:  # Megatron refuses both the precision-aware optimizer and --fp8-param-gather without it
+        flags.append("--use-distributed-optimizer")
     if not memory.uses_master_weights and memory.moment_dtype != "param":
         warnings.append("the policy trained without FP32 master weights; Megatron keeps FP32 main parameters "
                         "in BF16 training, so it will use more memory than the probe measured")

@@ -149,10 +149,12 @@ class MemoryKnobs:
 
     @property
     def is_default(self) -> bool:
+        """True when no knob is set (plain AdamW on the parameters, no FP8 weights or attention)."""
         return self == MemoryKnobs()
 
     @property
     def uses_master_weights(self) -> bool:
+        """Whether the optimizer keeps master weights (asked for, or implied by ``fp8_weights``)."""
         return self.master_weights or self.fp8_weights
 
     @property
@@ -202,6 +204,7 @@ class MemoryKnobs:
                        exp_avg_sq_dtype=None if first == second == "fp32" else self.exp_avg_sq_dtype)
 
     def to_dict(self) -> dict[str, Any]:
+        """The knobs as ``policy.yaml`` writes them (field name -> value)."""
         return asdict(self)
 
 

@@ -12,7 +12,9 @@ Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
   tensors (the log-softmax output, its gradient, and the gradient of its input);
 * **optimizer step**: parameters, gradients and optimizer state. On the GPU
   the probe steps with a fused Adam (``torch.optim.AdamW(fused=True)``, or TE
-  ``FusedAdam`` for the memory knobs), which allocates no temporaries; the
+  ``FusedAdam`` for the memory knobs), which allocates no temporaries for FP32
+  or BF16 states; TE's scaled states (FP8 or FP16 moments, FP16 masters) get
+  FP32 copies for up to two param groups, counted as ``step_transient``; the
   foreach path the CPU uses would add ``sqrt(exp_avg_sq)`` for every parameter,
   which this model does not count (CPU peaks are predicted, never measured).
 
@@ -128,9 +130,11 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
+        """The predicted peak: the larger of the backward-phase and the optimizer-step peaks (bytes)."""
         return max(self.backward_peak, self.step_peak)
 
     def to_dict(self) -> dict[str, int]:
+        """Every field plus the derived ``backward_peak``, ``step_peak`` and ``total`` (bytes)."""
         return asdict(self) | {"backward_peak": self.backward_peak, "step_peak": self.step_peak,
                                "total": self.total}
 

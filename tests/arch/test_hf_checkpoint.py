@@ -135,3 +135,23 @@ def test_written_config_reads_back_and_loads_in_transformers(tmp_path):
     assert read_config(tmp_path) == cfg
     hf = transformers.AutoConfig.from_pretrained(tmp_path)
     assert (hf.num_key_value_heads, hf.intermediate_size, hf.vocab_size) == (8, 14336, 128256)
+
+
+@pytest.mark.parametrize("header,words", [
+    ([1, 2], ("a JSON list",)),
+    ({"w": {"shape": [2], "data_offsets": [0, 8]}}, ("'w'", "dtype")),
+    ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, ("'w'", "data_offsets [8, 0]")),
+    ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, ("'w'", "needs 12 bytes", "span 8")),
+])
+def test_malformed_safetensors_header_names_the_tensor(tmp_path, header, words):
+    """A header the safetensors spec does not allow is a UserError naming the file and tensor, not a KeyError."""
+    from precsearch.arch.hf_checkpoint import read_header
+
+    raw = json.dumps(header).encode()
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(16))
+    with pytest.raises(UserError) as info:
+        read_header(file)
+    assert info.value.field == "model.init_from"
+    for word in ("model.safetensors", *words):
+        assert word in str(info.value), str(info.value)

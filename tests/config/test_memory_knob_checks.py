@@ -43,6 +43,7 @@ def test_the_cpu_smoke_space_still_validates(tmp_path, capsys):
 def test_a_knob_the_cpu_backend_cannot_apply_is_refused_naming_the_field(tmp_path, capsys, field, value, named):
     code, err = _validate(tmp_path, capsys, **{f"search.memory.{field}": value})
     assert code == 2 and named in err and "backend 'te'" in err, err
+    assert err.count(f"{field}=") == 1, err  # the knob is named once, not "knob=v: knob=v: ..."
 
 
 def test_fp16_master_with_fp32_parameters_is_refused(tmp_path, capsys):

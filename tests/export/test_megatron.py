@@ -333,9 +333,10 @@ def test_memory_knobs_become_megatron_optimizer_flags():
     from precsearch.policy import MemoryKnobs
 
     flags, _ = _memory_flags(MemoryKnobs(master_weights=True, moment_dtype="bf16"))
-    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+                     "--use-distributed-optimizer"]
     flags, _ = _memory_flags(MemoryKnobs(fp8_weights=True, moment_dtype="bf16"))
-    assert flags == ["--fp8-param-gather"]  # FP8 weights force FP32 moments
+    assert flags == ["--fp8-param-gather", "--use-distributed-optimizer"]  # FP8 weights force FP32 moments
     assert _memory_flags(MemoryKnobs()) == ([], [])
 
 

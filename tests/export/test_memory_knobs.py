@@ -19,15 +19,31 @@ FP8_STATE = MemoryKnobs(master_weights=True, moment_dtype="bf16", exp_avg_dtype=
 
 def test_megatron_gets_the_precision_aware_optimizer_with_each_moment_dtype():
     flags, warnings = megatron_memory(FP8_STATE)
-    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16"]
+    assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16",
+                     "--use-distributed-optimizer"]  # Megatron raises without it
     assert warnings == []  # remainders are Megatron's default under the precision-aware optimizer
 
 
 def test_megatron_fp16_master_and_remainder_default():
     flags, _ = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp32", master_dtype="fp16"))
-    assert flags == ["--use-precision-aware-optimizer", "--main-params-dtype", "fp16"]
+    assert flags == ["--use-precision-aware-optimizer", "--main-params-dtype", "fp16", "--use-distributed-optimizer"]
     flags, warnings = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp8"))
     assert "--exp-avg-dtype" in flags and any("store_param_remainders" in w for w in warnings)
+
+
+def test_remainders_under_a_non_delayed_recipe_warn_that_megatron_keeps_whole_fp32_masters():
+    """Megatron hands FP32 main params to FusedAdam (and so keeps remainders) only without FP8 or with delayed
+    scaling (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8)."""
+    _, warnings = megatron_memory(FP8_STATE, "tensorwise")
+    assert any("master_dtype=remainders" in w and "tensorwise" in w for w in warnings), warnings
+    assert megatron_memory(FP8_STATE, "delayed")[1] == []
+    _, warnings = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp8"), "blockwise")
+    assert not any("store_param_remainders" in w for w in warnings)  # whole FP32 masters, as the probe's
+
+
+def test_fp8_param_gather_comes_with_the_distributed_optimizer():
+    flags, _ = megatron_memory(MemoryKnobs(fp8_weights=True))
+    assert flags == ["--fp8-param-gather", "--use-distributed-optimizer"]
 
 
 def test_the_standard_optimizer_needs_no_megatron_flag():

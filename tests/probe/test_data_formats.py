@@ -87,6 +87,24 @@ def test_jsonl_is_tokenized_with_a_tokenizer_json(tmp_path):
     assert tokens.tolist() == [0, 1, 0, 2, 1]
 
 
+def test_tokenizer_is_loaded_once_per_file_not_per_chunk(tmp_path, monkeypatch):
+    """jsonl/hf_disk encode 256 texts per call; a large dataset must not re-parse the tokenizer each time."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from precsearch.probe.data import documents
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"the": 0, "fox": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    loads = []
+    real = tokenizers.Tokenizer.from_file
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file", lambda path: loads.append(path) or real(path))
+    monkeypatch.setattr(documents, "CHUNK", 2)
+    path = _jsonl(tmp_path, [{"text": "the fox"}] * 7)
+    tokens = load_tokens("jsonl", path=path, tokenizer=tmp_path / "tokenizer.json")
+    assert tokens.tolist() == [0, 1] * 7
+    assert len(loads) == 1, loads  # 4 chunks, one load
+
+
 def _ranks_file(d: Path) -> Path:
     """Byte-level ranks 0..255, then merges 'th' (256) and 'the' (257): a tiktoken-style tokenizer.model."""
     merges = [bytes([b]) for b in range(256)] + [b"th", b"the"]
@@ -227,3 +245,15 @@ def test_readers_are_exactly_the_sources_a_space_file_accepts():
 
     assert set(sources.READERS) == {s.value for s in DataSource}
     assert set(sources.FILE_SOURCES) == {s.value for s in FILE_SOURCES}
+
+
+def test_hf_disk_state_entry_without_filename_is_named(tmp_path):
+    """A state.json entry that names no shard is an error, not a shard silently skipped."""
+    from precsearch.probe.data.hf_disk import arrow_files
+
+    path = _saved(tmp_path, {"text": ["a b", "c d"]})
+    state = json.loads((path / "state.json").read_text())
+    state["_data_files"].append({"file": "data-00001.arrow"})
+    (path / "state.json").write_text(json.dumps(state))
+    with pytest.raises(DataError, match=r"state.json.*_data_files\[1\] has no 'filename'"):
+        arrow_files(path)

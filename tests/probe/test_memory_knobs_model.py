@@ -1,14 +1,15 @@
 """The memory model's arithmetic for the optimizer-state and attention knobs.
 
 Each byte count is what the H200 measured at the 8B width (scripts/results/
-2026-11-30_h200_memory_model_vs_measured.md: worst 0.9% on the whole peak). What would be wrong if
+2026-11-30_h200_memory_model_vs_measured.md: worst 0.9% on the whole peak over the rows not used for
+the per-precision offset fit). What would be wrong if
 these failed: the search would score an FP8-moment policy with the wrong saving, or miss that one
 param group makes FP8 moments cost more at the step than FP32 ones.
 """
 
 from __future__ import annotations
 
-import json
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,19 @@ def test_fp32_parameters_have_no_master_copy_whatever_the_knob():
     assert m.master == 0 and m.optimizer == 8 * N
 
 
-def test_the_recorded_h200_comparison_stays_within_three_percent():
-    rows = json.loads((RESULTS / "2026-11-30_h200_memory_model_vs_measured.json").read_text())
-    assert len(rows) >= 20
-    assert max(abs(r["error"]) for r in rows) <= 0.03
+def _compare_script():
+    spec = importlib.util.spec_from_file_location("compare_memory_model", RESULTS.parent / "compare_memory_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_model_today_stays_within_three_percent_of_the_h200_measurements():
+    """Recomputed from the H200 measurements with today's model (a stored table could not catch a regression);
+    the rows that fit the per-precision offset match by construction and are left out."""
+    script = _compare_script()
+    rows = [r for call in (1, 2) for r in script.compare(RESULTS / f"2026-11-30_h200_bench_memory_knobs_call{call}.json")]
+    held_out = [r for r in rows if not r["fit_row"]]
+    assert len(rows) == 31 and len(held_out) == 27
+    assert max(abs(r["error"]) for r in held_out) <= 0.03
+    assert max(abs(r["step_error"]) for r in rows) <= 0.03  # the step phase has no fitted offset

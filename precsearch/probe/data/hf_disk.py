@@ -57,7 +57,10 @@ def arrow_files(directory: Path) -> list[Path]:
     entries = state.get("_data_files")
     if not isinstance(entries, list) or not entries:
         raise _error(directory / STATE, "lists no '_data_files'")
-    files = [directory / e["filename"] for e in entries if isinstance(e, dict) and "filename" in e]
+    bad = [i for i, e in enumerate(entries) if not (isinstance(e, dict) and isinstance(e.get("filename"), str))]
+    if bad:  # skipping the entry would silently drop a shard's rows
+        raise _error(directory / STATE, f"_data_files[{bad[0]}] has no 'filename'")
+    files = [directory / e["filename"] for e in entries]
     for file in files:
         if not file.is_file():
             raise _error(file, f"missing (listed in {STATE})")

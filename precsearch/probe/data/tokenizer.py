@@ -16,7 +16,9 @@ Texts are encoded without BOS/EOS: the probe's stream is the texts concatenated.
 from __future__ import annotations
 
 import base64
+import functools
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,7 @@ def load_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _tiktoken_encode(texts: list[str], path: Path) -> list[list[int]]:
+def _tiktoken_encoder(path: Path) -> Callable[[list[str]], list[list[int]]]:
     try:
         import tiktoken
     except ImportError:
@@ -82,7 +84,23 @@ def _tiktoken_encode(texts: list[str], path: Path) -> list[list[int]]:
     specials = {f"<|reserved_special_token_{i}|>": len(ranks) + i for i in range(LLAMA3_SPECIAL)}
     encoding = tiktoken.Encoding(name=path.stem, pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
                                  special_tokens=specials)
-    return encoding.encode_ordinary_batch(texts)
+    return encoding.encode_ordinary_batch
+
+
+@functools.lru_cache(maxsize=4)
+def _encoder(tokenizer: Path, mtime_ns: int) -> Callable[[list[str]], list[list[int]]]:
+    """The batch encoder of ``tokenizer``, loaded once per file version (``mtime_ns``), not once per
+    chunk of texts: the jsonl and hf_disk sources encode 256 texts per call, and parsing Llama 3's
+    tokenizer.json or its 128k-line ranks file per call would dominate reading a large dataset."""
+    if tokenizer.is_file() and is_bpe_ranks(tokenizer):
+        return _tiktoken_encoder(tokenizer)
+    if tokenizer.is_file():
+        Tokenizer = _import("tokenizers", "Tokenizer")  # lazy: only the text sources need it
+        tok = Tokenizer.from_file(str(tokenizer))
+        return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    AutoTokenizer = _import("transformers", "AutoTokenizer")  # lazy: slow to import
+    hf_tok = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+    return lambda texts: hf_tok(texts, add_special_tokens=False)["input_ids"]
 
 
 def encode(texts: list[str], tokenizer: Path) -> list[list[int]]:
@@ -94,16 +112,8 @@ def encode(texts: list[str], tokenizer: Path) -> list[list[int]]:
     tokenizer = Path(tokenizer)
     if not tokenizer.exists():
         raise DataError(f"no such tokenizer file or directory: {tokenizer}", field=FIELD)
-    if tokenizer.is_file() and is_bpe_ranks(tokenizer):
-        return _tiktoken_encode(texts, tokenizer)
     try:
-        if tokenizer.is_file():
-            Tokenizer = _import("tokenizers", "Tokenizer")  # lazy: only the text sources need it
-            encodings = Tokenizer.from_file(str(tokenizer)).encode_batch(texts, add_special_tokens=False)
-            return [e.ids for e in encodings]
-        AutoTokenizer = _import("transformers", "AutoTokenizer")  # lazy: slow to import
-        hf_tok = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
-        return hf_tok(texts, add_special_tokens=False)["input_ids"]
+        return _encoder(tokenizer.resolve(), tokenizer.stat().st_mtime_ns)(texts)
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tokenizer failure is bad user input here
