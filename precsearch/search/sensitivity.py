@@ -26,7 +26,7 @@ from precsearch.arch.units import unit_names, unit_shape
 from precsearch.config.space import Space
 from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
-from precsearch.precision import LayerRecipe, Precision
+from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import ModelConfig
@@ -107,8 +107,7 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
     clip = space.search.clip_grad.options()[0]
     model = train_bf16(cfg, space.probe, data, device, clip)
     precisions = sorted({p for u in units for p in u.knob.options()}, key=list(Precision).index)
-    recipe = LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0]
-                            for k in ("fp8_format", "amax_history_len", "amax_compute_algo", "margin")})
+    recipe = first_recipe(space)
     batches = data.eval_set()[: sens.eval_batches]
     scores = unit_scores(sens.estimator, model, [u.unit for u in units], precisions, recipe, batches, device)
     del model
@@ -116,6 +115,12 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
         torch.cuda.empty_cache()
     rows = [_row(space, cfg, u, p, scores) for u in units for p in u.knob.options()]
     return SensitivityTable(sens.estimator, rows, time.perf_counter() - start)
+
+
+def first_recipe(space: Space) -> LayerRecipe:
+    """The recipe the pass scores with: each ``search.recipe`` setting at its first choice, NVFP4 switches included."""
+    fields = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", *NVFP4_KNOBS)
+    return LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0] for k in fields})
 
 
 def _row(space: Space, cfg: ModelConfig, unit: SearchedUnit, precision: Precision,
