@@ -10,7 +10,8 @@
   scores memory on (``objectives.memory_basis``). The model is additive over
   units up to the max() between the backward and optimizer-step peaks.
 * **speed** (``speed_gain``): *predicted*, never measured here: the unit's share
-  of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM.
+  of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM
+  (4x for NVFP4, Blackwell's FP4 rate).
   ``scripts/gpu_sensitivity_study.sh`` measures per-unit GEMM times on the H200.
 """
 
@@ -32,8 +33,11 @@ from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.sensitivity import train_bf16, unit_scores
 
-#: Nominal FP8 GEMM rate over BF16 on Hopper (dense tensor-core peak); used only for the predicted speed column.
+#: Nominal FP8 GEMM rate over BF16 (dense tensor-core peak, Hopper and Blackwell); used only for the predicted
+#: speed column.
 FP8_GEMM_SPEEDUP = 2.0
+#: Nominal NVFP4 GEMM rate over BF16 (Blackwell dense peak: FP4 runs at twice FP8's rate).
+NVFP4_GEMM_SPEEDUP = 4.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class SensitivityTable:
     estimator: str
     rows: list[UnitEffect]
     wall_s: float
-    speed_source: str = "predicted (GEMM FLOP share x nominal 2x FP8 GEMM rate)"
+    speed_source: str = "predicted (GEMM FLOP share x nominal GEMM rate: 2x FP8/MXFP8, 4x NVFP4)"
 
     def effect(self, param: str, precision: str) -> UnitEffect | None:
         return next((r for r in self.rows if r.param == param and r.precision == precision), None)
@@ -86,11 +90,13 @@ def memory_effect(space: Space, unit: str, precision: Precision) -> float:
 
 
 def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
-    """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate)."""
+    """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate:
+    :data:`FP8_GEMM_SPEEDUP`, :data:`NVFP4_GEMM_SPEEDUP`)."""
     if precision is Precision.BF16:
         return 0.0
     flops = {u: math.prod(unit_shape(cfg, u)) for u in unit_names(cfg)}
-    return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / FP8_GEMM_SPEEDUP)
+    rate = NVFP4_GEMM_SPEEDUP if precision is Precision.NVFP4 else FP8_GEMM_SPEEDUP
+    return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / rate)
 
 
 def measure(space: Space, data: TokenBatches, device: torch.device) -> SensitivityTable:
