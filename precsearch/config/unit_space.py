@@ -121,6 +121,7 @@ class SearchedUnit:
 
     @property
     def rule_name(self) -> str:
+        """The policy rule's name: the param without ``precision.`` (``L3.linear_fc1``, ``output_layer``)."""
         return self.param.removeprefix("precision.")
 
 

@@ -63,14 +63,17 @@ class SensitivityTable:
     speed_source: str = "predicted (GEMM FLOP share x nominal GEMM rate: 2x FP8/MXFP8, 4x NVFP4)"
 
     def effect(self, param: str, precision: str) -> UnitEffect | None:
+        """The row of unit param ``param`` (``precision.L3.linear_fc1``) in ``precision`` (its value), or None."""
         return next((r for r in self.rows if r.param == param and r.precision == precision), None)
 
     def to_dict(self) -> dict:
+        """Plain data (JSON-safe up to non-finite scores), as stored in the study's ``sensitivity`` user attr."""
         return {"estimator": self.estimator, "wall_s": self.wall_s, "speed_source": self.speed_source,
                 "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "SensitivityTable":
+        """The table :meth:`to_dict` wrote."""
         return cls(data["estimator"], [UnitEffect(**r) for r in data["rows"]], data["wall_s"], data["speed_source"])
 
 
