@@ -3,7 +3,8 @@
 With ``search.sensitivity`` in the space, the first run of a study (before its first
 trial) trains the BF16 probe once, scores every searched unit x precision
 (:mod:`precsearch.search.sensitivity`), logs the table and heatmap to the study's
-MLflow parent run, solves the integer program for a sweep of memory budgets
+MLflow parent run, solves the integer program for a sweep of memory (or, with
+``budget_on: speed``, predicted GEMM-time) budgets
 (:mod:`precsearch.search.candidates`) and queues each distinct assignment with
 ``study.enqueue_trial``. Queued trials are probed, scored and recorded like any
 trial; once they are used up the sampler continues, its model fed by them. The
