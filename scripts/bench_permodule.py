@@ -81,6 +81,7 @@ def permodule_space(estimator: str = "forward", budgets: int = 8) -> Space:
 
 
 def key(params: dict[str, Any]) -> str:
+    """The cache key of a trial's params: their JSON with sorted keys."""
     return json.dumps(params, sort_keys=True)
 
 
@@ -100,6 +101,7 @@ class ProbeCache:
         return run_probe(self.space.model.probe(), self.space.probe, policy, self.data, self.backend, self.device)
 
     def get(self, params: dict[str, Any]) -> dict:
+        """The scored row of ``params``' policy, probing it (and saving every 25 new ones) on first request."""
         k = key(params)
         if k not in self.rows:
             t0 = time.perf_counter()
@@ -114,6 +116,7 @@ class ProbeCache:
         return self.rows[k]
 
     def save(self) -> None:
+        """Write the cache atomically (a temporary file, then rename)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rows": self.rows}))
@@ -153,6 +156,7 @@ def hv_curve(order: list[str], rows: dict[str, dict], ref: tuple[float, float], 
 
 
 def probes_to(curve: list[float], target: float) -> int | None:
+    """Probes until ``curve`` first reaches ``target`` (1-based), or None if it never does."""
     return next((i + 1 for i, v in enumerate(curve) if v >= target - 1e-12), None)
 
 
@@ -191,6 +195,7 @@ def shuffled(table: SensitivityTable, seed: int) -> SensitivityTable:
 
 
 def samplers(seed: int, budget: int) -> dict[str, Callable[[], optuna.samplers.BaseSampler]]:
+    """Method -> a factory of its sampler; both guided arms are TPE after their queued candidates."""
     section = lambda kind: StudySection(sampler=kind, seed=seed, n_trials=budget)  # noqa: E731
     return {"guided": lambda: make_sampler(section(Sampler.TPE)),
             "guided_shuffled": lambda: make_sampler(section(Sampler.TPE)),
@@ -232,6 +237,11 @@ def run(cache_path: Path, seeds: int, budget: int, say: Callable[[str], None] = 
 
 
 def summarize(space, cache, orders, offset, pass_s, probe_s, candidates, quality, seeds, budget) -> dict[str, Any]:
+    """The JSON payload: HV curves against the front of every policy probed, probes to 95%, the target verdict.
+
+    The guided arms' curves start with ``offset`` zero-HV probes (their sensitivity pass) and are cut at
+    ``budget`` like the others, so they get fewer real probes in the same budget.
+    """
     ref = (0.0, space.objectives.stability_limit)
     probed = {k for runs in orders.values() for o in runs for k in o}
     feasible = [cache.rows[k] for k in probed if cache.rows[k]["feasible"]]

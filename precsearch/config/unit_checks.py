@@ -49,5 +49,3 @@ def _check_sensitivity(space: Space, units: dict[str, int]) -> None:
         raise UserError(f"budget_on {sens.budget_on} trades predicted instability against {sens.budget_on}, which "
                         f"the study does not score; enable objectives.{wanted} or set budget_on to "
                         f"{'speed' if wanted == 'memory' else 'memory'}", field="search.sensitivity.budget_on")
-    if not all(u.knob.choices is not None for u in searched):
-        raise UserError("unit precisions take {choices: [...]}", field="search.units")

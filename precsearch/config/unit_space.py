@@ -20,7 +20,7 @@ data, so ``policy.yaml`` and every export carry them as they carry groups.
 
 ``search.sensitivity`` turns on the sensitivity-guided start of a study
 (:mod:`precsearch.search.guided`): every unit x precision is scored once, and the
-assignments an integer program picks for a sweep of memory budgets are queued as
+assignments an integer program picks for a sweep of memory (or speed) budgets are queued as
 the study's first trials.
 """
 
@@ -121,6 +121,7 @@ class SearchedUnit:
 
     @property
     def rule_name(self) -> str:
+        """The policy rule's name: the param without ``precision.`` (``L3.linear_fc1``, ``output_layer``)."""
         return self.param.removeprefix("precision.")
 
 

@@ -268,7 +268,7 @@ class NVFP4Scaler(Scaler):
             the wgrad GEMM's) with the 16x16 random Hadamard transform first.
         stochastic: Round the E2M1 elements stochastically (gradients).
         seed: Seeds the stochastic-rounding stream (offset by ``torch.initial_seed()``
-            when first used, so a probe's seed fixes it).
+            when first used; ``build_probe`` seeds torch with the probe's seed, so that seed fixes it).
         track_stats: Compute ``last_stats`` on every call.
     """
 

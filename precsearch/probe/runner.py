@@ -73,6 +73,9 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
+    # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
+    # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
+    torch.manual_seed(seed)
     return backend.convert(model, recipes)
 
 

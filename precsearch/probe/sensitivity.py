@@ -26,6 +26,7 @@ probes with one unit switched is measured by ``scripts/bench_search.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -157,8 +158,8 @@ def _capture(model: Llama3, units: list[str], run: Callable[[], None]) -> dict[s
 
 
 def _recipe(recipe: LayerRecipe, precision: Precision) -> LayerRecipe:
-    return LayerRecipe(precision=precision, fp8_format=recipe.fp8_format, amax_history_len=recipe.amax_history_len,
-                       amax_compute_algo=recipe.amax_compute_algo, margin=recipe.margin)
+    """``recipe`` with ``precision``: every other field kept (the NVFP4 switches too: 2D weight tiles change Q(W))."""
+    return dataclasses.replace(recipe, precision=precision)
 
 
 def unit_scores(estimator: str, model: Llama3, units: Iterable[str], precisions: Iterable[Precision],

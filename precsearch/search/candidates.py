@@ -6,7 +6,8 @@ Each searched unit u takes exactly one of its precisions p (binary x[u, p],
     minimise   sum s[u, p] x[u, p]  -  eps * sum m[u, p] x[u, p]
     subject to sum m[u, p] x[u, p] >= B
 
-with s the predicted instability and m the resource each unit x precision
+with s the predicted instability (a non-finite one excludes that choice: its
+x is bounded to 0) and m the resource each unit x precision
 saves (:mod:`precsearch.search.sensitivity`): memory saved, or the predicted
 GEMM-time saved (``search.sensitivity.budget_on``); the small ``eps`` term breaks
 ties toward saving more. Budgets sweep evenly up to the most the units can save;
@@ -52,6 +53,9 @@ def solve(table: SensitivityTable, budget: float, on: str = "memory") -> Candida
     rows = [r for effects in units.values() for r in effects]
     s = np.array([r.predicted_instability for r in rows])
     m = np.array([getattr(r, RESOURCES[on]) for r in rows])
+    # a switch whose scored loss was non-finite (the forward estimator's inf) is never chosen
+    allowed = np.isfinite(s)
+    s = np.where(allowed, s, 0.0)
     scale = max(float(s.max()), 1e-12)
     c = s / scale - 1e-6 * m / max(float(m.max()), 1e-12)
     one_each = np.zeros((len(units), len(rows)))
@@ -60,7 +64,7 @@ def solve(table: SensitivityTable, budget: float, on: str = "memory") -> Candida
         one_each[i, col:col + len(effects)] = 1.0
         col += len(effects)
     constraints = [LinearConstraint(one_each, 1.0, 1.0), LinearConstraint(m[None, :], budget, np.inf)]
-    res = milp(c, integrality=np.ones(len(rows)), bounds=Bounds(0, 1), constraints=constraints)
+    res = milp(c, integrality=np.ones(len(rows)), bounds=Bounds(0, allowed.astype(float)), constraints=constraints)
     if res.x is None:
         return None
     chosen = [r for r, x in zip(rows, res.x) if x > 0.5]

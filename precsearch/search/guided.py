@@ -3,7 +3,8 @@
 With ``search.sensitivity`` in the space, the first run of a study (before its first
 trial) trains the BF16 probe once, scores every searched unit x precision
 (:mod:`precsearch.search.sensitivity`), logs the table and heatmap to the study's
-MLflow parent run, solves the integer program for a sweep of memory budgets
+MLflow parent run, solves the integer program for a sweep of memory (or, with
+``budget_on: speed``, predicted GEMM-time) budgets
 (:mod:`precsearch.search.candidates`) and queues each distinct assignment with
 ``study.enqueue_trial``. Queued trials are probed, scored and recorded like any
 trial; once they are used up the sampler continues, its model fed by them. The
@@ -57,11 +58,13 @@ def start(space: Space, study: optuna.Study, device: Any, log: Callable[[str, by
         f"{space.search.sensitivity.budget_on} budgets")
     for k, cand in enumerate(candidates):
         say(f"  candidate {k}: predicted memory saved {100 * cand.predicted_memory_saved:.2f}%, GEMM time saved "
-            f"{100 * cand.predicted_speed_gain:.1f}% (predicted), instability {100 * cand.predicted_instability:.4f}%, {_fp8_count(cand.params)} units low-precision")
+            f"{100 * cand.predicted_speed_gain:.1f}% (predicted), instability "
+            f"{100 * cand.predicted_instability:.4f}%, {_low_precision_count(cand.params)} units low-precision")
     return table
 
 
-def _fp8_count(params: dict[str, str]) -> str:
+def _low_precision_count(params: dict[str, str]) -> str:
+    """``"k/n"``: how many of the assignment's units run a low precision (FP8 or FP4)."""
     return f"{sum(v != 'bf16' for v in params.values())}/{len(params)}"
 
 

@@ -10,7 +10,8 @@
   scores memory on (``objectives.memory_basis``). The model is additive over
   units up to the max() between the backward and optimizer-step peaks.
 * **speed** (``speed_gain``): *predicted*, never measured here: the unit's share
-  of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM.
+  of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM
+  (4x for NVFP4, Blackwell's FP4 rate).
   ``scripts/gpu_sensitivity_study.sh`` measures per-unit GEMM times on the H200.
 """
 
@@ -26,14 +27,17 @@ from precsearch.arch.units import unit_names, unit_shape
 from precsearch.config.space import Space
 from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
-from precsearch.precision import LayerRecipe, Precision
+from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.memory import predict_peak
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.sensitivity import train_bf16, unit_scores
 
-#: Nominal FP8 GEMM rate over BF16 on Hopper (dense tensor-core peak); used only for the predicted speed column.
+#: Nominal FP8 GEMM rate over BF16 (dense tensor-core peak, Hopper and Blackwell); used only for the predicted
+#: speed column.
 FP8_GEMM_SPEEDUP = 2.0
+#: Nominal NVFP4 GEMM rate over BF16 (Blackwell dense peak: FP4 runs at twice FP8's rate).
+NVFP4_GEMM_SPEEDUP = 4.0
 
 
 @dataclass(frozen=True)
@@ -56,17 +60,20 @@ class SensitivityTable:
     estimator: str
     rows: list[UnitEffect]
     wall_s: float
-    speed_source: str = "predicted (GEMM FLOP share x nominal 2x FP8 GEMM rate)"
+    speed_source: str = "predicted (GEMM FLOP share x nominal GEMM rate: 2x FP8/MXFP8, 4x NVFP4)"
 
     def effect(self, param: str, precision: str) -> UnitEffect | None:
+        """The row of unit param ``param`` (``precision.L3.linear_fc1``) in ``precision`` (its value), or None."""
         return next((r for r in self.rows if r.param == param and r.precision == precision), None)
 
     def to_dict(self) -> dict:
+        """Plain data (JSON-safe up to non-finite scores), as stored in the study's ``sensitivity`` user attr."""
         return {"estimator": self.estimator, "wall_s": self.wall_s, "speed_source": self.speed_source,
                 "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "SensitivityTable":
+        """The table :meth:`to_dict` wrote."""
         return cls(data["estimator"], [UnitEffect(**r) for r in data["rows"]], data["wall_s"], data["speed_source"])
 
 
@@ -86,11 +93,13 @@ def memory_effect(space: Space, unit: str, precision: Precision) -> float:
 
 
 def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
-    """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate)."""
+    """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate:
+    :data:`FP8_GEMM_SPEEDUP`, :data:`NVFP4_GEMM_SPEEDUP`)."""
     if precision is Precision.BF16:
         return 0.0
     flops = {u: math.prod(unit_shape(cfg, u)) for u in unit_names(cfg)}
-    return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / FP8_GEMM_SPEEDUP)
+    rate = NVFP4_GEMM_SPEEDUP if precision is Precision.NVFP4 else FP8_GEMM_SPEEDUP
+    return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / rate)
 
 
 def measure(space: Space, data: TokenBatches, device: torch.device) -> SensitivityTable:
@@ -107,8 +116,7 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
     clip = space.search.clip_grad.options()[0]
     model = train_bf16(cfg, space.probe, data, device, clip)
     precisions = sorted({p for u in units for p in u.knob.options()}, key=list(Precision).index)
-    recipe = LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0]
-                            for k in ("fp8_format", "amax_history_len", "amax_compute_algo", "margin")})
+    recipe = first_recipe(space)
     batches = data.eval_set()[: sens.eval_batches]
     scores = unit_scores(sens.estimator, model, [u.unit for u in units], precisions, recipe, batches, device)
     del model
@@ -116,6 +124,12 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
         torch.cuda.empty_cache()
     rows = [_row(space, cfg, u, p, scores) for u in units for p in u.knob.options()]
     return SensitivityTable(sens.estimator, rows, time.perf_counter() - start)
+
+
+def first_recipe(space: Space) -> LayerRecipe:
+    """The recipe the pass scores with: each ``search.recipe`` setting at its first choice, NVFP4 switches included."""
+    fields = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", *NVFP4_KNOBS)
+    return LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0] for k in fields})
 
 
 def _row(space: Space, cfg: ModelConfig, unit: SearchedUnit, precision: Precision,

@@ -102,6 +102,18 @@ def test_emulated_backend_takes_nvfp4_units():
     base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
             "search.sensitivity": {}}
     check_space(parse_space(tiny_space_dict(**base)), file="s.yaml", environment=False)
+    units = searched_units(space.search.units, 4)
+    unit = units[0]
+    assert unit.knob.options() == [P.BF16, P.NVFP4]
+    policy = policy_from_params(space, {u.param: "nvfp4" if u is unit else "bf16" for u in units})
+    assert [r.precision for r in policy.rules if r.name == unit.rule_name] == [P.NVFP4]
+
+
+def test_a_precision_range_is_refused_naming_the_set():
+    """Precisions are categorical: the loader refuses a range and names the field (no later check needed)."""
+    with pytest.raises(UserError, match="not a range") as exc:
+        _space([{"precision": {"low": "bf16", "high": "fp8_current"}}])
+    assert "search.units[0].precision" in str(exc.value)
 
 
 def test_sensitivity_refuses_what_it_cannot_score_or_trade():

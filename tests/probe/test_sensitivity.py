@@ -57,6 +57,26 @@ def test_scores_cover_every_unit_and_low_precision_and_taylor_is_nonnegative():
     assert all(p.grad is None for p in model.parameters())  # the estimate leaves no gradients behind
 
 
+def test_nvfp4_scores_follow_the_recipe_switches():
+    """The scores use the recipe's NVFP4 switches (16x16 vs 1x16 weight tiles change Q(W)), not the defaults."""
+    model = build_model(CFG, 0, CPU)
+    units = ["decoder.layers.0.mlp.linear_fc1"]
+    scores = [unit_scores(est, model, units, [Precision.NVFP4], LayerRecipe(nvfp4_2d_weights=two_d), _batches(), CPU)
+              for est in ("forward", "taylor") for two_d in (True, False)]
+    assert scores[0] != scores[1] and scores[2] != scores[3]
+
+
+def test_the_pass_scores_with_the_spaces_first_recipe_choices():
+    from _spaces import tiny_space_dict
+    from precsearch.config.loader import parse_space
+    from precsearch.search.sensitivity import first_recipe
+
+    space = parse_space(tiny_space_dict(**{"search.recipe.nvfp4_2d_weights": {"choices": [False, True]},
+                                           "search.recipe.margin": 2}))
+    recipe = first_recipe(space)
+    assert (recipe.nvfp4_2d_weights, recipe.margin, recipe.nvfp4_rht) == (False, 2, True)
+
+
 def test_unknown_estimator_is_refused():
     with pytest.raises(ValueError, match="forward, taylor"):
         unit_scores("magic", build_model(CFG, 0, CPU), [], [Precision.FP8_CURRENT], LayerRecipe(), [], CPU)

@@ -62,3 +62,19 @@ def test_sweep_is_distinct_and_runs_from_most_saving_down():
     saved = [c.predicted_memory_saved for c in cands]
     assert saved == sorted(saved, reverse=True)
     assert all(v != "bf16" for v in cands[0].params.values())  # the largest budget needs every unit switched
+
+
+def test_a_switch_scored_non_finite_is_never_chosen():
+    """The forward estimator scores a switch whose loss went non-finite as inf: the program must exclude it,
+    not fail on an infinite cost."""
+    import dataclasses
+    import math
+
+    table = _table(0)
+    banned = ("precision.u0", "fp8_current")
+    rows = [dataclasses.replace(r, predicted_instability=math.inf) if (r.param, r.precision) == banned else r
+            for r in table.rows]
+    table = SensitivityTable("forward", rows, 0.0)
+    cands = sweep(table, 6)
+    assert cands and all(c.params["precision.u0"] != "fp8_current" for c in cands)
+    assert all(math.isfinite(c.predicted_instability) for c in cands)

@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
+from precsearch.search.candidates import sweep
 from precsearch.search.guided import table_of
 from precsearch.runtime.workspace import Workspace
 
@@ -47,9 +48,13 @@ def test_candidates_are_the_first_trials_and_the_sampler_continues(guided_study)
     assert {r.param for r in table.rows} == {"precision.L1.linear_qkv", "precision.L1.linear_proj",
                                              "precision.L1.linear_fc1", "precision.L1.linear_fc2",
                                              "precision.output_layer"}
-    first = queued[0]
-    assert first.params == {k: v for k, v in first.params.items()}  # enqueued params are the trial's params
-    assert first.user_attrs["predicted_memory_saved"] > 0
+    # the queued trials ran exactly the integer program's picks, in the sweep's order
+    candidates = sweep(table, 3, "memory")
+    assert len(queued) == len(candidates)
+    for trial, cand in zip(queued, candidates):
+        assert {k: trial.params[k] for k in cand.params} == cand.params
+        assert trial.user_attrs["predicted_memory_saved"] == pytest.approx(cand.predicted_memory_saved)
+    assert queued[0].user_attrs["predicted_memory_saved"] > 0
 
 
 def test_table_heatmap_and_predictions_are_in_mlflow(guided_study):
@@ -60,8 +65,9 @@ def test_table_heatmap_and_predictions_are_in_mlflow(guided_study):
     assert names == {"sensitivity/table.json", "sensitivity/table.csv", "sensitivity/heatmap.png"}
     local = client.download_artifacts(parent, "sensitivity/table.json")
     assert len(json.load(open(local))["rows"]) == 10  # 5 units x 2 precisions
-    for t in study.get_trials(states=(TrialState.COMPLETE,)):
-        if "mlflow_run_id" not in t.user_attrs:
-            continue
-        metrics = client.get_run(t.user_attrs["mlflow_run_id"]).data.metrics
+    runs = [t.user_attrs["mlflow_run_id"] for t in study.get_trials(states=(TrialState.COMPLETE,))
+            if "mlflow_run_id" in t.user_attrs]
+    assert runs  # else the loop below would check nothing
+    for run_id in runs:
+        metrics = client.get_run(run_id).data.metrics
         assert {"predicted_instability", "predicted_memory_saved", "instability", "memory_saved"} <= set(metrics)

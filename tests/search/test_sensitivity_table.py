@@ -55,3 +55,15 @@ def test_reports_have_a_row_per_effect_and_a_png_heatmap():
     assert set(files) == {"sensitivity/table.json", "sensitivity/table.csv", "sensitivity/heatmap.png"}
     assert files["sensitivity/heatmap.png"][:8] == b"\x89PNG\r\n\x1a\n"
     assert table_csv(rows).count("\n") == len(rows) + 1
+
+
+def test_predicted_speed_uses_each_formats_nominal_rate():
+    """NVFP4's GEMM runs at twice FP8's nominal rate, so it saves 3/4 of a unit's GEMM time, FP8 1/2."""
+    from precsearch.search.sensitivity import speed_effect
+
+    cfg = parse_space(tiny_space_dict()).model.probe()
+    unit = "decoder.layers.0.mlp.linear_fc1"
+    fp8, mxfp8, nvfp4 = (speed_effect(cfg, unit, p) for p in (Precision.FP8_CURRENT, Precision.MXFP8,
+                                                               Precision.NVFP4))
+    assert speed_effect(cfg, unit, Precision.BF16) == 0.0
+    assert 0 < fp8 == mxfp8 < nvfp4 == pytest.approx(1.5 * fp8)
