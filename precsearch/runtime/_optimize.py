@@ -150,13 +150,15 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
             return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
-    if _not_needed(ctx, trial, promoted_only):
-        return True
-    trial.set_user_attr("worker", ctx.worker.to_dict())
+        if _not_needed(ctx, trial, promoted_only):
+            return True
+        trial.set_user_attr("worker", ctx.worker.to_dict())
+        rung, source = trial_rung(ctx.study, ctx.space, trial)
+        # suggested under the lock: the next local worker's proposal, and its await_twin below, see these
+        # params whole (asked apart, two workers proposing the same policy could each miss the other)
+        policy = suggest_policy(ctx.space, trial)
     if ctx.status is not None:
         ctx.status.trial_started(trial.number)
-    rung, source = trial_rung(ctx.study, ctx.space, trial)
-    policy = suggest_policy(ctx.space, trial)
     if promotion.is_promoted(trial):
         twin = None
     else:  # another worker may be running the same policy: its result is this one's
@@ -211,7 +213,7 @@ def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool
 
 @contextmanager
 def _ask_lock(ctx: StudyRun):
-    """One ``ask`` at a time among the workers sharing this output directory.
+    """One ``ask`` (and the trial's suggestions) at a time among the workers sharing this output directory.
 
     Taking a queued (WAITING) trial relies on ``SELECT ... FOR UPDATE``, which sqlite ignores: two
     local workers asking at once could both take the same queued trial and run it twice (seen in

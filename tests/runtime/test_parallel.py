@@ -77,9 +77,10 @@ def test_sigkilled_worker_trial_is_failed_by_heartbeat_and_retried(tmp_path, ser
     victim = precsearch(*args, "--name", "victim", "--output-dir", str(tmp_path / "a"), env=env,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def victim_running():
+    def victim_running():  # mid-trial: its MLflow run recorded on the trial, so the heartbeat path can fail it
         return [t for t in load(name, url).trials
-                if t.state is TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == victim.pid]
+                if t.state is TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == victim.pid
+                and "mlflow_run_id" in t.user_attrs]
 
     wait_for(lambda: victim_running(), 300, "the victim worker to start a trial")
     killed = victim_running()[0].number
