@@ -1,4 +1,4 @@
-"""A few trials of a space whose probes span several GPUs (``probe.nproc`` > 1, FSDP2).
+"""A few trials of a space whose probes span several GPUs (``probe.nproc`` > 1: FSDP2, tensor parallelism).
 
 Runs a BF16 reference, then a handful of precision policies, each as one
 distributed probe (:func:`precsearch.probe.distributed.run_distributed_probe`),
@@ -8,6 +8,12 @@ BF16 reference (relative difference of the held-out loss). Prints a table and
 writes JSON after every probe, so a run cut short keeps what it finished.
 
     python3 scripts/gpu_fsdp_trials.py search_spaces/llama3_70b_h200x2.yaml --json $OUT/fsdp_trials.json
+
+``--layouts`` runs each policy under several ways of spanning the GPUs, side by side in one run:
+``fsdp`` (``probe.tp: 1``), ``tp`` (``probe.tp: nproc`` with sequence parallelism) and ``tp-nosp``;
+``--policies`` picks among :data:`POLICIES` (``attention/mlp``). Each layout's loss gap is against its
+own BF16 reference, and the first row of each layout after the first also gives its first-loss
+difference from the first layout's (the same weights and batch, split differently).
 
 Budget: ``--budget-s`` stops starting new probes once the next one (estimated
 from the slowest so far) would not end in time.
@@ -37,6 +43,9 @@ POLICIES = (
     ("fp8_delayed", "fp8_block"),
 )
 GIB = 2**30
+#: probe overrides of each layout (tp: None means "all of nproc").
+LAYOUTS = {"fsdp": {"tp": 1}, "tp": {"tp": None, "sequence_parallel": True},
+           "tp-nosp": {"tp": None, "sequence_parallel": False}}
 
 
 def _row(name: str, result, reference) -> dict:
@@ -53,7 +62,7 @@ def _row(name: str, result, reference) -> dict:
 
 def _print(row: dict) -> None:
     peaks = " / ".join(f"{p:6.2f}" for p in row["per_gpu_peak_gib"])
-    print(f"{row['policy']:<28} peak/GPU GiB {peaks} (predicted {row['predicted_per_gpu_gib']:6.2f})  "
+    print(f"{row.get('layout', ''):<8} {row['policy']:<28} peak/GPU GiB {peaks} (predicted {row['predicted_per_gpu_gib']:6.2f})  "
           f"tokens/s {row['tokens_per_s']:9.0f}  eval {row['eval_loss']:.4f}  gap {100 * row['loss_gap']:+.3f}%"
           f"  wall {row['wall_s']:.0f}s{'  DIVERGED: ' + row['reason'] if row['diverged'] else ''}", flush=True)
 
@@ -64,7 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=380.0, help="start no probe that would end after this")
     ap.add_argument("--steps", type=int, help="override probe.steps")
+    ap.add_argument("--layouts", default="fsdp", help=f"comma-separated, of {', '.join(LAYOUTS)}")
+    ap.add_argument("--policies", help="comma-separated attention/mlp pairs (default: all of POLICIES)")
     args = ap.parse_args(argv)
+    layouts = args.layouts.split(",")
+    if unknown := [x for x in layouts if x not in LAYOUTS]:
+        ap.error(f"--layouts: unknown {unknown}; valid: {', '.join(LAYOUTS)}")
+    policies = POLICIES if not args.policies else [tuple(p.split("/")) for p in args.policies.split(",")]
+    if unknown := [p for p in policies if p not in POLICIES]:
+        ap.error(f"--policies: unknown {unknown}; valid: {', '.join('/'.join(p) for p in POLICIES)}")
     # a SIGTERM (timeout, a killed call) unwinds like Ctrl-C, so the running probe's ranks are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -77,31 +94,38 @@ def main(argv: list[str] | None = None) -> int:
               "seq_len": probe.seq_len, "global_batch": probe.micro_batch, "steps": probe.steps,
               "params": cfg.num_params(), "rows": []}
     print(json.dumps({k: v for k, v in header.items() if k != "rows"}), flush=True)
-    reference, slowest = None, 0.0
-    for attention, mlp in POLICIES:
-        left = args.budget_s - (time.monotonic() - start)
-        if slowest and left < 1.2 * slowest:
-            print(f"stopping: {left:.0f} s left, the slowest probe took {slowest:.0f} s", flush=True)
-            break
-        name = "BF16 reference" if attention == mlp == "bf16" else f"attn {attention}, mlp {mlp}"
-        policy = policy_from_params(space, {"precision.attention": attention, "precision.mlp": mlp,
-                                            "warmup_steps": 0})
-        t0 = time.monotonic()
-        try:
-            result = run_distributed_probe(space, probe, policy, name, timeout=max(30.0, left),
-                                           on_step=lambda s, loss, g: print(f"  step {s} loss {loss:.4f}", flush=True))
-        except Exception as exc:  # one failed policy is a finding, not the end of the run
-            print(f"{name}: FAILED {type(exc).__name__}: {exc}", flush=True)
-            header["rows"].append({"policy": name, "error": f"{type(exc).__name__}: {exc}"})
-            if reference is None:
-                break
-            continue
-        finally:
-            slowest = max(slowest, time.monotonic() - t0)
-        reference = reference or result
-        header["rows"].append(_row(name, result, reference))
-        _print(header["rows"][-1])
-        args.json.write_text(json.dumps(header, indent=1))
+    slowest, first_losses = 0.0, {}
+    for layout in layouts:
+        reference = None
+        update = {k: (probe.nproc if v is None else v) for k, v in LAYOUTS[layout].items()}
+        laid = probe.model_copy(update=update)
+        for attention, mlp in policies:
+            left = args.budget_s - (time.monotonic() - start)
+            if slowest and left < 1.2 * slowest:
+                print(f"stopping: {left:.0f} s left, the slowest probe took {slowest:.0f} s", flush=True)
+                args.json.write_text(json.dumps(header, indent=1))
+                return 0
+            name = "BF16 reference" if attention == mlp == "bf16" else f"attn {attention}, mlp {mlp}"
+            policy = policy_from_params(space, {"precision.attention": attention, "precision.mlp": mlp,
+                                                "warmup_steps": 0})
+            t0 = time.monotonic()
+            try:
+                result = run_distributed_probe(space, laid, policy, f"{layout}: {name}", timeout=max(30.0, left),
+                                               on_step=lambda s, loss, g: print(f"  step {s} loss {loss:.4f}",
+                                                                                flush=True))
+            except Exception as exc:  # one failed policy is a finding, not the end of the run
+                print(f"{layout}: {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+                header["rows"].append({"layout": layout, "policy": name, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            finally:
+                slowest = max(slowest, time.monotonic() - t0)
+            reference = reference or result
+            row = _row(name, result, reference) | {"layout": layout, "device": result.device}
+            first = first_losses.setdefault(name, result.losses[0])
+            row["first_loss_vs_first_layout"] = (result.losses[0] - first) / first
+            header["rows"].append(row)
+            _print(row)
+            args.json.write_text(json.dumps(header, indent=1))
     args.json.write_text(json.dumps(header, indent=1))
     return 0
 

@@ -21,6 +21,16 @@ Weights are copied in, in the probe's dtype; every layout already is TE's
 Each unit runs under its own nested ``te.autocast`` (:class:`TEPrecisionLinear`),
 inside the one outer context that :meth:`~precsearch.backends.te.TEBackend.autocast`
 holds while FP8 is on.
+
+**Tensor parallelism.** On a probe whose blocks were split over ranks
+(``model.tensor_parallel``, :mod:`precsearch.probe.tensor_parallel`), the GEMM
+modules take ``tp_group`` with ``parallel_mode`` column (q/k/v, fc1) or row
+(proj, fc2) and ``sequence_parallel``, and ``DotProductAttention`` the group's
+head split; TE runs the collectives, so the model's own hooks are reset to
+identities. TE splits and gathers a sequence-parallel input along its first
+dimension (Megatron's sequence-first layout), so under sequence parallelism
+each unit sees its ``(B, T, D)`` input transposed to ``(T, B, D)``: a free view
+at micro-batch 1, a copy above.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from precsearch.arch.units import OUTPUT_LAYER
 from precsearch.backends.base import WrappedLinear
 from precsearch.backends.capability import gpu_capability, require_te
 from precsearch.backends.te_knobs import fp8_attention_precisions
+from precsearch.backends.tp_group import PARTIAL_GRAD, SPLIT, TensorParallel
 from precsearch.backends.te_stats import activation, high_precision_weight, observable, operand_stats
 from precsearch.precision import LayerRecipe
 from precsearch.backends.tensor_stats import TensorStats
@@ -65,8 +76,9 @@ class TEPrecisionLinear(WrappedLinear):
     """
 
     def __init__(self, linear: nn.Module, recipe: LayerRecipe, te_recipe: Any, units: tuple[str, ...],
-                 norm_eps: float | None = None):
+                 norm_eps: float | None = None, seq_first: bool = False):
         super().__init__()
+        self.seq_first = seq_first  # TE's sequence parallelism splits dim 0: hand it (T, B, D)
         self.linear, self.recipe, self.te_recipe, self.units = linear, recipe, te_recipe, units
         self.register_parameter("layer_norm_weight", None)  # TE owns the fused norm: nothing to apply here
         self.norm_eps = norm_eps
@@ -92,12 +104,18 @@ class TEPrecisionLinear(WrappedLinear):
     def is_fp8(self) -> bool:
         return self.recipe.precision.is_fp8
 
+    def _run(self, x: Tensor) -> Tensor:
+        if not self.seq_first:
+            return self.linear(x)
+        # free views at micro-batch 1 (a size-1 dimension's stride does not count); copies above
+        return self.linear(x.transpose(0, 1).contiguous()).transpose(0, 1).contiguous()
+
     def forward(self, x: Tensor) -> Tensor:
         """The TE module's output, in the unit's recipe while the step's FP8 is on."""
         if not self.fp8_enabled:
-            return self.linear(x)
+            return self._run(x)
         with self._autocast(enabled=self.is_fp8, recipe=self.te_recipe):
-            out = self.linear(x)
+            out = self._run(x)
             claimed = self.is_fp8 and not self._te_state.quantization_state.is_first_fp8_module
         if claimed:
             # te.autocast.__exit__ restores is_first_fp8_module; keep it consumed, so that inside
@@ -154,11 +172,13 @@ class TECoreAttention(nn.Module):
     """
 
     def __init__(self, n_heads: int, head_dim: int, n_kv_heads: int, fp8_recipe: Any = None,
-                 qkv: "TEPrecisionLinear | None" = None):
+                 qkv: "TEPrecisionLinear | None" = None, tp_group: Any = None):
         super().__init__()
         te = require_te()
+        split = {} if tp_group is None else {"tp_group": tp_group}  # heads are the whole model's; TE divides them
         self.attention = te.DotProductAttention(n_heads, head_dim, num_gqa_groups=n_kv_heads,
-                                                attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal")
+                                                attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal",
+                                                **split)
         self.fp8_recipe = fp8_recipe
         self._qkv = [qkv]  # a list, so the unit is not registered twice as a submodule
         self._autocast = te.autocast
@@ -215,14 +235,23 @@ def _copier(*sources: Tensor) -> Callable[[Tensor], None]:
     return copy
 
 
-def _make(build: Callable[..., nn.Module], like: nn.Module, te_recipe: Any, fp8_weights: bool, **kwargs: Any
-          ) -> nn.Module:
+def _make(build: Callable[..., nn.Module], like: nn.Module, te_recipe: Any, fp8_weights: bool,
+          split: tuple[TensorParallel, str] | None = None, **kwargs: Any) -> nn.Module:
     """A TE module in ``like``'s dtype, device and train mode, with its bias and fused norm weight if it has
-    them (the weights come in through ``init_method``); FP8 primary weights when asked."""
+    them (the weights come in through ``init_method``); FP8 primary weights when asked.
+
+    ``split``: the TP group and TE's ``parallel_mode`` (``column``, ``row``, or ``mlp`` for a
+    ``LayerNormMLP``, which splits both of its GEMMs); ``like`` then holds this rank's slice and
+    ``kwargs`` the whole model's features, as TE takes them.
+    """
     te = require_te()
     ctx = (te.quantized_model_init(enabled=True, recipe=te_recipe, preserve_high_precision_init_val=True)
            if fp8_weights and te_recipe is not None else contextlib.nullcontext())
     weight, bias, norm = like.weight, like.bias, getattr(like, "layer_norm_weight", None)
+    if split is not None:
+        tp, mode = split
+        kwargs |= {"tp_group": tp.group, "tp_size": tp.size, "sequence_parallel": tp.sequence_parallel}
+        kwargs |= {"set_parallel_mode": True} if mode == "mlp" else {"parallel_mode": mode}
     with ctx:
         module = build(bias=bias is not None, params_dtype=weight.dtype, device=weight.device, **kwargs)
     with torch.no_grad():
@@ -232,31 +261,57 @@ def _make(build: Callable[..., nn.Module], like: nn.Module, te_recipe: Any, fp8_
             module.bias.copy_(bias.detach())
     for p in module.parameters():
         p.requires_grad_(weight.requires_grad)
+    if split is not None:
+        _mark_split(module, split[0])
     module.train(like.training)
     return module
 
 
-def te_linear(name: str, lin: nn.Linear, te_recipe: Any, fp8_weights: bool) -> nn.Module:
-    """``te.Linear`` with ``lin``'s shape and weight."""
-    te = require_te()
-    return _make(te.Linear, lin, te_recipe, fp8_weights, in_features=lin.in_features,
-                 out_features=lin.out_features, init_method=_copier(lin.weight), name=name)
+def _mark_split(module: nn.Module, tp: TensorParallel) -> None:
+    """Mark the GEMM weights as TP slices and, under sequence parallelism, the fused norm's weight as a
+    partial gradient (each rank normalises its own tokens; without it TE sums the input gradient first)."""
+    for name, p in module.named_parameters():
+        if name in ("weight", "fc1_weight", "fc2_weight"):
+            setattr(p, SPLIT, True)
+        elif name == "layer_norm_weight" and tp.sequence_parallel:
+            setattr(p, PARTIAL_GRAD, True)
 
 
-def te_layernorm_linear(name: str, lin: nn.Linear, te_recipe: Any, fp8_weights: bool) -> nn.Module:
-    """``te.LayerNormLinear`` (RMSNorm) with ``lin``'s shape, weight and fused norm weight."""
+def _whole(features: int, tp: TensorParallel | None) -> int:
+    return features * (1 if tp is None else tp.size)
+
+
+def te_linear(name: str, lin: nn.Linear, te_recipe: Any, fp8_weights: bool,
+              split: tuple[TensorParallel, str] | None = None) -> nn.Module:
+    """``te.Linear`` with ``lin``'s shape and weight (``split``: see :func:`_make`)."""
     te = require_te()
-    return _make(te.LayerNormLinear, lin, te_recipe, fp8_weights, in_features=lin.in_features,
-                 out_features=lin.out_features, eps=lin.eps, normalization="RMSNorm",
+    tp, mode = split if split is not None else (None, None)
+    return _make(te.Linear, lin, te_recipe, fp8_weights, split,
+                 in_features=_whole(lin.in_features, tp if mode == "row" else None),
+                 out_features=_whole(lin.out_features, tp if mode == "column" else None),
                  init_method=_copier(lin.weight), name=name)
 
 
-def te_layernorm_mlp(mlp: nn.Module, te_recipe: Any, fp8_weights: bool) -> nn.Module:
-    """``te.LayerNormMLP`` (RMSNorm, SwiGLU) holding ``mlp``'s fc1 (gate, up) and fc2 weights."""
+def te_layernorm_linear(name: str, lin: nn.Linear, te_recipe: Any, fp8_weights: bool,
+                        split: tuple[TensorParallel, str] | None = None) -> nn.Module:
+    """``te.LayerNormLinear`` (RMSNorm) with ``lin``'s shape, weight and fused norm weight (column-parallel
+    under ``split``)."""
+    te = require_te()
+    tp = split[0] if split is not None else None
+    return _make(te.LayerNormLinear, lin, te_recipe, fp8_weights, split, in_features=lin.in_features,
+                 out_features=_whole(lin.out_features, tp), eps=lin.eps, normalization="RMSNorm",
+                 init_method=_copier(lin.weight), name=name)
+
+
+def te_layernorm_mlp(mlp: nn.Module, te_recipe: Any, fp8_weights: bool, tp: TensorParallel | None = None
+                     ) -> nn.Module:
+    """``te.LayerNormMLP`` (RMSNorm, SwiGLU) holding ``mlp``'s fc1 (gate, up) and fc2 weights; under ``tp``
+    fc1 is column- and fc2 row-parallel (this rank's gate and up rows are the slices ``mlp`` holds)."""
     te = require_te()
     fc1, fc2 = mlp.linear_fc1, mlp.linear_fc2  # fc1 carries the dtype, device, mode and norm; neither has a bias
-    return _make(te.LayerNormMLP, fc1, te_recipe, fp8_weights, hidden_size=fc1.in_features,
-                 ffn_hidden_size=fc2.in_features, eps=fc1.eps, normalization="RMSNorm", activation="swiglu",
+    return _make(te.LayerNormMLP, fc1, te_recipe, fp8_weights, None if tp is None else (tp, "mlp"),
+                 hidden_size=fc1.in_features, ffn_hidden_size=_whole(fc2.in_features, tp), eps=fc1.eps,
+                 normalization="RMSNorm", activation="swiglu",
                  init_method=_copier(fc1.weight), output_layer_init_method=_copier(fc2.weight))
 
 
@@ -286,31 +341,42 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
     """
     cfg = model.cfg
     capability = gpu_capability(next(model.parameters()).device)
+    tp: TensorParallel | None = getattr(model, "tensor_parallel", None)
+    seq_first = tp is not None and tp.sequence_parallel
 
-    def unit(name: str, build: Callable[..., nn.Module], module: nn.Module) -> TEPrecisionLinear:
+    def unit(name: str, build: Callable[..., nn.Module], module: nn.Module, mode: str | None = None
+             ) -> TEPrecisionLinear:
         r = recipes[name]
         rec = te_recipe(r) if r.precision.is_fp8 else None
         eps = getattr(module, "eps", None)
-        return TEPrecisionLinear(build(name, module, rec, fp8_weights), r, rec, (name,), eps)
+        split = (tp, mode) if tp is not None and mode is not None else None
+        return TEPrecisionLinear(build(name, module, rec, fp8_weights, split), r, rec, (name,), eps,
+                                 seq_first=split is not None and seq_first)
 
     for i, layer in enumerate(model.decoder.layers):
         prefix = f"decoder.layers.{i}."
         attn, mlp = layer.self_attention, layer.mlp
-        attn.linear_qkv = unit(prefix + "self_attention.linear_qkv", te_layernorm_linear, attn.linear_qkv)
-        attn.linear_proj = unit(prefix + "self_attention.linear_proj", te_linear, attn.linear_proj)
+        attn.linear_qkv = unit(prefix + "self_attention.linear_qkv", te_layernorm_linear, attn.linear_qkv, "column")
+        attn.linear_proj = unit(prefix + "self_attention.linear_proj", te_linear, attn.linear_proj, "row")
         qkv = recipes[prefix + "self_attention.linear_qkv"]
         dpa = (fp8_attention_recipe(attn.linear_qkv.te_recipe, qkv, fp8_attention, capability)
                if attn.linear_qkv.te_recipe is not None else None)
-        attn.core_attention = TECoreAttention(cfg.n_heads, cfg.head_dim, cfg.n_kv_heads, dpa, attn.linear_qkv)
+        attn.core_attention = TECoreAttention(cfg.n_heads, cfg.head_dim, cfg.n_kv_heads, dpa, attn.linear_qkv,
+                                              tp_group=None if tp is None else tp.group)
         attn.rope = te_rope
+        attn.tp_in = attn.tp_out = mlp.tp_in = mlp.tp_out = _identity  # TE's modules run the collectives
         fc1, fc2 = recipes[prefix + "mlp.linear_fc1"], recipes[prefix + "mlp.linear_fc2"]
         if fc1 == fc2:
             rec = te_recipe(fc1) if fc1.precision.is_fp8 else None
-            fused = te_layernorm_mlp(mlp, rec, fp8_weights)
+            fused = te_layernorm_mlp(mlp, rec, fp8_weights, tp)
             names = (prefix + "mlp.linear_fc1", prefix + "mlp.linear_fc2")
-            layer.mlp = TEFusedMLP(TEPrecisionLinear(fused, fc1, rec, names, mlp.linear_fc1.eps))
+            layer.mlp = TEFusedMLP(TEPrecisionLinear(fused, fc1, rec, names, mlp.linear_fc1.eps, seq_first=seq_first))
         else:
-            mlp.linear_fc1 = unit(prefix + "mlp.linear_fc1", te_layernorm_linear, mlp.linear_fc1)
-            mlp.linear_fc2 = unit(prefix + "mlp.linear_fc2", te_linear, mlp.linear_fc2)
-    if recipes[OUTPUT_LAYER].precision.is_fp8:
+            mlp.linear_fc1 = unit(prefix + "mlp.linear_fc1", te_layernorm_linear, mlp.linear_fc1, "column")
+            mlp.linear_fc2 = unit(prefix + "mlp.linear_fc2", te_linear, mlp.linear_fc2, "row")
+    if recipes[OUTPUT_LAYER].precision.is_fp8:  # replicated on every TP rank, as the embedding
         model.output_layer = unit(OUTPUT_LAYER, te_linear, model.output_layer)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x

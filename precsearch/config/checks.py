@@ -150,24 +150,55 @@ def check_nproc(space: Space) -> None:
 
 
 def _check_nproc(space: Space) -> None:
-    nproc, micro_batch = space.probe.nproc, space.probe.micro_batch
+    nproc, micro_batch, tp = space.probe.nproc, space.probe.micro_batch, space.probe.tp
+    _check_tp(space)
     if nproc == 1:
         return
-    if micro_batch % nproc:
+    groups = nproc // tp  # the data-parallel groups: each trains its own rows of the batch
+    if micro_batch % groups:
+        split = f"{groups} data-parallel groups (nproc {nproc} / tp {tp})" if tp > 1 else f"nproc {nproc}"
         raise UserError(
-            f"nproc {nproc} does not divide micro_batch {micro_batch}: a probe on several processes splits "
-            f"its batch evenly over them; valid: a divisor of micro_batch",
+            f"{split} does not divide micro_batch {micro_batch}: a probe on several processes splits "
+            f"its batch evenly over its data-parallel groups; valid: a micro_batch that {groups} divides",
             field="probe.nproc",
         )
     # FSDP2 with TE FusedAdam, FP32 masters or FP8 weights is not verified yet: refuse rather than guess
     knobs = {f"search.memory.{n}": getattr(space.search.memory, n) for n in MEMORY_KNOB_NAMES}
     for field, knob in knobs.items():
         if any(not MemoryKnobs(**{field.rsplit(".", 1)[1]: v}).is_default for v in knob.options()):
-            raise UserError(f"memory knobs are not supported on a probe with nproc {nproc} (FSDP2) yet; "
+            raise UserError(f"memory knobs are not supported on a probe with nproc {nproc} (FSDP2, tensor "
+                            "parallelism) yet; "
                             f"valid: the default only, or nproc 1", field=field)
     if not space.baseline_knobs().is_default:
-        raise UserError(f"a non-default baseline memory is not supported with nproc {nproc} (FSDP2) yet; "
+        raise UserError(f"a non-default baseline memory is not supported with nproc {nproc} (FSDP2, tensor "
+                        "parallelism) yet; "
                         f"valid: the defaults, or nproc 1", field="objectives.baseline_memory")
+
+
+#: Backends that split a probe's blocks over ranks (:mod:`precsearch.probe.tensor_parallel`).
+TP_BACKENDS = ("auto", "emulated", "te")
+
+
+def _check_tp(space: Space) -> None:
+    probe, tp = space.probe, space.probe.tp
+    if tp == 1:
+        return
+    if probe.nproc % tp:
+        raise UserError(f"tp {tp} does not divide nproc {probe.nproc}: each tensor-parallel group is tp of the "
+                        f"probe's processes; valid: a divisor of nproc", field="probe.tp")
+    if space.backend.value not in TP_BACKENDS:
+        raise UserError(f"backend '{space.backend.value}' does not split blocks over ranks; valid with tp {tp}: "
+                        f"{', '.join(TP_BACKENDS)}", field="backend")
+    cfg = space.model.probe()
+    for name in ("n_heads", "n_kv_heads", "ffn_dim"):
+        if getattr(cfg, name) % tp:
+            raise UserError(f"tp {tp} does not divide the model's {name} ({getattr(cfg, name)}): each rank takes "
+                            f"an equal share of the heads and FFN rows; valid: a divisor of {getattr(cfg, name)}",
+                            field="probe.tp")
+    if probe.sequence_parallel and probe.seq_len % tp:
+        raise UserError(f"tp {tp} does not divide seq_len {probe.seq_len}: sequence parallelism gives each rank an "
+                        f"equal share of the tokens; valid: a seq_len that {tp} divides, or "
+                        f"probe.sequence_parallel: false", field="probe.seq_len")
 
 
 def _check_nproc_gpus(space: Space) -> None:

@@ -82,6 +82,14 @@ class ProbeSection(Section):
         1, ge=1, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
         "with FSDP2 and micro_batch is the global batch, split evenly over them"
     )
+    tp: int = Field(
+        1, ge=1, description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
+        "(Megatron's column/row split; TE tp_group); the nproc/tp groups shard with FSDP2 and split the batch"
+    )
+    sequence_parallel: bool = Field(
+        True, description="with tp above 1, split the residual stream (norms, residuals) along the sequence "
+        "between units, as Megatron's --sequence-parallel"
+    )
     divergence_factor: float = Field(
         3.0, gt=1, description="loss above this multiple of the first loss counts as divergence"
     )

@@ -9,6 +9,14 @@ ordinary probe loop (:func:`precsearch.probe.runner.run_probe`) with a
 :class:`~precsearch.probe.runner.Parallel` that shards the model and averages
 the losses over ranks.
 
+With ``probe.tp`` = T > 1 the ranks form ``nproc / T`` data-parallel groups of
+T tensor-parallel ranks (TP innermost, as Megatron lays them out): each group
+splits every block's GEMMs over its ranks (:mod:`precsearch.probe.tensor_parallel`),
+the groups shard with FSDP2 and split the batch as below (a group is one
+"rank" of what follows), and gradient norms are summed over TP slices and
+FSDP2 shards alike (:func:`~precsearch.probe.tensor_parallel.clip_grad_norm`).
+With T = ``nproc`` there is no FSDP2.
+
 How it stays comparable with the one-process probe:
 
 * **The batch is split, not multiplied.** ``probe.micro_batch`` is the global
@@ -19,9 +27,9 @@ How it stays comparable with the one-process probe:
   the whole batch's mean loss: the same optimisation problem, seed, data order
   and held-out set as the one-process probe, so the BF16 reference and the
   loss gap mean the same thing.
-* **Same weights on every rank.** Each rank builds the probe from the same seed
-  and converts it with the same backend; a checksum over ranks refuses to
-  start if they differ. Then ``fully_shard`` wraps every transformer block and
+* **Same weights on every rank.** Each rank builds the probe from the same seed;
+  a checksum over ranks of the whole build (before any TP slicing and the
+  backend's conversion) refuses to start if they differ. Then ``fully_shard`` wraps every transformer block and
   then the root (``torch.distributed.fsdp``, FSDP2), with the gradient
   reduction in FP32 (``MixedPrecisionPolicy(reduce_dtype=torch.float32)``);
   compute stays under ``torch.autocast`` to BF16 as in the one-process probe.
@@ -40,7 +48,7 @@ How it stays comparable with the one-process probe:
 * **Memory per rank.** On a GPU each rank measures its own peak
   (``torch.cuda.max_memory_allocated``, reset once the model is sharded, so the
   full-size build before sharding is not counted); on CPU each rank reports
-  :func:`~precsearch.probe.distributed_rank.predict_rank_peak`. ``ProbeResult.per_rank_peak_bytes`` lists them and
+  :func:`~precsearch.probe.rank_memory.predict_rank_peak`. ``ProbeResult.per_rank_peak_bytes`` lists them and
   ``peak_memory_bytes`` is the largest. ``tokens_per_s`` counts the global batch.
 
 Transformer Engine under FSDP2 (checked in TE 2.20's source): a ``te.Linear``

@@ -7,7 +7,6 @@ stays comparable with the one-process probe is explained in :mod:`precsearch.pro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -23,10 +22,12 @@ from precsearch.fp8.scaling import DelayedScaler
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches, load_batches
 from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration
-from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.arch.config import ModelConfig
+from precsearch.probe.rank_memory import predict_rank_peak
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.runner import Parallel, StepCallback, backend_precisions, run_probe
+from precsearch.probe.runner import Parallel, StepCallback, run_probe
+from precsearch.probe.tensor_parallel import TensorParallel, clip_grad_norm, split_model, sum_partial_grads
+
+__all__ = ["RankBatches", "main", "predict_rank_peak"]  # predict_rank_peak: see precsearch.probe.rank_memory
 
 
 class RankBatches:
@@ -61,39 +62,6 @@ class RankBatches:
     def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's rows of each held-out batch."""
         return [(self._rows(i), self._rows(t)) for i, t in self.data.eval_set()]
-
-
-def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> MemoryBreakdown:
-    """The memory model's peak for one of ``probe.nproc`` FSDP2 ranks (``micro_batch`` is the global batch).
-
-    Parameters, gradients, optimizer state and its temporaries are split over
-    the ranks. Activations and logits are those of the rank's own rows.
-    ``weight_copies`` holds what the backward sees unsharded: the parameters of
-    the root (embeddings, final norm, head, which FSDP2 keeps gathered after the
-    forward) and of two blocks (the one computing and the one prefetched), plus
-    autocast's BF16 casts of BF16 layers as on one process. FP8 layers keep no
-    weight copy: under FSDP2 Transformer Engine re-quantizes the weight from the
-    re-gathered one in the backward (``module/linear.py``, "Backward will
-    re-quantize from the FSDP2 all-gathered weight", TE issue #2681).
-    """
-    nproc = probe.nproc
-    sizes = dict(seq_len=probe.seq_len, micro_batch=probe.micro_batch // nproc, param_dtype=probe.param_dtype)
-    precisions = backend_precisions(policy, cfg)
-    own = predict_peak(cfg, precisions, **sizes, memory=policy.memory)
-    # with fp8_weights the model counts no copy for FP8 layers and the same copies for BF16 ones
-    bf16_copies = predict_peak(cfg, precisions, **sizes,
-                               memory=dataclasses.replace(policy.memory, fp8_weights=True)).weight_copies
-    root = 2 * cfg.vocab_size * cfg.dim + cfg.dim
-    block = (cfg.num_params() - root) // cfg.n_layers
-    gathered = (root + 2 * block) * (4 if probe.param_dtype == "fp32" else 2)
-    return dataclasses.replace(
-        own, params=_split(own.params, nproc), grads=_split(own.grads, nproc),
-        optimizer=_split(own.optimizer, nproc),
-        weight_copies=bf16_copies + gathered)
-
-
-def _split(total: int, nproc: int) -> int:
-    return -(-total // nproc)  # FSDP2 pads each parameter to a multiple of the ranks
 
 
 @record
@@ -134,11 +102,11 @@ def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg, probe = space.model.probe(), space.probe
-    data = RankBatches(load_batches(space), rank, world)
-    parallel = Parallel(shard=lambda model: _shard(model, device), mean=_mean_over_ranks)
+    mesh = _Mesh.build(device, world, probe)
+    data = RankBatches(load_batches(space), mesh.dp_rank, mesh.dp_size)
     on_step = _progress_writer(progress) if rank == 0 else None
     backend = get_backend(space.backend.value, device, needs=space.search.precisions())
-    result = run_probe(cfg, probe, policy, data, backend, device, on_step, parallel=parallel,
+    result = run_probe(cfg, probe, policy, data, backend, device, on_step, parallel=mesh.parallel(device),
                        init=space.model.start())
     own = predict_rank_peak(cfg, probe, policy)
     result.predicted_memory = own.to_dict()
@@ -147,9 +115,49 @@ def _run_rank(space: Space, policy: Policy, device: torch.device, progress: Path
     peaks: list[int] = [0] * world
     dist.all_gather_object(peaks, int(result.peak_memory_bytes))
     result.per_rank_peak_bytes, result.peak_memory_bytes = peaks, max(peaks)
-    result.device = f"{world} x {device.type} (FSDP2)"
+    result.device = f"{world} x {device.type} ({mesh.describe()})"
     _predict_target_per_rank(result, space, policy, own.total)
     return result
+
+
+class _Mesh:
+    """The probe's ranks as ``dp_size`` data-parallel groups of ``tp`` tensor-parallel ranks (TP innermost:
+    the ranks of a TP group are neighbours, on one host, as Megatron lays them out)."""
+
+    def __init__(self, mesh, tp: TensorParallel | None, dp_group, dp_rank: int, dp_size: int):
+        self.mesh, self.tp, self.dp_group, self.dp_rank, self.dp_size = mesh, tp, dp_group, dp_rank, dp_size
+
+    @classmethod
+    def build(cls, device: torch.device, world: int, probe: ProbeSection) -> "_Mesh":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tp_size = probe.tp
+        mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+        tp = None
+        if tp_size > 1:
+            tp = TensorParallel(mesh["tp"].get_group(), tp_size, mesh["tp"].get_local_rank(), probe.sequence_parallel)
+        return cls(mesh, tp, mesh["dp"].get_group(), mesh["dp"].get_local_rank(), world // tp_size)
+
+    def describe(self) -> str:
+        parts = ([f"TP {self.tp.size}" + (" + SP" if self.tp.sequence_parallel else "")] if self.tp else [])
+        parts += [f"FSDP2 {self.dp_size}" if self.tp else "FSDP2"] if self.dp_size > 1 else []
+        return " x ".join(parts)
+
+    def parallel(self, device: torch.device) -> Parallel:
+        tp, dp = self.tp, (self.mesh["dp"] if self.dp_size > 1 else None)
+
+        def split(model: nn.Module) -> None:
+            _check_same_weights(model)  # the whole seeded build, before any rank keeps its slice
+            if tp is not None:
+                split_model(model, tp)
+
+        def clip(model: nn.Module, max_norm: float) -> torch.Tensor:
+            if tp is None:
+                return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+            sum_partial_grads(model, tp)
+            return clip_grad_norm(model, max_norm, tp, self.dp_group if dp is not None else None)
+
+        return Parallel(split=split, shard=lambda model: _shard(model, device, dp), mean=_mean_over_ranks, clip=clip)
 
 
 def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, predicted_rank_bytes: int) -> None:
@@ -177,19 +185,20 @@ def _progress_writer(path: Path) -> StepCallback:
     return write
 
 
-def _shard(model: nn.Module, device: torch.device) -> None:
-    """FSDP2 over every transformer block, then the root; FP32 gradient reduction."""
+def _shard(model: nn.Module, device: torch.device, dp_mesh=None) -> None:
+    """FSDP2 over every transformer block, then the root, across ``dp_mesh`` (FP32 gradient reduction);
+    none without one (a probe split by tensor parallelism alone)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    _check_same_weights(model)
-    attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
-    mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    for block in model.decoder.layers:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    for name, param in model.named_parameters():  # fully_shard made new Parameters: keep TE's attributes
-        for key, value in attrs.get(name, {}).items():
-            setattr(param, key, value)
+    if dp_mesh is not None:
+        attrs = {n: {k: v for k, v in vars(p).items() if not k.startswith("_")} for n, p in model.named_parameters()}
+        mp = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        for block in model.decoder.layers:
+            fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+        for name, param in model.named_parameters():  # fully_shard made new Parameters: keep TE's attributes
+            for key, value in attrs.get(name, {}).items():
+                setattr(param, key, value)
     _reduce_delayed_amax(model)
     if device.type == "cuda":  # measure training, not the full-size build that came before sharding
         torch.cuda.empty_cache()
@@ -207,7 +216,11 @@ def _check_same_weights(model: nn.Module) -> None:
 
 
 class _RankMaxDelayedScaler(DelayedScaler):
-    """A delayed scaler that records the max of every rank's amax (what TE reduces before its update)."""
+    """A delayed scaler that records the max of every rank's amax (what TE reduces before its update).
+
+    The reduction spans the world, TP and data-parallel ranks alike: a tensor split over a TP group
+    gets the whole tensor's amax, so every rank quantizes it with one scale (Megatron-LM #442).
+    """
 
     def _observe(self, x: torch.Tensor) -> None:
         amax = x.detach().abs().amax().float().reshape(1) if x.numel() else x.new_zeros(1, dtype=torch.float32)

@@ -172,16 +172,10 @@ def predict_peak(
     n_params = cfg.num_params()
     width = _FP32 if param_dtype == "fp32" else _BF16
     copies = fp8_stored = stored_bytes = 0.0
-    for name, (fan_in, fan_out) in _layers(cfg).items():
-        p = precisions.get(name, Precision.BF16)
-        n = fan_in * fan_out
-        weight = 2 * WEIGHT_BYTES[p]  # FP8 data + its transpose
-        if p.is_fp8 and memory.fp8_weights:
-            fp8_stored, stored_bytes = fp8_stored + n, stored_bytes + n * weight
-        elif p.is_fp8:
-            copies += n * weight
-        elif param_dtype == "fp32":
-            copies += n * _BF16  # autocast's cached BF16 cast
+    for name, w in unit_weight_bytes(cfg, precisions, param_dtype, memory).items():
+        copies += w.copies
+        if w.fp8_stored:
+            fp8_stored, stored_bytes = fp8_stored + w.elements, stored_bytes + w.stored
     moments = memory.moment_dtypes(param_dtype)
     master = MASTER_BYTES[memory.master] if width != _FP32 or memory.fp8_weights else 0
     group = state_group_elements or max_param_elements(cfg)
@@ -198,6 +192,41 @@ def predict_peak(
         master=int(n_params * master),
         step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
     )
+
+
+@dataclass(frozen=True)
+class UnitWeight:
+    """One unit's weight: its elements, FP8 storage under ``fp8_weights`` and the copies saved for the backward.
+
+    Attributes:
+        elements: Weight elements (``fan_in * fan_out``).
+        fp8_stored: Stored in FP8 (``fp8_weights`` on an FP8 unit); ``stored`` bytes then replace the parameter.
+        stored: Bytes of the FP8-stored weight (data + transpose), 0 when not ``fp8_stored``.
+        copies: Bytes of the low-precision copies saved for the backward (FP8 data + transpose, or
+            autocast's BF16 cast of an fp32 weight).
+    """
+
+    elements: int
+    fp8_stored: bool
+    stored: float
+    copies: float
+
+
+def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str,
+                      memory: MemoryKnobs) -> dict[str, UnitWeight]:
+    """Unit name -> :class:`UnitWeight` for every precision unit of ``cfg`` (missing from ``precisions``: BF16)."""
+    out: dict[str, UnitWeight] = {}
+    for name, (fan_in, fan_out) in _layers(cfg).items():
+        p = precisions.get(name, Precision.BF16)
+        n = fan_in * fan_out
+        weight = 2 * WEIGHT_BYTES[p]  # FP8 data + its transpose
+        if p.is_fp8 and memory.fp8_weights:
+            out[name] = UnitWeight(n, True, n * weight, 0.0)
+        elif p.is_fp8:
+            out[name] = UnitWeight(n, False, 0.0, n * weight)
+        else:
+            out[name] = UnitWeight(n, False, 0.0, n * _BF16 if param_dtype == "fp32" else 0.0)  # autocast's cast
+    return out
 
 
 #: Bytes per element of an AdamW moment; FP8 is one layout with a per-tensor scale
@@ -246,6 +275,12 @@ def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision],
     return total + _group_input_bytes(head, cfg.dim, False, False, param_dtype)
 
 
+def unit_input_bytes(cfg: ModelConfig, suffix: str, precision: Precision, param_dtype: str) -> float:
+    """Bytes per token one block's unit ``suffix`` saves of its input (see :func:`saved_linear_input_bytes`)."""
+    arrives_bf16, saved_anyway = next((a, s) for u, a, s in _UNIT_INPUTS if u == suffix)
+    return _group_input_bytes([precision], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
+
+
 def _group_input_bytes(group: list[Precision], width: int, arrives_bf16: bool, saved_anyway: bool,
                        param_dtype: str) -> float:
     """Bytes per token saved by Linears reading one tensor of ``width`` features."""
@@ -259,16 +294,27 @@ def _group_input_bytes(group: list[Precision], width: int, arrives_bf16: bool, s
 
 def other_activation_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, param_dtype: str) -> int:
     """Bytes saved for the backward by everything but the Linear inputs and the logits."""
+    parts = block_activation_parts(cfg, param_dtype)
+    per_token = cfg.n_layers * (2 * parts["norm"] + parts["attention"] + parts["swiglu"]) + parts["norm"] + 8
+    return seq_len * micro_batch * per_token + rope_table_bytes(cfg, seq_len)  # + the final norm, the token ids
+
+
+def block_activation_parts(cfg: ModelConfig, param_dtype: str) -> dict[str, int]:
+    """Bytes per token one block saves besides its units' inputs: ``norm`` (each of its two RMSNorms),
+    ``attention`` and ``swiglu``."""
     residual = _FP32 if param_dtype == "fp32" else _BF16
     kv = cfg.n_kv_heads * cfg.head_dim
-    norm = cfg.dim * (_FP32 + residual) + _FP32  # fp32 input, normalised output, 1/rms
-    # q and k after RoPE, the fused q/k/v output (v is a view of it, as in Megatron), the output; log-sum-exp
-    attention = (3 * cfg.dim + 3 * kv) * _BF16 + cfg.n_heads * _FP32
-    swiglu = 3 * cfg.ffn_dim * _BF16  # gate, silu(gate), up
-    per_token = cfg.n_layers * (2 * norm + attention + swiglu) + norm + 8  # + the final norm, the token ids
-    # RoPE's cos/sin tables, cast to BF16 in every block.
-    rope = 2 * seq_len * cfg.head_dim * _BF16 * cfg.n_layers
-    return seq_len * micro_batch * per_token + rope
+    return {
+        "norm": cfg.dim * (_FP32 + residual) + _FP32,  # fp32 input, normalised output, 1/rms
+        # q and k after RoPE, the fused q/k/v output (v is a view of it, as in Megatron), the output; log-sum-exp
+        "attention": (3 * cfg.dim + 3 * kv) * _BF16 + cfg.n_heads * _FP32,
+        "swiglu": 3 * cfg.ffn_dim * _BF16,  # gate, silu(gate), up
+    }
+
+
+def rope_table_bytes(cfg: ModelConfig, seq_len: int) -> int:
+    """RoPE's cos/sin tables, cast to BF16 in every block."""
+    return 2 * seq_len * cfg.head_dim * _BF16 * cfg.n_layers
 
 
 def activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,

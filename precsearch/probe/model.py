@@ -99,6 +99,10 @@ class NormLinear(Linear):
         return cpu_bf16.linear(rms_norm(x, self.layer_norm_weight, self.eps), self.weight)
 
 
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """``[x1, x2] -> [-x2, x1]`` over the last dimension (half-split RoPE)."""
     first, second = x.chunk(2, dim=-1)
@@ -146,14 +150,17 @@ class SelfAttention(nn.Module):
         self.rope: RopeFn = apply_rope  # a backend may put a fused kernel here
         #: Called with (q, k) after RoPE when set (the early-warning signals read attention logits).
         self.observe_qk: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        #: Tensor parallelism's collectives around the units (:mod:`precsearch.probe.tensor_parallel`).
+        self.tp_in: Callable[[torch.Tensor], torch.Tensor] = _identity
+        self.tp_out: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Self-attention over ``x`` ``(B, T, dim)`` (not normalised: ``linear_qkv`` does it)."""
-        q, k, v = split_qkv(self.linear_qkv(x), self.cfg)
+        q, k, v = split_qkv(self.linear_qkv(self.tp_in(x)), self.cfg)
         q, k = self.rope(q, k, angles)
         if self.observe_qk is not None:
             self.observe_qk(q, k)
-        return self.linear_proj(self.core_attention(q, k, v))
+        return self.tp_out(self.linear_proj(self.core_attention(q, k, v)))
 
 
 class MLP(nn.Module):
@@ -163,11 +170,13 @@ class MLP(nn.Module):
         super().__init__()
         self.linear_fc1 = NormLinear(cfg.dim, 2 * cfg.ffn_dim, cfg.norm_eps)
         self.linear_fc2 = Linear(cfg.ffn_dim, cfg.dim)
+        self.tp_in: Callable[[torch.Tensor], torch.Tensor] = _identity  # as in SelfAttention
+        self.tp_out: Callable[[torch.Tensor], torch.Tensor] = _identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``fc2(silu(gate) * up)`` with ``[gate, up] = fc1(norm(x))``."""
-        gate, up = self.linear_fc1(x).chunk(2, dim=-1)
-        return self.linear_fc2(F.silu(gate) * up)
+        gate, up = self.linear_fc1(self.tp_in(x)).chunk(2, dim=-1)
+        return self.tp_out(self.linear_fc2(F.silu(gate) * up))
 
 
 class TransformerLayer(nn.Module):
@@ -239,6 +248,8 @@ class Llama3(nn.Module):
         self.rotary_pos_emb = RotaryEmbedding(cfg)
         self.decoder = Decoder(cfg)
         self.output_layer = Linear(cfg.dim, cfg.vocab_size)
+        #: Set by :func:`precsearch.probe.tensor_parallel.split_model` when the blocks are split over ranks.
+        self.tensor_parallel = None
 
     @staticmethod
     def linear_names(cfg: ModelConfig) -> list[str]:
@@ -254,8 +265,11 @@ class Llama3(nn.Module):
         """
         if input_ids.shape[1] > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {input_ids.shape[1]} > max_seq_len {self.cfg.max_seq_len}")
-        hidden = self.decoder(self.embedding(input_ids), self.rotary_pos_emb(input_ids.shape[1]))
-        logits = self.output_layer(hidden)
+        embedded, tp = self.embedding(input_ids), self.tensor_parallel
+        if tp is not None:  # sequence parallelism: each rank's blocks see its share of the tokens
+            embedded = tp.scatter_seq(embedded)
+        hidden = self.decoder(embedded, self.rotary_pos_emb(input_ids.shape[1]))
+        logits = self.output_layer(hidden if tp is None else tp.gather_seq(hidden))
         if targets is None:
             return logits
         # float32 log-softmax: bf16 CE is too coarse to compare precision policies.

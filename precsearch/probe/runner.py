@@ -44,13 +44,20 @@ class Parallel:
     """How a probe's training spans processes; the default is one process and changes nothing.
 
     Attributes:
+        split: Called on the whole, seeded model before a backend converts it (tensor parallelism
+            keeps this rank's slices here, :mod:`precsearch.probe.tensor_parallel`).
         shard: Called on the converted model before the optimizer is built (FSDP2 wraps it here,
             see :mod:`precsearch.probe.distributed`).
         mean: The mean over processes of a per-process scalar (each process's loss on its rows).
+        clip: After the backward: completes the gradients (sums the shares ranks hold) and clips them
+            to a max norm in place; returns the whole model's gradient norm.
     """
 
+    split: Callable[[torch.nn.Module], None] = lambda model: None
     shard: Callable[[torch.nn.Module], None] = lambda model: None
     mean: Callable[[float], float] = lambda value: value
+    clip: Callable[[torch.nn.Module, float], torch.Tensor] = (
+        lambda model, max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm))
 
 
 ONE_PROCESS = Parallel()
@@ -58,7 +65,8 @@ EVERY_10_STEPS = DiagnosticsConfig()  # per-layer FP8 statistics every 10 steps 
 
 
 def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
-                param_dtype: str = "fp32", init: CheckpointStart | None = None) -> Llama3:
+                param_dtype: str = "fp32", init: CheckpointStart | None = None,
+                split: Callable[[torch.nn.Module], None] | None = None) -> Llama3:
     """The probe model on ``device``, seeded (or with ``init``'s checkpoint weights), with its precision
     units converted per ``policy``.
 
@@ -71,6 +79,8 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
     model.to(dtype=PARAM_DTYPES[param_dtype])
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
+    if split is not None:
+        split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
     recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
@@ -132,7 +142,7 @@ def run_probe(
     if problem:
         raise UnsupportedRecipe(problem)
     backend = backend.for_memory(policy.memory)
-    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init)
+    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init, parallel.split)
     if init is not None and data.seed != probe.seed:
         data = data.with_seed(probe.seed)
     parallel.shard(model)
@@ -157,7 +167,8 @@ def run_probe(
         if signals.begin_step(step) and parallel is ONE_PROCESS:  # sharded weights are not whole here
             signals.record_fc1_weights(model)
         phases.mark("start")
-        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device, phases)
+        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device, phases,
+                                      parallel.clip)
         signals.record_grad_norm(grad_norm)
         signals.end_step()
         loss = parallel.mean(loss)
@@ -207,12 +218,13 @@ def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseM
     return loss
 
 
-def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None
+def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None,
+                clip_grads: Callable[[torch.nn.Module, float], torch.Tensor] = ONE_PROCESS.clip
                 ) -> tuple[float, float]:
     """One step; a non-finite loss or gradient skips the optimizer step (the weights stay as they were)."""
     loss = _forward_backward(model, data, step, fp8_on, backend, device, phases)
     max_norm = clip if clip is not None else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+    grad_norm = clip_grads(model, max_norm)
     loss_v, grad_v = float(loss.detach()), float(grad_norm)
     if phases is not None:
         phases.mark("backward")

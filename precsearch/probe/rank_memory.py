@@ -1,0 +1,103 @@
+"""The memory model for one rank of a probe on several processes: FSDP2 shards, tensor-parallel slices.
+
+:func:`predict_rank_peak` applies the split of :mod:`precsearch.probe.distributed` (FSDP2 over the
+data-parallel groups) and :mod:`precsearch.probe.tensor_parallel` (each block's GEMMs over ``tp``
+ranks) to the one-process model of :mod:`precsearch.probe.memory`, component by component.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from precsearch.arch.config import ModelConfig
+from precsearch.arch.units import OUTPUT_LAYER
+from precsearch.config.space import ProbeSection
+from precsearch.policy import Policy
+from precsearch.precision import Precision
+from precsearch.probe.memory import (ELEMENT_BYTES, MemoryBreakdown, block_activation_parts, predict_peak, rope_table_bytes,
+                                     unit_input_bytes, unit_weight_bytes)
+from precsearch.probe.runner import backend_precisions
+
+#: Units whose input is the (normalised) residual stream: sequence parallelism splits it, TP alone does not.
+_STREAM_INPUTS = ("self_attention.linear_qkv", "mlp.linear_fc1")
+_FP32, _BF16 = 4, 2
+
+
+def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> MemoryBreakdown:
+    """The memory model's peak for one of ``probe.nproc`` ranks (``micro_batch`` is the global batch).
+
+    With ``tp`` ranks per tensor-parallel group and ``nproc / tp`` data-parallel groups:
+
+    * **Training state.** Each block's GEMM weights, their gradients and optimizer state are split
+      over the TP group; the embedding, norms and output layer are whole on each TP rank. FSDP2
+      (more than one data-parallel group) then splits what a rank holds over the groups.
+    * **Weight copies.** Low-precision copies of the block GEMMs are the rank's slice (``1/tp``); the
+      output layer's is whole. Under FSDP2 the backward also sees unsharded parameters: the root's
+      (embeddings, final norm, head, which FSDP2 keeps gathered after the forward) and two blocks'
+      (the one computing and the one prefetched), plus autocast's BF16 casts of BF16 layers. FP8
+      layers keep no weight copy there: Transformer Engine re-quantizes the weight from the
+      re-gathered one in the backward (``module/linear.py``, "Backward will re-quantize from the
+      FSDP2 all-gathered weight", TE issue #2681).
+    * **Activations** of the rank's rows. Attention, SwiGLU and the inputs of ``linear_proj`` and
+      ``linear_fc2`` are split over the TP group (each rank has its own heads and FFN rows); the
+      norms and the inputs of ``linear_qkv`` and ``linear_fc1`` (the residual stream) only under
+      sequence parallelism (each rank keeps its own tokens; TE re-gathers them in the backward).
+      The output layer's input and the logits are whole: the output layer is replicated.
+    """
+    tp, groups = probe.tp, probe.nproc // probe.tp
+    rows = probe.micro_batch // groups
+    precisions = backend_precisions(policy, cfg)
+    own = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=rows, param_dtype=probe.param_dtype,
+                       memory=policy.memory)
+    n_params = cfg.num_params()
+    weights = _weights(cfg, precisions, probe, policy)
+    block_gemms = sum(w.elements for name, w in weights.items() if name != OUTPUT_LAYER)
+    state = (n_params - block_gemms + block_gemms / tp) / n_params / groups  # the share of the training state
+    if groups == 1:
+        copies = sum(w.copies / (1 if name == OUTPUT_LAYER else tp) for name, w in weights.items())
+    else:
+        # with fp8_weights the model counts no copy for FP8 layers and the same copies for BF16 ones
+        bf16_copies = sum(w.copies / (1 if name == OUTPUT_LAYER else tp) for name, w in
+                          _weights(cfg, precisions, probe, policy, fp8_weights=True).items())
+        root = 2 * cfg.vocab_size * cfg.dim + cfg.dim
+        block = (n_params - root) // cfg.n_layers
+        block_local = block - (block_gemms // cfg.n_layers) * (1 - 1 / tp)
+        copies = bf16_copies + (root + 2 * block_local) * (_FP32 if probe.param_dtype == "fp32" else _BF16)
+    linear_inputs, other = _activations(cfg, precisions, probe, rows)
+    return dataclasses.replace(
+        own, params=_share(own.params, state), grads=_share(own.grads, state),
+        optimizer=_share(own.optimizer, state), master=_share(own.master, state),
+        step_transient=_share(own.step_transient, state),
+        weight_copies=int(copies),
+        linear_inputs=int(linear_inputs) if tp > 1 else own.linear_inputs,
+        other_activations=int(other) if tp > 1 else own.other_activations)
+
+
+def _weights(cfg, precisions, probe, policy, fp8_weights: bool | None = None):
+    memory = policy.memory if fp8_weights is None else dataclasses.replace(policy.memory, fp8_weights=fp8_weights)
+    return unit_weight_bytes(cfg, precisions, probe.param_dtype, memory)
+
+
+def _share(total: int, fraction: float) -> int:
+    return math.ceil(total * fraction)  # FSDP2 pads each parameter to a multiple of the ranks: round up
+
+
+def _activations(cfg: ModelConfig, precisions: dict[str, Precision], probe: ProbeSection, rows: int
+                 ) -> tuple[float, float]:
+    """(unit inputs, other saved tensors) in bytes, for one TP rank holding ``rows`` sequences."""
+    tp, sp, tokens = probe.tp, probe.sequence_parallel, probe.seq_len * rows
+    stream = tp if sp else 1  # what divides the residual stream's tensors
+    inputs = 0.0
+    for i in range(cfg.n_layers):
+        for suffix in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
+                       "mlp.linear_fc2"):
+            p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
+            inputs += unit_input_bytes(cfg, suffix, p, probe.param_dtype) / (stream if suffix in _STREAM_INPUTS
+                                                                              else tp)
+    head = precisions.get(OUTPUT_LAYER, Precision.BF16)
+    inputs += cfg.dim * (ELEMENT_BYTES[head] if head.is_fp8 else _BF16)  # whole: the output layer is replicated
+    parts = block_activation_parts(cfg, probe.param_dtype)
+    per_token = (cfg.n_layers * (2 * parts["norm"] / stream + (parts["attention"] + parts["swiglu"]) / tp)
+                 + parts["norm"] / stream + 8)
+    return tokens * inputs, tokens * per_token + rope_table_bytes(cfg, probe.seq_len)
