@@ -11,6 +11,8 @@
 #          model, tokens/s, loss gap (scripts/gpu_fsdp_trials.py, 10 steps a probe, ~1 min each).
 # layouts: the same space and policies under FSDP2, TP=2 without SP and TP=2 + SP, side by side in one run
 #          (the README's table; ~30 s a probe).
+# study:   `precsearch run` end to end (workers, torchrun per trial, MLflow, the front) on that space with
+#          probe.tp: 2: 2 BF16 reference seeds and 4 trials of 10 steps (~5 min).
 # TEST_K selects tests (pytest -k).
 # Logs and JSON land in $OUT.
 set -uo pipefail
@@ -39,6 +41,20 @@ if [[ $what == *,layouts,* ]]; then
         2>&1 \
         | tee "$OUT/layout_trials.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ $what == *,study,* ]]; then
+    python3 - "$SPACE" /tmp/tp_study.yaml <<'PY'
+import sys, yaml
+space = yaml.safe_load(open(sys.argv[1]))
+space["probe"].update(tp=2, steps=10)
+space["objectives"]["reference_seeds"] = 2
+space["study"].update(name="llama3-70b-h200x2-tp2", n_trials=4)
+yaml.safe_dump(space, open(sys.argv[2], "w"), sort_keys=False)
+PY
+    timeout 480 python3 -m precsearch run /tmp/tp_study.yaml --output-dir /tmp/tp_study --no-progress 2>&1 \
+        | tee "$OUT/tp_study.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    python3 -m precsearch front --output-dir /tmp/tp_study --all 2>&1 | tee "$OUT/tp_study_front.txt"
 fi
 echo "== exit status $status"
 exit "$status"
