@@ -42,22 +42,72 @@ class TensorParallel:
     # -- the collectives the plain probe calls around its units ------------------------------------
     def column_in(self, x: Tensor) -> Tensor:
         """The input of a column-parallel unit: gathered over the sequence (SP), or copied (its gradient summed)."""
-        return _GatherSeq.apply(x, self, True) if self.sequence_parallel else _CopyToGroup.apply(x, self)
+        return _GatherSeq.apply(x, self) if self.sequence_parallel else _CopyToGroup.apply(x, self)
 
     def row_out(self, y: Tensor) -> Tensor:
         """The output of a row-parallel unit: the ranks' partial sums reduce-scattered over the sequence (SP),
         or all-reduced."""
         return _ReduceScatterSeq.apply(y, self) if self.sequence_parallel else _ReduceFromGroup.apply(y, self)
 
-    # -- around the replicated embedding and output layer (both backends) ---------------------------
-    def scatter_seq(self, x: Tensor) -> Tensor:
-        """This rank's share of the sequence of a tensor every rank holds whole (SP only; else ``x``)."""
-        return _SplitSeq.apply(x, self) if self.sequence_parallel else x
+    # -- the vocabulary-parallel embedding, output layer and loss (both backends) ------------------
+    def vocab_range(self, vocab_size: int) -> tuple[int, int]:
+        """The ``[start, end)`` token ids whose embedding and output rows this rank holds."""
+        share = vocab_size // self.size
+        return self.rank * share, (self.rank + 1) * share
 
-    def gather_seq(self, x: Tensor) -> Tensor:
-        """The whole sequence from every rank's share (SP only; else ``x``). The backward keeps this
-        rank's share of the gradient: what follows (the output layer, the loss) is computed alike on every rank."""
-        return _GatherSeq.apply(x, self, False) if self.sequence_parallel else x
+    def embed(self, weight: Tensor, ids: Tensor) -> Tensor:
+        """Megatron's ``VocabParallelEmbedding``: each rank looks up the ids in its rows (zeros for the
+        others), and the ranks' lookups are summed, reduce-scattered over the sequence under SP."""
+        start = self.rank * weight.shape[0]
+        outside = (ids < start) | (ids >= start + weight.shape[0])
+        local = torch.nn.functional.embedding((ids - start).masked_fill(outside, 0), weight)
+        return self.row_out(local.masked_fill(outside.unsqueeze(-1), 0.0))
+
+    def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The mean cross-entropy (float32) of logits split over the vocabulary (``(B, T, V / size)``, this
+        rank's columns), ``-100`` targets ignored: Megatron's ``vocab_parallel_cross_entropy``."""
+        flat, flat_targets = logits.flatten(0, 1), targets.flatten()
+        losses = _VocabParallelCrossEntropy.apply(flat, flat_targets, self)
+        valid = flat_targets != -100
+        return (losses * valid).sum() / valid.sum()
+
+    def gather_vocab(self, logits: Tensor) -> Tensor:
+        """The whole vocabulary's logits from every rank's columns (no gradient: for reading logits only)."""
+        parts = [torch.empty_like(logits) for _ in range(self.size)]
+        dist.all_gather(parts, logits.detach().contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy of vocabulary-split logits: the max, the sum of exponentials and the target's
+    logit are reduced over the group, so no rank ever holds a whole row of logits."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, tp: "TensorParallel") -> Tensor:
+        logits = logits.float()
+        width = logits.shape[-1]
+        start = tp.rank * width
+        row_max = logits.max(dim=-1).values
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp.group)
+        exp = (logits - row_max.unsqueeze(-1)).exp()
+        total = exp.sum(dim=-1)
+        mine = (targets >= start) & (targets < start + width)
+        local = (targets - start).masked_fill(~mine, 0)
+        target_logit = (logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) - row_max) * mine
+        both = torch.stack([total, target_logit])
+        dist.all_reduce(both, group=tp.group)
+        total, target_logit = both[0], both[1]
+        exp.div_(total.unsqueeze(-1))  # the softmax, kept for the backward
+        ctx.save_for_backward(exp, local, mine)
+        return total.log() - target_logit
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        softmax, local, mine = ctx.saved_tensors
+        out = softmax.clone()
+        rows = torch.arange(out.shape[0], device=out.device)
+        out[rows, local] -= mine.to(out.dtype)
+        return out * grad.unsqueeze(-1), None, None
 
 
 def _all_gather_seq(x: Tensor, tp: TensorParallel) -> Tensor:
@@ -67,6 +117,11 @@ def _all_gather_seq(x: Tensor, tp: TensorParallel) -> Tensor:
 
 
 def _reduce_scatter_seq(x: Tensor, tp: TensorParallel) -> Tensor:
+    if dist.get_backend(tp.group) == "nccl":
+        seq_first = x.transpose(0, SEQ_DIM).contiguous()  # reduce_scatter_tensor splits dim 0
+        out = seq_first.new_empty((seq_first.shape[0] // tp.size, *seq_first.shape[1:]))
+        dist.reduce_scatter_tensor(out, seq_first, group=tp.group)
+        return out.transpose(0, SEQ_DIM).contiguous()
     # gloo has no reduce_scatter: all-reduce and keep this rank's share (the same sums, more traffic)
     total = x.contiguous().clone()
     dist.all_reduce(total, group=tp.group)
@@ -105,20 +160,17 @@ class _ReduceFromGroup(torch.autograd.Function):
 
 
 class _GatherSeq(torch.autograd.Function):
-    """Forward: all-gather over the sequence. Backward: reduce-scatter when the ranks' gradients are partial
-    (a column-parallel unit follows), else this rank's share."""
+    """Forward: all-gather over the sequence. Backward: the ranks' partial gradients reduce-scattered
+    (a column-parallel unit follows: each rank's input gradient is a share of the sum)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel, partial_grads: bool) -> Tensor:
-        ctx.tp, ctx.partial = tp, partial_grads
+    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
+        ctx.tp = tp
         return _all_gather_seq(x, tp)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        tp = ctx.tp
-        if ctx.partial:
-            return _reduce_scatter_seq(grad, tp), None, None
-        return grad.chunk(tp.size, dim=SEQ_DIM)[tp.rank].contiguous(), None, None
+        return _reduce_scatter_seq(grad, ctx.tp), None
 
 
 class _ReduceScatterSeq(torch.autograd.Function):
@@ -128,19 +180,6 @@ class _ReduceScatterSeq(torch.autograd.Function):
     def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
         ctx.tp = tp
         return _reduce_scatter_seq(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _all_gather_seq(grad, ctx.tp), None
-
-
-class _SplitSeq(torch.autograd.Function):
-    """Forward: this rank's share of the sequence. Backward: all-gather (every rank's share of the gradient)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return x.chunk(tp.size, dim=SEQ_DIM)[tp.rank].contiguous()
 
     @staticmethod
     def backward(ctx, grad: Tensor):

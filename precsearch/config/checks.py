@@ -190,11 +190,11 @@ def _check_tp(space: Space) -> None:
         raise UserError(f"backend '{space.backend.value}' does not split blocks over ranks; valid with tp {tp}: "
                         f"{', '.join(TP_BACKENDS)}", field="backend")
     cfg = space.model.probe()
-    for name in ("n_heads", "n_kv_heads", "ffn_dim"):
+    for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
         if getattr(cfg, name) % tp:
             raise UserError(f"tp {tp} does not divide the model's {name} ({getattr(cfg, name)}): each rank takes "
-                            f"an equal share of the heads and FFN rows; valid: a divisor of {getattr(cfg, name)}",
-                            field="probe.tp")
+                            f"an equal share of the heads, FFN rows and vocabulary; valid: a divisor of "
+                            f"{getattr(cfg, name)}", field="probe.tp")
     if probe.sequence_parallel and probe.seq_len % tp:
         raise UserError(f"tp {tp} does not divide seq_len {probe.seq_len}: sequence parallelism gives each rank an "
                         f"equal share of the tokens; valid: a seq_len that {tp} divides, or "

@@ -161,10 +161,11 @@ class _Mesh:
 
 
 def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, predicted_rank_bytes: int) -> None:
-    """The target's peak per GPU when trained like the probe (FSDP2 over ``probe.nproc`` GPUs).
+    """The target's peak per GPU when trained like the probe (split over ``probe.nproc`` GPUs the same way).
 
     Calibrated from this probe's largest per-rank measurement against the per-rank model (one depth:
-    a fixed offset, :mod:`precsearch.probe.calibration`); on CPU, the per-rank model as is.
+    a fixed offset, :mod:`precsearch.probe.calibration`); on CPU, the per-rank model as is. The
+    breakdown (what a trial's memory was saved from) is the per-rank model's too.
     """
     cfg, target = space.model.probe(), space.model.target()
     calibration = Calibration()
@@ -172,6 +173,7 @@ def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, 
         calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_rank_bytes, result.peak_memory_bytes)])
     rank_target = predict_rank_peak(target, space.probe, policy)
     result.target_memory_bytes = calibration.correct(rank_target.total, target.n_layers)
+    result.target_breakdown = rank_target.components()
     result.target_memory_source = calibration.source
     result.target_layers = target.n_layers
     result.memory_calibration = calibration.to_dict()

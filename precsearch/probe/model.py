@@ -265,15 +265,23 @@ class Llama3(nn.Module):
         """
         if input_ids.shape[1] > self.cfg.max_seq_len:
             raise ValueError(f"sequence length {input_ids.shape[1]} > max_seq_len {self.cfg.max_seq_len}")
-        embedded, tp = self.embedding(input_ids), self.tensor_parallel
-        if tp is not None:  # sequence parallelism: each rank's blocks see its share of the tokens
-            embedded = tp.scatter_seq(embedded)
-        hidden = self.decoder(embedded, self.rotary_pos_emb(input_ids.shape[1]))
-        logits = self.output_layer(hidden if tp is None else tp.gather_seq(hidden))
+        tp = self.tensor_parallel
+        if tp is not None:  # the vocabulary split over ranks, as Megatron-Core (precsearch.probe.tensor_parallel)
+            return self._forward_split(input_ids, targets, tp)
+        hidden = self.decoder(self.embedding(input_ids), self.rotary_pos_emb(input_ids.shape[1]))
+        logits = self.output_layer(hidden)
         if targets is None:
             return logits
         # float32 log-softmax: bf16 CE is too coarse to compare precision policies.
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+    def _forward_split(self, input_ids: torch.Tensor, targets: torch.Tensor | None, tp) -> torch.Tensor:
+        """:meth:`forward` with the embedding, output layer and loss split over the vocabulary."""
+        embedded = tp.embed(self.embedding.word_embeddings.weight, input_ids)
+        hidden = self.decoder(embedded, self.rotary_pos_emb(input_ids.shape[1]))
+        logits = self.output_layer(tp.column_in(hidden))  # this rank's vocabulary columns
+        return tp.gather_vocab(logits) if targets is None else tp.cross_entropy(logits, targets)
 
 
 def init_weights(model: Llama3, seed: int) -> None:

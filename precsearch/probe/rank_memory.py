@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
 from precsearch.arch.config import ModelConfig
 from precsearch.arch.units import OUTPUT_LAYER
@@ -29,21 +30,21 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
 
     With ``tp`` ranks per tensor-parallel group and ``nproc / tp`` data-parallel groups:
 
-    * **Training state.** Each block's GEMM weights, their gradients and optimizer state are split
-      over the TP group; the embedding, norms and output layer are whole on each TP rank. FSDP2
-      (more than one data-parallel group) then splits what a rank holds over the groups.
-    * **Weight copies.** Low-precision copies of the block GEMMs are the rank's slice (``1/tp``); the
-      output layer's is whole. Under FSDP2 the backward also sees unsharded parameters: the root's
-      (embeddings, final norm, head, which FSDP2 keeps gathered after the forward) and two blocks'
-      (the one computing and the one prefetched), plus autocast's BF16 casts of BF16 layers. FP8
-      layers keep no weight copy there: Transformer Engine re-quantizes the weight from the
-      re-gathered one in the backward (``module/linear.py``, "Backward will re-quantize from the
-      FSDP2 all-gathered weight", TE issue #2681).
+    * **Training state.** Each block's GEMM weights, the embedding and the output layer (split over
+      the vocabulary), their gradients and optimizer state are split over the TP group; only the
+      norms are whole on each TP rank. FSDP2 (more than one data-parallel group) then splits what a
+      rank holds over the groups.
+    * **Weight copies.** Low-precision copies are the rank's slice (``1/tp``). Under FSDP2 the backward
+      also sees unsharded parameters: the root's (embeddings, final norm, head, which FSDP2 keeps
+      gathered after the forward) and two blocks' (the one computing and the one prefetched), plus
+      autocast's BF16 casts of BF16 layers. FP8 layers keep no weight copy there: Transformer Engine
+      re-quantizes the weight from the re-gathered one in the backward (``module/linear.py``,
+      "Backward will re-quantize from the FSDP2 all-gathered weight", TE issue #2681).
     * **Activations** of the rank's rows. Attention, SwiGLU and the inputs of ``linear_proj`` and
       ``linear_fc2`` are split over the TP group (each rank has its own heads and FFN rows); the
       norms and the inputs of ``linear_qkv`` and ``linear_fc1`` (the residual stream) only under
       sequence parallelism (each rank keeps its own tokens; TE re-gathers them in the backward).
-      The output layer's input and the logits are whole: the output layer is replicated.
+      The logits are split over the vocabulary; the output layer's input is whole (gathered).
     """
     tp, groups = probe.tp, probe.nproc // probe.tp
     rows = probe.micro_batch // groups
@@ -52,24 +53,24 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
                        memory=policy.memory)
     n_params = cfg.num_params()
     weights = _weights(cfg, precisions, probe, policy)
-    block_gemms = sum(w.elements for name, w in weights.items() if name != OUTPUT_LAYER)
-    state = (n_params - block_gemms + block_gemms / tp) / n_params / groups  # the share of the training state
+    gemms = sum(w.elements for w in weights.values())  # the block GEMMs and the output layer
+    split = gemms + cfg.vocab_size * cfg.dim  # and the embedding
+    state = Fraction(n_params * tp - split * (tp - 1), n_params * tp * groups)  # the share of the training state
     if groups == 1:
-        copies = sum(w.copies / (1 if name == OUTPUT_LAYER else tp) for name, w in weights.items())
+        copies = sum(w.copies for w in weights.values()) / tp
     else:
         # with fp8_weights the model counts no copy for FP8 layers and the same copies for BF16 ones
-        bf16_copies = sum(w.copies / (1 if name == OUTPUT_LAYER else tp) for name, w in
-                          _weights(cfg, precisions, probe, policy, fp8_weights=True).items())
-        root = 2 * cfg.vocab_size * cfg.dim + cfg.dim
-        block = (n_params - root) // cfg.n_layers
-        block_local = block - (block_gemms // cfg.n_layers) * (1 - 1 / tp)
+        bf16_copies = sum(w.copies for w in _weights(cfg, precisions, probe, policy, fp8_weights=True).values()) / tp
+        root = 2 * cfg.vocab_size * cfg.dim / tp + cfg.dim
+        block = (n_params - 2 * cfg.vocab_size * cfg.dim - cfg.dim) / cfg.n_layers
+        block_local = block - (gemms - weights[OUTPUT_LAYER].elements) / cfg.n_layers * (1 - 1 / tp)
         copies = bf16_copies + (root + 2 * block_local) * (_FP32 if probe.param_dtype == "fp32" else _BF16)
     linear_inputs, other = _activations(cfg, precisions, probe, rows)
     return dataclasses.replace(
         own, params=_share(own.params, state), grads=_share(own.grads, state),
         optimizer=_share(own.optimizer, state), master=_share(own.master, state),
         step_transient=_share(own.step_transient, state),
-        weight_copies=int(copies),
+        weight_copies=int(copies), logits=own.logits // tp,
         linear_inputs=int(linear_inputs) if tp > 1 else own.linear_inputs,
         other_activations=int(other) if tp > 1 else own.other_activations)
 
@@ -79,7 +80,7 @@ def _weights(cfg, precisions, probe, policy, fp8_weights: bool | None = None):
     return unit_weight_bytes(cfg, precisions, probe.param_dtype, memory)
 
 
-def _share(total: int, fraction: float) -> int:
+def _share(total: int, fraction: Fraction) -> int:
     return math.ceil(total * fraction)  # FSDP2 pads each parameter to a multiple of the ranks: round up
 
 
@@ -96,7 +97,7 @@ def _activations(cfg: ModelConfig, precisions: dict[str, Precision], probe: Prob
             inputs += unit_input_bytes(cfg, suffix, p, probe.param_dtype) / (stream if suffix in _STREAM_INPUTS
                                                                               else tp)
     head = precisions.get(OUTPUT_LAYER, Precision.BF16)
-    inputs += cfg.dim * (ELEMENT_BYTES[head] if head.is_fp8 else _BF16)  # whole: the output layer is replicated
+    inputs += cfg.dim * (ELEMENT_BYTES[head] if head.is_fp8 else _BF16)  # whole: gathered over the sequence
     parts = block_activation_parts(cfg, probe.param_dtype)
     per_token = (cfg.n_layers * (2 * parts["norm"] / stream + (parts["attention"] + parts["swiglu"]) / tp)
                  + parts["norm"] / stream + 8)

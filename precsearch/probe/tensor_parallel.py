@@ -17,10 +17,15 @@ et al. 2022). In every block:
   one reduce-scatters its output (instead of an all-reduce), so norms and
   residuals hold ``1/tp`` of the tokens.
 
-The embedding, the final norm and the output layer are replicated on every
-rank of a TP group; with sequence parallelism the embedding's output is split
-over the sequence after the lookup and the final norm's output gathered back
-before the output layer, so every rank computes the same whole-batch loss.
+The embedding and the output layer are split over the vocabulary, as
+Megatron-Core's ``VocabParallelEmbedding`` and column-parallel output layer:
+each rank holds ``vocab_size / tp`` rows of each, the lookups are summed over
+the ranks (reduce-scattered over the sequence under SP), and the loss is
+computed from each rank's share of the logits by reducing the row max, the
+sum of exponentials and the target's logit over the group
+(:meth:`~precsearch.backends.tp_group.TensorParallel.cross_entropy`), so no
+rank holds a whole row of logits. Every rank gets the same whole-batch loss.
+The final norm is the one Parameter of the model that every rank holds whole.
 
 Two backends implement the split: the plain probe (CPU, the emulated backend,
 torchao) calls the collectives below around its units
@@ -93,13 +98,19 @@ def split_model(model: nn.Module, tp: TensorParallel) -> None:
         attn.tp_out = mlp.tp_out = tp.row_out
         for unit in (attn.linear_qkv, mlp.linear_fc1):
             setattr(unit.layer_norm_weight, PARTIAL_GRAD, True)  # its input gradient is summed after the norm
+    embedding = model.embedding.word_embeddings
+    embedding.weight = nn.Parameter(embedding.weight.detach().chunk(tp.size, dim=0)[tp.rank].clone(),
+                                    requires_grad=embedding.weight.requires_grad)
+    setattr(embedding.weight, SPLIT, True)
+    embedding.num_embeddings = embedding.weight.shape[0]
+    _keep_rows(model.output_layer, tp)
     if tp.sequence_parallel:
         setattr(model.decoder.final_layernorm.weight, PARTIAL_GRAD, True)
 
 
 def check_splits(cfg: Any, tp: int) -> None:
-    """ValueError naming the first dimension ``tp`` ranks cannot split evenly (heads, KV heads, FFN)."""
-    for name in ("n_heads", "n_kv_heads", "ffn_dim"):
+    """ValueError naming the first dimension ``tp`` ranks cannot split evenly (heads, KV heads, FFN, vocabulary)."""
+    for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
         if getattr(cfg, name) % tp:
             raise ValueError(f"tensor parallelism over {tp} ranks needs {name} ({getattr(cfg, name)}) divisible by {tp}")
 

@@ -4,7 +4,8 @@ Two kinds of test:
 
 * **Exact gradients** (``torch.multiprocessing`` ranks, float32, no autocast): every rank's slice of
   every gradient, after :func:`sum_partial_grads`, must equal the same slice of the whole model's
-  gradient, and :func:`clip_grad_norm` the whole model's norm. Only summation order differs
+  gradient (the vocabulary-parallel embedding, output layer and loss included), the loss the whole
+  model's loss, and :func:`clip_grad_norm` the whole model's norm. Only summation order differs
   (float32: 1e-5). Leaving out the partial-gradient sum, splitting fc1's gate and up rows as one
   block, or a wrong collective changes some gradient by O(1).
 * **The probe** (torchrun, the emulated backend, BF16 autocast): a TP=2 probe's loss curve against
@@ -42,12 +43,12 @@ from precsearch.search.sampling import policy_from_params
 
 CPU = torch.device("cpu")
 #: 4 query heads in 2 KV groups: TP 2 gives each rank one whole group.
-CFG = dataclasses.replace(PRESETS["tiny"], dim=64, n_heads=4, n_kv_heads=2, ffn_dim=96, n_layers=2, vocab_size=97)
+CFG = dataclasses.replace(PRESETS["tiny"], dim=64, n_heads=4, n_kv_heads=2, ffn_dim=96, n_layers=2, vocab_size=98)
 
 
 def _slice_of(whole: torch.Tensor, name: str, rank: int, size: int) -> torch.Tensor:
     """The rank's slice of a whole-model tensor, cut the way split_model cuts the weights."""
-    if name.endswith("linear_qkv.weight"):
+    if name.endswith(("linear_qkv.weight", "word_embeddings.weight", "output_layer.weight")):
         return whole.chunk(size, 0)[rank]
     if name.endswith("linear_fc1.weight"):
         gate, up = whole.chunk(2, 0)
@@ -64,6 +65,7 @@ def _rank_gradients(rank: int, size: int, sequence_parallel: bool, init_file: st
         torch.manual_seed(0)
         ids = torch.randint(0, CFG.vocab_size, (2, 8))
         targets = torch.randint(0, CFG.vocab_size, (2, 8))
+        targets[0, :3] = -100  # ignored positions, as padding
         whole = build_model(CFG, seed=3)
         whole(ids, targets).backward()
         model = build_model(CFG, seed=3)
@@ -79,7 +81,9 @@ def _rank_gradients(rank: int, size: int, sequence_parallel: bool, init_file: st
                              / _slice_of(wholes[name].grad, name, rank, size).abs().max())
                  for name, p in model.named_parameters()}
         whole_norm = torch.nn.utils.clip_grad_norm_(whole.parameters(), math.inf)
+        logits = (model(ids), whole(ids))  # the gathered vocabulary against the whole model's logits
         out[rank] = {"loss": (float(loss), float(whole(ids, targets))), "worst": worst,
+                     "logits": float((logits[0] - logits[1]).abs().max()),
                      "norm": (float(norm), float(whole_norm)),
                      "split": sorted(n for n, p in model.named_parameters() if getattr(p, SPLIT, False)),
                      "partial": sorted(n for n, p in model.named_parameters() if getattr(p, PARTIAL_GRAD, False))}
@@ -98,10 +102,11 @@ def test_every_gradient_slice_matches_the_whole_model(tmp_path, sequence_paralle
     results = _spawn_gradients(tmp_path, sequence_parallel)
     for rank, r in results.items():
         assert abs(r["loss"][0] - r["loss"][1]) < 1e-5, f"rank {rank}: loss {r['loss']}"
+        assert r["logits"] < 1e-5, f"rank {rank}: gathered logits off by {r['logits']}"
         bad = {n: w for n, w in r["worst"].items() if w > 1e-4}
         assert not bad, f"rank {rank} (SP {sequence_parallel}): gradients off the whole model's: {bad}"
         assert abs(r["norm"][0] - r["norm"][1]) / r["norm"][1] < 1e-5, f"rank {rank}: norm {r['norm']}"
-        assert len(r["split"]) == 4 * CFG.n_layers, r["split"]  # qkv, proj, fc1, fc2 of each block
+        assert len(r["split"]) == 4 * CFG.n_layers + 2, r["split"]  # each block's 4 GEMMs, embedding, output
         expected_partial = 2 * CFG.n_layers + (1 if sequence_parallel else 0)  # fused norms (+ the final norm)
         assert len(r["partial"]) == expected_partial, r["partial"]
 
@@ -154,6 +159,8 @@ def test_tp2_probe_trains_the_one_process_probe(attention, sequence_parallel):
     assert max(_rel(a, b) for a, b in zip(two.grad_norms, one.grad_norms)) < 0.1, (two.grad_norms, one.grad_norms)
     assert _rel(two.eval_loss, one.eval_loss) < 5e-3
     assert two.per_rank_peak_bytes == [predict_rank_peak(space.model.probe(), space.probe, policy).total] * 2
+    # what a trial's memory is "saved from" is the target's per-rank breakdown, not the one-process model's
+    assert two.target_breakdown == predict_rank_peak(space.model.target(), space.probe, policy).components()
 
 
 def test_tp2_by_fsdp2_on_four_processes():
@@ -175,6 +182,7 @@ def test_tp2_by_fsdp2_on_four_processes():
     ({"probe.nproc": 2, "probe.tp": 4}, "probe.tp", "does not divide nproc"),
     ({"probe.nproc": 4, "probe.tp": 4, "model.n_kv_heads": 2}, "probe.tp", "n_kv_heads"),
     ({"probe.nproc": 2, "probe.tp": 2, "probe.seq_len": 33}, "probe.seq_len", "sequence parallelism"),
+    ({"probe.nproc": 2, "probe.tp": 2, "model.vocab_size": 255}, "probe.tp", "vocab_size"),
     ({"probe.nproc": 4, "probe.tp": 2, "probe.micro_batch": 3}, "probe.nproc", "2 data-parallel groups"),
 ])
 def test_tp_space_errors_name_the_field(overrides, field, words):
@@ -200,9 +208,10 @@ def test_rank_memory_splits_block_state_and_activations():
     whole = predict_peak(cfg, precisions, seq_len=space.probe.seq_len, micro_batch=2, param_dtype="fp32")
     gemms = cfg.n_layers * (cfg.dim * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.dim * cfg.dim
                             + 3 * cfg.dim * cfg.ffn_dim)
+    split = gemms + 2 * cfg.vocab_size * cfg.dim  # and the embedding and output layer (the vocabulary)
     rank = predict_rank_peak(cfg, space.probe, policy)
-    assert rank.params == math.ceil(4 * (cfg.num_params() - gemms / 2))
-    assert rank.grads == rank.params and rank.logits == whole.logits
+    assert rank.params == math.ceil(4 * (cfg.num_params() - split / 2))
+    assert rank.grads == rank.params and rank.logits == whole.logits // 2
     no_sp = predict_rank_peak(cfg, space.probe.model_copy(update={"sequence_parallel": False}), policy)
     tokens = space.probe.seq_len * 2
     norms = tokens * (2 * cfg.n_layers + 1) * (cfg.dim * 8 + 4)  # fp32 input + fp32 residual output + 1/rms
