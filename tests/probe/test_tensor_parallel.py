@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import sys
 
 import pytest
 import torch
