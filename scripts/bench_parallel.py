@@ -12,7 +12,9 @@ MLflow run per trial).
 
 Trials per hour are given twice: over the whole wall time, and "steady"
 (after each worker's first trial, which pays the imports and the BF16
-references). Prints a table and writes ``bench_parallel.json`` under ``--out``.
+references). The per-unit efficiency is each configuration's steady rate per
+GPU (or worker) over the first configuration's (run it with one unit): 1.0 is
+perfect scaling. Prints a table and writes ``bench_parallel.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -101,12 +103,17 @@ def main() -> int:
         row["steady_trials_per_hour"] = _steady_rate(row["completions"], n)
         rows.append(row)
     base = rows[0]["trials_per_hour"]
-    print(f"\n{'config':<12} {'units':>5} {'wall s':>8} {'trials':>6} {'trials/h':>9} {'per unit':>9} "
-          f"{'speedup':>8} {'steady/h':>9} {'lost':>5} {'dup':>4} {'no run':>6} {'probe s':>8}")
+    steady_base = (rows[0]["steady_trials_per_hour"] or 0) / rows[0]["parallel"]
     for r in rows:
+        steady = r["steady_trials_per_hour"]
+        r["steady_efficiency"] = steady / r["parallel"] / steady_base if steady and steady_base else None
+    print(f"\n{'config':<12} {'units':>5} {'wall s':>8} {'trials':>6} {'trials/h':>9} {'per unit':>9} "
+          f"{'speedup':>8} {'steady/h':>9} {'eff':>5} {'lost':>5} {'dup':>4} {'no run':>6} {'probe s':>8}")
+    for r in rows:
+        eff = f"{r['steady_efficiency']:.2f}" if r["steady_efficiency"] is not None else "-"
         print(f"{r['config']:<12} {r['parallel']:>5} {r['wall_s']:>8.1f} {r['finished']:>6} "
               f"{r['trials_per_hour']:>9.1f} {r['trials_per_hour_per_unit']:>9.1f} "
-              f"{r['trials_per_hour'] / base:>7.2f}x {r['steady_trials_per_hour'] or 0:>9.1f} "
+              f"{r['trials_per_hour'] / base:>7.2f}x {r['steady_trials_per_hour'] or 0:>9.1f} {eff:>5} "
               f"{r['lost']:>5} {r['duplicated']:>4} "
               f"{r['trials_without_run']:>6} {r['median_probe_s'] or 0:>8.1f}")
     (args.out / "bench_parallel.json").write_text(json.dumps(rows, indent=1))

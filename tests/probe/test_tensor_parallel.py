@@ -216,3 +216,46 @@ def test_rank_memory_splits_block_state_and_activations():
     inputs = tokens * cfg.n_layers * 2 * cfg.dim * 2  # qkv and fc1 read the BF16-cast residual stream
     assert no_sp.other_activations - rank.other_activations == norms // 2
     assert no_sp.linear_inputs - rank.linear_inputs == inputs // 2
+
+
+# -- delayed scales over the TP group (Megatron-LM #442) ------------------------------------------------
+
+
+def _rank_delayed_scales(rank: int, size: int, init_file: str, reduce_amax: bool, out: dict) -> None:
+    from precsearch.arch.units import unit_names
+    from precsearch.precision import LayerRecipe, Precision
+    from precsearch.probe.distributed_rank import _reduce_delayed_amax
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
+    try:
+        torch.manual_seed(0)
+        ids = torch.randint(0, CFG.vocab_size, (2, 8))
+        model = build_model(CFG, seed=3)
+        split_model(model, TensorParallel(dist.group.WORLD, size, rank, True))
+        backend = get_backend("emulated", CPU)
+        backend.convert(model, {n: LayerRecipe(Precision.FP8_DELAYED) for n in unit_names(CFG)})
+        if reduce_amax:
+            _reduce_delayed_amax(model)
+        for _ in range(2):  # the second step quantizes with scales from the first step's amaxes
+            with backend.autocast(model, enabled=True):
+                model(ids, ids).backward()
+        layers = {n: m for n, m in model.named_modules() if hasattr(m, "weight_scaler")}
+        mine = torch.stack([getattr(m, role).scale.float() for m in layers.values()
+                            for role in ("input_scaler", "weight_scaler", "grad_output_scaler")])
+        every = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(every, mine)
+        out[rank] = float(((every[0] - every[1]).abs() / every[0]).max())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("reduce_amax", [True, False])
+def test_delayed_scales_are_one_over_the_tp_group(tmp_path, reduce_amax):
+    """The probe reduces delayed amaxes over every rank, so the TP ranks quantize each split tensor with one
+    scale; the control (each rank's own amax, the #442 mistake) gives them different scales."""
+    out = mp.Manager().dict()
+    mp.spawn(_rank_delayed_scales, args=(2, str(tmp_path / "init"), reduce_amax, out), nprocs=2)
+    if reduce_amax:
+        assert out[0] == 0.0, f"TP ranks' delayed scales differ by up to {out[0]:.2e}"
+    else:
+        assert out[0] > 1e-3, "the control should give the ranks' weight slices different scales"
