@@ -61,7 +61,7 @@ def _check(out_dir: Path) -> dict:
     per_trial = Counter(int(r.data.tags["trial_number"]) for r in runs)
     states = Counter(t.state.name for t in study.trials)
     lost = sum(1 for t in study.trials if t.state.name in ("RUNNING", "WAITING")
-               or (t.state.name == "FAIL" and "fail_reason" not in t.user_attrs
+               or (t.state.name == "FAIL" and "fail_reason" not in t.user_attrs and "not_needed" not in t.user_attrs
                    and not any(u.system_attrs.get("failed_trial") == t.number for u in study.trials)))
     probe_s = [t.user_attrs["probe_result"]["wall_s"] for t in study.trials if "probe_result" in t.user_attrs]
     ends = sorted(t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete)

@@ -150,7 +150,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
             return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
-        if _not_needed(ctx, trial, promoted_only):
+        if _not_needed(ctx, trial, promoted_only) or (target is not None and _surplus(ctx, trial, target)):
             return True
         trial.set_user_attr("worker", ctx.worker.to_dict())
         rung, source = trial_rung(ctx.study, ctx.space, trial)
@@ -203,8 +203,37 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
     """Close (FAIL, uncounted, unlogged) a trial :func:`~precsearch.search.rungs.unneeded` says not to run."""
     reason = unneeded(ctx.study, ctx.space, trial.number, promoted_only)
-    if reason is None:
+    return reason is not None and _close_unneeded(ctx, trial, reason)
+
+
+def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
+    """Close a trial that the study's finished trials and the running ones asked before it already make up
+    to ``target``.
+
+    Workers of one output directory count under the ask lock and never get here; workers on other
+    machines can each count below the target, then all ask. The storage numbers trials in order, so
+    the later askers see the earlier ones running and stand down: the study ends with ``n_trials``.
+    """
+    if promotion.is_promoted(trial):
         return False
+    retry_s = ctx.space.study.store_retry_s
+
+    def made_up() -> bool:
+        earlier = sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                      if t.number < trial.number and not promotion.is_promoted(t))
+        return finished_count(ctx.study) + earlier >= target
+
+    if not with_retry(made_up, "reading the study", budget_s=retry_s):
+        return False
+    queued = with_retry(lambda: ctx.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params"),
+                        "reading the trial", budget_s=retry_s)
+    _close_unneeded(ctx, trial, f"surplus: {target} trials were finished or running when it was asked")
+    if queued is not None:  # params queued to run again (a trial whose worker died) stay queued
+        with_retry(lambda: ctx.study.enqueue_trial(queued), "queueing the trial again", budget_s=retry_s)
+    return True
+
+
+def _close_unneeded(ctx: StudyRun, trial: optuna.Trial, reason: str) -> bool:
     trial.set_user_attr("not_needed", reason)
     with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial",
                budget_s=ctx.space.study.store_retry_s)
