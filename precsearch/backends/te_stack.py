@@ -374,7 +374,7 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
         else:
             mlp.linear_fc1 = unit(prefix + "mlp.linear_fc1", te_layernorm_linear, mlp.linear_fc1, "column")
             mlp.linear_fc2 = unit(prefix + "mlp.linear_fc2", te_linear, mlp.linear_fc2, "row")
-    if recipes[OUTPUT_LAYER].precision.is_fp8:  # replicated on every TP rank, as the embedding
+    if recipes[OUTPUT_LAYER].precision.is_fp8:  # under TP: this rank's vocabulary rows; the model gathers its input
         model.output_layer = unit(OUTPUT_LAYER, te_linear, model.output_layer)
 
 

@@ -8,6 +8,7 @@ their Parameters with the same attributes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,19 +43,18 @@ class TensorParallel:
     # -- the collectives the plain probe calls around its units ------------------------------------
     def column_in(self, x: Tensor) -> Tensor:
         """The input of a column-parallel unit: gathered over the sequence (SP), or copied (its gradient summed)."""
-        return _GatherSeq.apply(x, self) if self.sequence_parallel else _CopyToGroup.apply(x, self)
+        if self.sequence_parallel:  # backward: each rank's input gradient is a share of the sum
+            return _Collective.apply(x, self, _all_gather_seq, _reduce_scatter_seq)
+        return _Collective.apply(x, self, _same, _all_reduce)  # Megatron's ``f``
 
     def row_out(self, y: Tensor) -> Tensor:
         """The output of a row-parallel unit: the ranks' partial sums reduce-scattered over the sequence (SP),
         or all-reduced."""
-        return _ReduceScatterSeq.apply(y, self) if self.sequence_parallel else _ReduceFromGroup.apply(y, self)
+        if self.sequence_parallel:
+            return _Collective.apply(y, self, _reduce_scatter_seq, _all_gather_seq)
+        return _Collective.apply(y, self, _all_reduce, _same)  # Megatron's ``g``
 
     # -- the vocabulary-parallel embedding, output layer and loss (both backends) ------------------
-    def vocab_range(self, vocab_size: int) -> tuple[int, int]:
-        """The ``[start, end)`` token ids whose embedding and output rows this rank holds."""
-        share = vocab_size // self.size
-        return self.rank * share, (self.rank + 1) * share
-
     def embed(self, weight: Tensor, ids: Tensor) -> Tensor:
         """Megatron's ``VocabParallelEmbedding``: each rank looks up the ids in its rows (zeros for the
         others), and the ranks' lookups are summed, reduce-scattered over the sequence under SP."""
@@ -134,53 +134,27 @@ def _all_reduce(x: Tensor, tp: TensorParallel) -> Tensor:
     return total
 
 
-class _CopyToGroup(torch.autograd.Function):
-    """Forward: identity. Backward: the ranks' gradients summed (Megatron's ``f``)."""
+def _same(x: Tensor, tp: TensorParallel) -> Tensor:
+    return x.view_as(x)
+
+
+class _Collective(torch.autograd.Function):
+    """``forward(x, tp)`` in the forward pass and ``backward(grad, tp)`` in the backward: each of the
+    pairs of :meth:`TensorParallel.column_in` and :meth:`~TensorParallel.row_out` (copy / all-reduce,
+    all-gather / reduce-scatter) is the other's transpose."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _all_reduce(grad, ctx.tp), None
-
-
-class _ReduceFromGroup(torch.autograd.Function):
-    """Forward: the ranks' partial outputs summed. Backward: identity (Megatron's ``g``)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
-        return _all_reduce(x, tp)
+    def forward(ctx, x: Tensor, tp: TensorParallel, forward: Callable, backward: Callable) -> Tensor:
+        ctx.tp, ctx.backward_op = tp, backward
+        return forward(x, tp)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return grad, None
+        return ctx.backward_op(grad, ctx.tp), None, None, None
 
 
-class _GatherSeq(torch.autograd.Function):
-    """Forward: all-gather over the sequence. Backward: the ranks' partial gradients reduce-scattered
-    (a column-parallel unit follows: each rank's input gradient is a share of the sum)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return _all_gather_seq(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _reduce_scatter_seq(grad, ctx.tp), None
-
-
-class _ReduceScatterSeq(torch.autograd.Function):
-    """Forward: the partial outputs summed and split over the sequence. Backward: all-gather."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, tp: TensorParallel) -> Tensor:
-        ctx.tp = tp
-        return _reduce_scatter_seq(x, tp)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _all_gather_seq(grad, ctx.tp), None
+def unsplittable(cfg: Any, size: int) -> str | None:
+    """The first of the model's dimensions that ``size`` ranks cannot split evenly (heads, KV heads, FFN
+    rows, vocabulary), or None."""
+    return next((name for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+                 if getattr(cfg, name) % size), None)

@@ -13,6 +13,7 @@ from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.backends.capability import gpu_capability
 from precsearch.backends.te_knobs import fp8_attention_model_problem
+from precsearch.backends.tp_group import unsplittable
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import FILE_SOURCES, DataSource, Space
 from precsearch.config.unit_checks import check_units
@@ -190,11 +191,10 @@ def _check_tp(space: Space) -> None:
         raise UserError(f"backend '{space.backend.value}' does not split blocks over ranks; valid with tp {tp}: "
                         f"{', '.join(TP_BACKENDS)}", field="backend")
     cfg = space.model.probe()
-    for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
-        if getattr(cfg, name) % tp:
-            raise UserError(f"tp {tp} does not divide the model's {name} ({getattr(cfg, name)}): each rank takes "
-                            f"an equal share of the heads, FFN rows and vocabulary; valid: a divisor of "
-                            f"{getattr(cfg, name)}", field="probe.tp")
+    if (name := unsplittable(cfg, tp)) is not None:
+        raise UserError(f"tp {tp} does not divide the model's {name} ({getattr(cfg, name)}): each rank takes "
+                        f"an equal share of the heads, FFN rows and vocabulary; valid: a divisor of "
+                        f"{getattr(cfg, name)}", field="probe.tp")
     if probe.sequence_parallel and probe.seq_len % tp:
         raise UserError(f"tp {tp} does not divide seq_len {probe.seq_len}: sequence parallelism gives each rank an "
                         f"equal share of the tokens; valid: a seq_len that {tp} divides, or "

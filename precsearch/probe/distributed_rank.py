@@ -145,6 +145,7 @@ class _Mesh:
 
     def parallel(self, device: torch.device) -> Parallel:
         tp, dp = self.tp, (self.mesh["dp"] if self.dp_size > 1 else None)
+        dp_group = self.dp_group if dp is not None else None  # replicated grads are FSDP2-sharded only with dp
 
         def split(model: nn.Module) -> None:
             _check_same_weights(model)  # the whole seeded build, before any rank keeps its slice
@@ -155,7 +156,7 @@ class _Mesh:
             if tp is None:
                 return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
             sum_partial_grads(model, tp)
-            return clip_grad_norm(model, max_norm, tp, self.dp_group if dp is not None else None)
+            return clip_grad_norm(model, max_norm, tp, dp_group)
 
         return Parallel(split=split, shard=lambda model: _shard(model, device, dp), mean=_mean_over_ranks, clip=clip)
 

@@ -172,7 +172,7 @@ def predict_peak(
     n_params = cfg.num_params()
     width = _FP32 if param_dtype == "fp32" else _BF16
     copies = fp8_stored = stored_bytes = 0.0
-    for name, w in unit_weight_bytes(cfg, precisions, param_dtype, memory).items():
+    for w in unit_weight_bytes(cfg, precisions, param_dtype, memory).values():
         copies += w.copies
         if w.fp8_stored:
             fp8_stored, stored_bytes = fp8_stored + w.elements, stored_bytes + w.stored
@@ -264,21 +264,22 @@ def fp8_attention_saving(cfg: ModelConfig, precisions: dict[str, Precision], mem
     return tokens * blocks * (2 * cfg.dim + 2 * kv) * (_BF16 - 1)
 
 
-def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str) -> float:
-    """Bytes per token of unit inputs saved for the backward, over all blocks and ``output_layer``."""
+def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str,
+                             split: dict[str, int] | None = None) -> float:
+    """Bytes per token of unit inputs saved for the backward, over all blocks and ``output_layer``.
+
+    ``split``: block unit suffix -> the ranks its saved input is divided over (tensor parallelism,
+    :mod:`precsearch.probe.rank_memory`); absent units, and the output layer, keep theirs whole.
+    """
+    split = split or {}
     total = 0.0
     for i in range(cfg.n_layers):
         for suffix, arrives_bf16, saved_anyway in _UNIT_INPUTS:
             p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
-            total += _group_input_bytes([p], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
+            saved = _group_input_bytes([p], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
+            total += saved / split.get(suffix, 1)
     head = [precisions.get(OUTPUT_LAYER, Precision.BF16)]
     return total + _group_input_bytes(head, cfg.dim, False, False, param_dtype)
-
-
-def unit_input_bytes(cfg: ModelConfig, suffix: str, precision: Precision, param_dtype: str) -> float:
-    """Bytes per token one block's unit ``suffix`` saves of its input (see :func:`saved_linear_input_bytes`)."""
-    arrives_bf16, saved_anyway = next((a, s) for u, a, s in _UNIT_INPUTS if u == suffix)
-    return _group_input_bytes([precision], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
 
 
 def _group_input_bytes(group: list[Precision], width: int, arrives_bf16: bool, saved_anyway: bool,
@@ -292,29 +293,24 @@ def _group_input_bytes(group: list[Precision], width: int, arrives_bf16: bool, s
     return quantized + width * _BF16 * (1 if shared else n_bf16)
 
 
-def other_activation_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, param_dtype: str) -> int:
-    """Bytes saved for the backward by everything but the Linear inputs and the logits."""
-    parts = block_activation_parts(cfg, param_dtype)
-    per_token = cfg.n_layers * (2 * parts["norm"] + parts["attention"] + parts["swiglu"]) + parts["norm"] + 8
-    return seq_len * micro_batch * per_token + rope_table_bytes(cfg, seq_len)  # + the final norm, the token ids
+def other_activation_bytes(cfg: ModelConfig, *, seq_len: int, micro_batch: int, param_dtype: str,
+                           heads_split: int = 1, tokens_split: int = 1) -> int:
+    """Bytes saved for the backward by everything but the Linear inputs and the logits.
 
-
-def block_activation_parts(cfg: ModelConfig, param_dtype: str) -> dict[str, int]:
-    """Bytes per token one block saves besides its units' inputs: ``norm`` (each of its two RMSNorms),
-    ``attention`` and ``swiglu``."""
+    Under tensor parallelism a rank keeps ``1 / heads_split`` of the attention and SwiGLU tensors
+    (its heads and FFN rows) and ``1 / tokens_split`` of the norms' (its tokens, under sequence
+    parallelism); see :mod:`precsearch.probe.rank_memory`.
+    """
     residual = _FP32 if param_dtype == "fp32" else _BF16
     kv = cfg.n_kv_heads * cfg.head_dim
-    return {
-        "norm": cfg.dim * (_FP32 + residual) + _FP32,  # fp32 input, normalised output, 1/rms
-        # q and k after RoPE, the fused q/k/v output (v is a view of it, as in Megatron), the output; log-sum-exp
-        "attention": (3 * cfg.dim + 3 * kv) * _BF16 + cfg.n_heads * _FP32,
-        "swiglu": 3 * cfg.ffn_dim * _BF16,  # gate, silu(gate), up
-    }
-
-
-def rope_table_bytes(cfg: ModelConfig, seq_len: int) -> int:
-    """RoPE's cos/sin tables, cast to BF16 in every block."""
-    return 2 * seq_len * cfg.head_dim * _BF16 * cfg.n_layers
+    norm = (cfg.dim * (_FP32 + residual) + _FP32) / tokens_split  # fp32 input, normalised output, 1/rms
+    # q and k after RoPE, the fused q/k/v output (v is a view of it, as in Megatron), the output; log-sum-exp
+    attention = ((3 * cfg.dim + 3 * kv) * _BF16 + cfg.n_heads * _FP32) / heads_split
+    swiglu = 3 * cfg.ffn_dim * _BF16 / heads_split  # gate, silu(gate), up
+    per_token = cfg.n_layers * (2 * norm + attention + swiglu) + norm + 8  # + the final norm, the token ids
+    # RoPE's cos/sin tables, cast to BF16 in every block.
+    rope = 2 * seq_len * cfg.head_dim * _BF16 * cfg.n_layers
+    return int(seq_len * micro_batch * per_token) + rope
 
 
 def activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,

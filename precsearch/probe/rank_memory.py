@@ -15,9 +15,8 @@ from precsearch.arch.config import ModelConfig
 from precsearch.arch.units import OUTPUT_LAYER
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
-from precsearch.precision import Precision
-from precsearch.probe.memory import (ELEMENT_BYTES, MemoryBreakdown, block_activation_parts, predict_peak, rope_table_bytes,
-                                     unit_input_bytes, unit_weight_bytes)
+from precsearch.probe.memory import (MemoryBreakdown, fp8_attention_saving, linear_shapes, other_activation_bytes,
+                                     predict_peak, saved_linear_input_bytes, unit_weight_bytes)
 from precsearch.probe.runner import backend_precisions
 
 #: Units whose input is the (normalised) residual stream: sequence parallelism splits it, TP alone does not.
@@ -65,14 +64,18 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
         block = (n_params - 2 * cfg.vocab_size * cfg.dim - cfg.dim) / cfg.n_layers
         block_local = block - (gemms - weights[OUTPUT_LAYER].elements) / cfg.n_layers * (1 - 1 / tp)
         copies = bf16_copies + (root + 2 * block_local) * (_FP32 if probe.param_dtype == "fp32" else _BF16)
-    linear_inputs, other = _activations(cfg, precisions, probe, rows)
+    stream = tp if probe.sequence_parallel else 1  # what divides the residual stream's tensors
+    split = {suffix: stream if suffix in _STREAM_INPUTS else tp for suffix in linear_shapes(cfg)}
+    tokens = probe.seq_len * rows
     return dataclasses.replace(
         own, params=_share(own.params, state), grads=_share(own.grads, state),
         optimizer=_share(own.optimizer, state), master=_share(own.master, state),
         step_transient=_share(own.step_transient, state),
         weight_copies=int(copies), logits=own.logits // tp,
-        linear_inputs=int(linear_inputs) if tp > 1 else own.linear_inputs,
-        other_activations=int(other) if tp > 1 else own.other_activations)
+        linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, probe.param_dtype, split)),
+        other_activations=other_activation_bytes(cfg, seq_len=probe.seq_len, micro_batch=rows,
+                                                 param_dtype=probe.param_dtype, heads_split=tp, tokens_split=stream)
+        - fp8_attention_saving(cfg, precisions, policy.memory, tokens) // tp)
 
 
 def _weights(cfg, precisions, probe, policy, fp8_weights: bool | None = None):
@@ -82,23 +85,3 @@ def _weights(cfg, precisions, probe, policy, fp8_weights: bool | None = None):
 
 def _share(total: int, fraction: Fraction) -> int:
     return math.ceil(total * fraction)  # FSDP2 pads each parameter to a multiple of the ranks: round up
-
-
-def _activations(cfg: ModelConfig, precisions: dict[str, Precision], probe: ProbeSection, rows: int
-                 ) -> tuple[float, float]:
-    """(unit inputs, other saved tensors) in bytes, for one TP rank holding ``rows`` sequences."""
-    tp, sp, tokens = probe.tp, probe.sequence_parallel, probe.seq_len * rows
-    stream = tp if sp else 1  # what divides the residual stream's tensors
-    inputs = 0.0
-    for i in range(cfg.n_layers):
-        for suffix in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1",
-                       "mlp.linear_fc2"):
-            p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
-            inputs += unit_input_bytes(cfg, suffix, p, probe.param_dtype) / (stream if suffix in _STREAM_INPUTS
-                                                                              else tp)
-    head = precisions.get(OUTPUT_LAYER, Precision.BF16)
-    inputs += cfg.dim * (ELEMENT_BYTES[head] if head.is_fp8 else _BF16)  # whole: gathered over the sequence
-    parts = block_activation_parts(cfg, probe.param_dtype)
-    per_token = (cfg.n_layers * (2 * parts["norm"] / stream + (parts["attention"] + parts["swiglu"]) / tp)
-                 + parts["norm"] / stream + 8)
-    return tokens * inputs, tokens * per_token + rope_table_bytes(cfg, probe.seq_len)

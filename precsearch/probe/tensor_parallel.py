@@ -65,23 +65,25 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from precsearch.backends.tp_group import PARTIAL_GRAD, SPLIT, TensorParallel
+from precsearch.backends.tp_group import PARTIAL_GRAD, SPLIT, TensorParallel, unsplittable
 
-__all__ = ["PARTIAL_GRAD", "SPLIT", "TensorParallel", "check_splits", "clip_grad_norm", "split_model",
-           "sum_partial_grads"]
+__all__ = ["PARTIAL_GRAD", "SPLIT", "TensorParallel", "clip_grad_norm", "split_model", "sum_partial_grads"]
 
 # -- splitting the plain probe -------------------------------------------------------------------------
 
 
 def split_model(model: nn.Module, tp: TensorParallel) -> None:
-    """Keep this rank's slice of every block's GEMM weights, in place, and wire the collectives.
+    """Keep this rank's slice of every block's GEMM weights, the embedding and the output layer, in place,
+    and wire the collectives.
 
     Run on the whole model that every rank built from the same seed, before a
     backend converts its units; sets ``model.tensor_parallel`` (backends read it).
     Each attention module gets the rank's head counts in its ``cfg``.
     """
     cfg = model.cfg
-    check_splits(cfg, tp.size)
+    if (name := unsplittable(cfg, tp.size)) is not None:
+        raise ValueError(f"tensor parallelism over {tp.size} ranks needs {name} ({getattr(cfg, name)}) "
+                         f"divisible by {tp.size}")
     model.tensor_parallel = tp
     # the rank's heads (dim scaled with them, so that head_dim stays): what split_qkv reads
     local = dataclasses.replace(cfg, dim=cfg.dim // tp.size, n_heads=cfg.n_heads // tp.size,
@@ -98,33 +100,25 @@ def split_model(model: nn.Module, tp: TensorParallel) -> None:
         attn.tp_out = mlp.tp_out = tp.row_out
         for unit in (attn.linear_qkv, mlp.linear_fc1):
             setattr(unit.layer_norm_weight, PARTIAL_GRAD, True)  # its input gradient is summed after the norm
-    embedding = model.embedding.word_embeddings
-    embedding.weight = nn.Parameter(embedding.weight.detach().chunk(tp.size, dim=0)[tp.rank].clone(),
-                                    requires_grad=embedding.weight.requires_grad)
-    setattr(embedding.weight, SPLIT, True)
-    embedding.num_embeddings = embedding.weight.shape[0]
+    _keep_rows(model.embedding.word_embeddings, tp)
     _keep_rows(model.output_layer, tp)
     if tp.sequence_parallel:
         setattr(model.decoder.final_layernorm.weight, PARTIAL_GRAD, True)
 
 
-def check_splits(cfg: Any, tp: int) -> None:
-    """ValueError naming the first dimension ``tp`` ranks cannot split evenly (heads, KV heads, FFN, vocabulary)."""
-    for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
-        if getattr(cfg, name) % tp:
-            raise ValueError(f"tensor parallelism over {tp} ranks needs {name} ({getattr(cfg, name)}) divisible by {tp}")
-
-
-def _set_weight(linear: nn.Linear, weight: Tensor) -> None:
+def _set_weight(module: nn.Linear | nn.Embedding, weight: Tensor) -> None:
     # a copy, not a view: the whole weight's storage is freed once the model drops it
-    linear.weight = nn.Parameter(weight.clone(memory_format=torch.contiguous_format),
-                                 requires_grad=linear.weight.requires_grad)
-    setattr(linear.weight, SPLIT, True)
-    linear.in_features, linear.out_features = weight.shape[1], weight.shape[0]
+    module.weight = nn.Parameter(weight.clone(memory_format=torch.contiguous_format),
+                                 requires_grad=module.weight.requires_grad)
+    setattr(module.weight, SPLIT, True)
+    if isinstance(module, nn.Embedding):
+        module.num_embeddings = weight.shape[0]
+    else:
+        module.out_features, module.in_features = weight.shape
 
 
-def _keep_rows(linear: nn.Linear, tp: TensorParallel) -> None:
-    _set_weight(linear, linear.weight.detach().chunk(tp.size, dim=0)[tp.rank])
+def _keep_rows(module: nn.Linear | nn.Embedding, tp: TensorParallel) -> None:
+    _set_weight(module, module.weight.detach().chunk(tp.size, dim=0)[tp.rank])
 
 
 def _keep_columns(linear: nn.Linear, tp: TensorParallel) -> None:
@@ -157,8 +151,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, tp: TensorParallel, dp_gro
         dist.all_reduce(replicated, group=dp_group)
     dist.all_reduce(split)
     norm = (split + replicated).sqrt()
-    coef = max_norm / (float(norm) + 1e-6)
-    if math.isfinite(float(norm)) and coef < 1:
+    value = float(norm)
+    coef = max_norm / (value + 1e-6)
+    if math.isfinite(value) and coef < 1:
         for p in model.parameters():
             if p.grad is not None:
                 _local(p.grad).mul_(coef)

@@ -55,19 +55,8 @@ def test_te_probe_on_two_gpus_trains_the_one_gpu_probe(mlp):
     space = _space()
     policy = policy_from_params(space, {"precision.attention": "fp8_delayed", "precision.mlp": mlp,
                                         "warmup_steps": 0})
-    two = run_distributed_probe(space, space.probe, policy, f"2 GPUs, mlp {mlp}", timeout=240)
-    device = torch.device("cuda", 0)
-    one = run_probe(space.model.probe(), space.probe, policy, load_batches(space), get_backend("te", device), device)
-    drift = [abs(a - b) / b for a, b in zip(two.losses, one.losses)]
-    report = (f"2 GPUs: losses {[round(x, 4) for x in two.losses]}, per-GPU peaks {two.per_rank_peak_bytes}; "
-              f"1 GPU: losses {[round(x, 4) for x in one.losses]}, peak {one.peak_memory_bytes}")
-    assert len(two.losses) == space.probe.steps and all(math.isfinite(x) for x in two.losses), report
-    assert two.memory_source == "measured" and len(two.per_rank_peak_bytes) == 2, report
+    two = _matches_one_gpu(space, policy, f"2 GPUs, mlp {mlp}", first_loss=1e-3)
     assert all(p > 0 for p in two.per_rank_peak_bytes) and two.peak_memory_bytes == max(two.per_rank_peak_bytes)
-    assert drift[0] < 1e-3, f"step 0 must see the same weights and rows; {report}"
-    assert max(drift) < 1e-2, f"loss drift {max(drift):.1e}; {report}"
-    assert max(abs(a - b) / b for a, b in zip(two.grad_norms, one.grad_norms)) < 0.1, report
-    assert abs(two.eval_loss - one.eval_loss) / one.eval_loss < 1e-2, report
 
 
 @pytest.mark.parametrize("mlp, sequence_parallel", [("fp8_current", True), ("fp8_block", True),
@@ -85,16 +74,23 @@ def test_te_tp2_probe_trains_the_one_gpu_probe(mlp, sequence_parallel):
         update={"tp": 2, "sequence_parallel": sequence_parallel})})
     policy = policy_from_params(space, {"precision.attention": "fp8_delayed", "precision.mlp": mlp,
                                         "warmup_steps": 0})
-    two = run_distributed_probe(space, space.probe, policy, f"TP 2, mlp {mlp}", timeout=240)
+    two = _matches_one_gpu(space, policy, f"TP 2, mlp {mlp}", first_loss=2e-3)  # CPU: 9e-4 with current scaling
+    assert two.device == f"2 x cuda (TP 2{' + SP' if sequence_parallel else ''})", two.device
+
+
+def _matches_one_gpu(space: Space, policy, label: str, first_loss: float):
+    """The probe on 2 GPUs against the same probe on one: every step within 1e-2, the first within
+    ``first_loss``, gradient norms within 0.1, the held-out loss within 1e-2; per-GPU peaks measured."""
+    two = run_distributed_probe(space, space.probe, policy, label, timeout=240)
     device = torch.device("cuda", 0)
     one = run_probe(space.model.probe(), space.probe, policy, load_batches(space), get_backend("te", device), device)
     drift = [abs(a - b) / b for a, b in zip(two.losses, one.losses)]
-    report = (f"TP 2: losses {[round(x, 4) for x in two.losses]}, per-GPU peaks {two.per_rank_peak_bytes}; "
+    report = (f"{label}: losses {[round(x, 4) for x in two.losses]}, per-GPU peaks {two.per_rank_peak_bytes}; "
               f"1 GPU: losses {[round(x, 4) for x in one.losses]}, peak {one.peak_memory_bytes}")
-    assert two.device == f"2 x cuda (TP 2{' + SP' if sequence_parallel else ''})", two.device
     assert len(two.losses) == space.probe.steps and all(math.isfinite(x) for x in two.losses), report
     assert two.memory_source == "measured" and len(two.per_rank_peak_bytes) == 2, report
-    assert drift[0] < 2e-3, f"step 0 must see the same weights and rows; {report}"  # CPU: 9e-4 current
+    assert drift[0] < first_loss, f"step 0 must see the same weights and rows; {report}"
     assert max(drift) < 1e-2, f"loss drift {max(drift):.1e}; {report}"
     assert max(abs(a - b) / b for a, b in zip(two.grad_norms, one.grad_norms)) < 0.1, report
     assert abs(two.eval_loss - one.eval_loss) / one.eval_loss < 1e-2, report
+    return two
