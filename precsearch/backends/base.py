@@ -14,6 +14,8 @@ Contract (checked for every backend by ``tests/backends/test_contract.py``):
 * ``convert`` keeps weights: the converted layer starts from the same values.
 * ``autocast(model, enabled=False)`` makes every layer compute as BF16.
 * ``converted_layers`` reports the precision each converted layer runs.
+* ``unit_weight`` finds each unit's weight Parameter in the converted model, in
+  the plain probe's shape (the fixed-state reading compares its gradients).
 * A recipe the backend or the device cannot run is refused by
   ``check_supported`` with :class:`UnsupportedRecipe`, naming the recipe, the
   device and what would be valid, before any work starts. It is never silently
@@ -117,6 +119,15 @@ class Backend(ABC):
     @abstractmethod
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Fully qualified name -> precision, for every layer this backend converted."""
+
+    def unit_weight(self, model: nn.Module, unit: str) -> torch.Tensor:
+        """The weight Parameter precision unit ``unit`` (a name of :func:`precsearch.arch.units.unit_names`)
+        computes with, whatever module now holds it; same shape and layout as the plain probe's.
+
+        The default finds it under the unit's own name; a backend that fuses units into one
+        module (TE's ``LayerNormMLP``) overrides this.
+        """
+        return model.get_submodule(unit).weight
 
     def track_stats(self, model: nn.Module, enabled: bool) -> None:
         """Compute FP8 statistics in the following passes (or stop); default: nothing to switch.

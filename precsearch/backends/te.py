@@ -241,6 +241,14 @@ class TEBackend(Backend):
             convert_linears(model, recipes, shared, self.fp8_weights)
         return model
 
+    def unit_weight(self, model: nn.Module, unit: str) -> torch.Tensor:
+        """A unit's weight; an MLP fused into one ``te.LayerNormMLP`` holds both units' (``fc1_weight`` and
+        ``fc2_weight``, in the plain layout)."""
+        for m in _units(model):
+            if len(m.units) == 2 and unit in m.units:
+                return m.linear.fc1_weight if unit == m.units[0] else m.linear.fc2_weight
+        return super().unit_weight(model, unit)
+
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Unit -> precision of every unit that runs FP8 (BF16 TE units are not reported)."""
         return {u: m.recipe.precision for m in _units(model) if m.is_fp8 for u in m.units}

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from precsearch.backends.registry import BACKEND_CHOICES
+from precsearch.config.damage_section import DamageSection
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.config.model_section import ModelSection
@@ -267,9 +268,11 @@ class ObjectivesSection(Section):
     )
     reference_seeds: int = Field(3, ge=1, description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
-    reading: Literal["final", "tail"] = Field(
-        "final", description="final: held-out loss after training; tail: paired training loss over the run's last part"
+    reading: Literal["final", "tail", "damage"] = Field(
+        "final", description="final: held-out loss after training; tail: paired training loss over the run's last "
+        "part; damage: the fixed-state reading (objectives.damage) joined with the probe's catastrophes"
     )
+    damage: DamageSection = DamageSection()
     tail_fraction: float = Field(0.25, gt=0, le=1, description="with reading 'tail': the last part of the run read")
     stress: StressSection = StressSection()
     baseline_memory: BaselineMemory = BaselineMemory()

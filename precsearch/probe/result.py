@@ -51,6 +51,8 @@ class ProbeResult:
         start_step: The first step this process ran: 0, or the step a continued run took up
             from its checkpoint (:mod:`precsearch.probe.continuation`); the per-step records
             cover the whole run from step 0 either way.
+        damage: The fixed-state damage reading of the trial's policy
+            (:func:`precsearch.probe.damage.reading_dict`), or None where none was read.
     """
 
     losses: list[float] = field(default_factory=list)
@@ -79,6 +81,7 @@ class ProbeResult:
     first_bad: dict[str, Any] | None = None
     start_step: int = 0
     signals: dict[str, Any] | None = None
+    damage: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

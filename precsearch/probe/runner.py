@@ -66,9 +66,10 @@ EVERY_10_STEPS = DiagnosticsConfig()  # per-layer FP8 statistics every 10 steps 
 
 def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torch.device, seed: int,
                 param_dtype: str = "fp32", init: CheckpointStart | None = None,
-                split: Callable[[torch.nn.Module], None] | None = None) -> Llama3:
-    """The probe model on ``device``, seeded (or with ``init``'s checkpoint weights), with its precision
-    units converted per ``policy``.
+                split: Callable[[torch.nn.Module], None] | None = None,
+                weights: dict[str, torch.Tensor] | None = None) -> Llama3:
+    """The probe model on ``device``, seeded (or with ``init``'s checkpoint weights, or ``weights``: a
+    ``state_dict`` of the plain probe), with its precision units converted per ``policy``.
 
     Every unit's recipe goes to the backend, BF16 ones included: the emulated
     backend leaves those as they are, the ``te`` backend builds every unit
@@ -77,6 +78,8 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
     if init is not None:
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
+    if weights is not None:
+        model.load_state_dict(weights)  # a state of another run (the fixed-state reading), before conversion too
     model.to(dtype=PARAM_DTYPES[param_dtype])
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:

@@ -20,6 +20,7 @@ from precsearch.search import guided, promotion
 from precsearch.search.front import policy_summary
 from precsearch.search.scoring import (
     constraint_value,
+    instability_text,
     objective_values,
     score,
     stability_metrics,
@@ -31,6 +32,7 @@ from precsearch.tracking.diagnostics_report import (
     diagnostics_metrics,
     diagnostics_tags,
 )
+from precsearch.tracking.damage_report import damage_artifacts, damage_metrics
 from precsearch.tracking.signals_report import trial_signals
 from precsearch.tracking.memory_report import log_memory_breakdown
 from precsearch.tracking.trial_report import loss_curves, memory_table, policy_table
@@ -72,7 +74,7 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
                  "reference_eval_loss": references.paired.eval_loss, "wall_s": result.wall_s,
                  "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
                  "reference_seeds": len(references.seeds), "fidelity_steps": rung, "start_step": result.start_step}
-                | stability_metrics(s) | diagnostics_metrics(result) | sig_metrics
+                | stability_metrics(s) | diagnostics_metrics(result) | sig_metrics | damage_metrics(result)
                 | guided.predicted_metrics(ctx.sensitivity, trial.params),
         tags={"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
               "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
@@ -86,14 +88,14 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
                    "probe_result.json": json.dumps(result.to_dict(), indent=1)}
                   | ({"memory.md": memory} if memory else {})
                   | ({"stress_probe_result.json": json.dumps(stressed.to_dict(), indent=1)} if stressed else {})
-                  | diagnostics_artifacts(result) | sig_files,
+                  | diagnostics_artifacts(result) | sig_files | damage_artifacts(result),
     )
     retry_s = ctx.space.study.store_retry_s
     with_retry(lambda: ctx.study.tell(trial, objective_values(s, objectives)), "recording the trial", budget_s=retry_s)
     summary = with_retry(lambda: update_front(ctx), "updating the front", budget_s=retry_s)
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
-              f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
+              f"instability {instability_text(s)} [{verdict(s)}]  {policy_summary(trial.params)}")
     if ctx.status is not None:
         line = ctx.status.trial_done(int(summary["trials_finished"]), int(summary["trials_feasible"]),
                                      int(summary["front_size"]))

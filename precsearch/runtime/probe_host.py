@@ -21,6 +21,7 @@ from precsearch.config.space import ProbeSection, Space
 from precsearch.policy import Policy
 from precsearch.probe import runner
 from precsearch.probe.continuation import Leg
+from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
 from precsearch.probe.result import ProbeResult
 
@@ -38,14 +39,30 @@ class ProbeHost:
         self.data = load_batches(space)
         self.cfg = space.model.probe()
         self.start = space.model.start()
+        self._damage: DamageReader | None = None
 
     def run(self, request: dict, on_step=None) -> ProbeResult:
         probe = ProbeSection.model_validate(request["probe"])
         policy = Policy.from_dict(request["policy"])
+        leg = Leg.from_dict(request.get("leg"))
         with _injected(fault_for(request.get("trial"))):
-            return runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
-                                    target=self.space.model.target(), leg=Leg.from_dict(request.get("leg")),
-                                    init=self.start)
+            result = runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
+                                      target=self.space.model.target(), leg=leg, init=self.start)
+        if self._reads_damage(request) and not result.diverged:
+            result.damage = self.damage_reader().read(policy)
+        return result
+
+    def _reads_damage(self, request: dict) -> bool:
+        """A trial's probe in a study read by ``damage`` (references and stress probes are not read; a promoted
+        trial is read again at the same states of the space's probe, which gives its first rung's reading)."""
+        return request.get("trial") is not None and self.space.objectives.reading == "damage"
+
+    def damage_reader(self) -> DamageReader:
+        """The space's fixed-state reader, made at the first trial it reads (its BF16 side is kept)."""
+        if self._damage is None:
+            self._damage = DamageReader(self.cfg, self.space.probe, self.data, self.backend, self.device,
+                                        self.space.objectives.damage, self.start, self.space.baseline_knobs())
+        return self._damage
 
 
 def fault_for(trial: int | None) -> str | None:

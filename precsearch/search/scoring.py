@@ -31,6 +31,12 @@
 * stable = not diverged and instability <= the stability limit, read in
   ``stability_unit``: ``relative`` compares instability itself, ``noise``
   compares instability / noise floor;
+* with reading ``damage`` the instability is the fixed-state reading instead
+  (:mod:`precsearch.probe.damage`: the policy's quantization error at states of
+  the BF16 run, in units of the minibatch gradient noise of the training run's
+  tokens per step), and stable means: not diverged, no loss spike or gradient
+  blow-up beyond the reference's (what only dynamics shows), and the reading at
+  most ``objectives.damage.limit``. The loss gaps are still reported;
 * under stress (``objectives.stress``), the same figures for the policy and
   the BF16 reference both run at a higher learning rate; the stressed gap is
   read against the noise floor measured at the base learning rate;
@@ -93,6 +99,8 @@ class Score:
     tail_gap: float = math.nan
     instability_gap: float = math.nan
     reference_tail_descent: float = math.nan
+    damage: float = math.nan
+    damage_se: float = math.nan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +118,8 @@ class _Pair:
     constraint: float
     tail_gap: float = math.nan
     read_gap: float = math.nan
+    damage: float = math.nan
+    damage_se: float = math.nan
 
 
 def measure_noise_floor(references: Sequence[ProbeResult], reading: str = "final",
@@ -188,6 +198,8 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         tail_gap=base.tail_gap,
         instability_gap=base.read_gap,
         reference_tail_descent=tail_descent(reference, objectives.tail_fraction),
+        damage=base.damage,
+        damage_se=base.damage_se,
         memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
         memory_saved_probe=saved_probe,
         memory_saved_target=saved_target,
@@ -230,6 +242,8 @@ def _pair(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         return _Pair(math.nan, DIVERGED_INSTABILITY, spikes, blowups, True, DIVERGED_INSTABILITY)
     gap = (result.eval_loss - reference.eval_loss) / reference.eval_loss
     tail = tail_gap(result, reference, objectives.tail_fraction)
+    if objectives.reading == "damage":
+        return _damage_pair(result, objectives, gap, tail, spikes, blowups)
     read = tail if objectives.reading == "tail" else gap
     # a lead over BF16 counts as 0: see the module docstring
     instability = max(read, 0.0) + objectives.spike_penalty * (spikes + blowups)
@@ -237,6 +251,19 @@ def _pair(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
     # An unknown floor cannot pass a limit set in noise units (the space check rules out one seed).
     constraint = measured - objectives.stability_limit if math.isfinite(measured) else DIVERGED_INSTABILITY
     return _Pair(gap, instability, spikes, blowups, False, constraint, tail, read)
+
+
+def _damage_pair(result: ProbeResult, objectives: ObjectivesSection, gap: float, tail: float, spikes: int,
+                 blowups: int) -> _Pair:
+    """The pair read by the fixed-state reading; a probe without one (it failed to read) is unstable."""
+    reading = result.damage or {}
+    value, se = float(reading.get("value", math.nan)), float(reading.get("se", math.nan))
+    if not math.isfinite(value):
+        return _Pair(gap, DIVERGED_INSTABILITY, spikes, blowups, False, DIVERGED_INSTABILITY, tail, math.nan,
+                     value, se)
+    catastrophe = DIVERGED_INSTABILITY if spikes + blowups else -math.inf  # spikes BF16 did not have
+    constraint = max(value - objectives.damage.limit, catastrophe)
+    return _Pair(gap, value, spikes, blowups, False, constraint, tail, gap, value, se)
 
 
 def _excess(result: ProbeResult, reference: ProbeResult, kind: str) -> int:
@@ -268,6 +295,8 @@ def stability_metrics(s: Score) -> dict[str, float]:
     metrics = {"noise_floor": s.noise_floor, "gap_in_noise": s.gap_in_noise, "grad_blowups": s.grad_blowups,
                "stable": float(s.stable), "constraint": s.constraint, "tail_gap": s.tail_gap,
                "instability_gap": s.instability_gap, "reference_tail_descent": s.reference_tail_descent}
+    if s.reading == "damage":
+        metrics |= {"damage": s.damage, "damage_se": s.damage_se}
     if s.stable_under_stress is not None:
         metrics |= {"stress_loss_gap": s.stress_loss_gap, "stress_instability": s.stress_instability,
                     "stress_diverged": float(s.stress_diverged), "stable_under_stress": float(s.stable_under_stress)}
@@ -278,7 +307,11 @@ def verdict(s: Score) -> str:
     """The trial's verdict in words: ``feasible``, ``unstable`` or ``diverged``, with the gap, the noise floor
     it is read against, and stress (``unstable; gap +3.10% vs BF16 seed noise 0.80% (+3.9x)``)."""
     words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
-    if not s.diverged:
+    if s.reading == "damage" and not s.diverged:
+        words += f"; damage {damage_text(s.damage, s.damage_se)}; loss gap {100 * s.loss_gap:+.2f}%"
+        if s.spikes + s.grad_blowups:
+            words += f"; {s.spikes + s.grad_blowups} loss spike(s)/blow-up(s) beyond BF16's"
+    elif not s.diverged:
         words += f"; gap {100 * s.instability_gap:+.2f}% vs BF16 seed noise {noise_text(s.noise_floor, s.gap_in_noise)}"
         if s.reading == "tail" and s.reference_tail_descent > TRANSIENT_DESCENT:
             words += f"; BF16 still falling {100 * s.reference_tail_descent:.1f}% over the tail (early descent)"
@@ -286,6 +319,19 @@ def verdict(s: Score) -> str:
         under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
         words += f"; under stress: {under}"
     return words
+
+
+def instability_text(s: Score) -> str:
+    """The instability objective in its unit: a % of the BF16 loss, or the damage reading in noise units."""
+    return f"{s.instability:.3g}x noise" if s.reading == "damage" else f"{100 * s.instability:.3f}%"
+
+
+def damage_text(value: float, se: float) -> str:
+    """A fixed-state reading as shown next to a verdict: ``0.044 ± 0.014 x SGD noise``."""
+    if not math.isfinite(value):
+        return "not read"
+    spread = f" ± {se:.2g}" if math.isfinite(se) else ""
+    return f"{value:.3g}{spread} x SGD noise"
 
 
 def noise_text(floor: float, gap_in_noise: float) -> str:

@@ -1,0 +1,78 @@
+"""Reading trials at fixed states: the BF16 side computed once per gradient-clipping value, then each policy.
+
+:class:`DamageReader` lives in the probe process beside the space's data and
+backend (:class:`precsearch.runtime.probe_host.ProbeHost`): the BF16 run's
+states and the BF16 gradients at them are computed the first time a trial with
+a given clipping threshold is read and kept for the next trials, as the BF16
+references are. A reading is returned as a plain dict (``ProbeResult.damage``)
+so that it travels from the probe process and into the study's records.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from precsearch.arch.hf_checkpoint import CheckpointStart
+from precsearch.backends.base import Backend
+from precsearch.config.space import DamageSection, ProbeSection
+from precsearch.policy import MemoryKnobs, Policy
+from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state
+from precsearch.probe.damage.states import State, reference_states, state_steps
+from precsearch.probe.data import TokenBatches
+from precsearch.probe.model import ModelConfig
+
+
+class DamageReader:
+    """The fixed-state reading of one space's probe (see :mod:`precsearch.probe.damage.reading`)."""
+
+    def __init__(self, cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, backend: Backend,
+                 device: torch.device, settings: DamageSection, init: CheckpointStart | None = None,
+                 baseline: MemoryKnobs | None = None):
+        self.cfg, self.probe, self.data, self.backend = cfg, probe, data, backend
+        self.device, self.settings, self.init = device, settings, init
+        self.baseline = baseline or MemoryKnobs()
+        self._bf16: dict[float | None, list[tuple[State, Side]]] = {}
+
+    def bf16_sides(self, clip_grad: float | None) -> list[tuple[State, Side]]:
+        """The states of the BF16 run with ``clip_grad`` and the BF16 side at each (computed once)."""
+        if clip_grad not in self._bf16:
+            at = state_steps(self.settings.states, self.probe.steps)
+            states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init)
+            reference = Policy.bf16(clip_grad, self.baseline)
+            self._bf16[clip_grad] = [(s, self._side(s, reference)) for s in states]
+        return self._bf16[clip_grad]
+
+    def _side(self, state: State, policy: Policy) -> Side:
+        return measure_side(self.cfg, self.probe, self.data, self.backend, self.device, state, policy,
+                            self.settings)
+
+    def read(self, policy: Policy) -> dict[str, Any]:
+        """``policy``'s reading: the chosen figure's largest value over the states, and every figure."""
+        start = time.perf_counter()
+        states = [read_state(bf16, self._side(state, policy), state, policy, self.probe, self.settings,
+                             self.device) for state, bf16 in self.bf16_sides(policy.clip_grad)]
+        return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start}
+
+
+def reading_dict(states: list[StateReading], settings: DamageSection) -> dict[str, Any]:
+    """The reading as ``ProbeResult.damage`` holds it (``value``: the worst state's ``settings.measure``)."""
+    measure = settings.measure
+    worst = max(states, key=lambda s: _finite(s.total[measure][0]))
+    return {
+        "measure": measure,
+        "value": worst.total[measure][0],
+        "se": worst.total[measure][1],
+        "state_step": worst.step,
+        "tokens_per_step": settings.tokens_per_step,
+        "states": [{"step": s.step, "total": {k: list(v) for k, v in s.total.items()},
+                    "units": {u: {k: list(v) for k, v in f.items()} for u, f in s.units.items()}}
+                   for s in states],
+    }
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else math.inf

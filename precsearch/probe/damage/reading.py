@@ -1,0 +1,156 @@
+"""The fixed-state damage reading: what a policy's quantization does to one training step, in SGD noise.
+
+At a few states of the BF16 reference run (:mod:`.states`), on the same
+weights and the same K batches, without training further, the policy's probe
+and the BF16 probe each compute every precision unit's weight gradient. Per
+batch k the policy's error is ``e_k = g_k(policy) - g_k(BF16)``; the BF16
+gradients' own spread over the batches is the minibatch gradient noise. With
+:mod:`.gram`, each figure is a ratio of unbiased estimates, with a jackknife
+standard error over the batches (the reading's only randomness: at a state the
+computation is deterministic, so a BF16 policy reads exactly 0).
+
+The noise of a B-token batch is ``B0 / B`` times the noise of the probe's
+B0-token batch; so is the error's variance (quantization noise averages over
+tokens like sampling noise does), but not its bias, which every token shares.
+For the training run's tokens per step B (``objectives.damage.tokens_per_step``):
+
+* ``grad_noise`` = (|bias|^2 B/B0 + var(e)) / noise(B0): the extra mean squared
+  gradient error, in units of the gradient noise of a B-token step;
+  ``grad_bias_noise`` and ``grad_var_noise`` are its two terms;
+* ``grad_norm`` = |bias|^2 / |mean gradient|^2: the bias against the gradient;
+* ``update_noise``: ``grad_noise`` for the AdamW update instead of the gradient
+  (:mod:`.update`): the policy's update (its gradients, through its stored
+  moments and into the storage its memory knobs keep updates in) against the
+  baseline's exact update, in units of the baseline updates' batch spread; the
+  only figure that sees memory knobs (lost updates, rounded moments);
+* ``forward``: the relative held-out loss change at the state's weights.
+
+All squared figures are ratios of squared norms. The trial's reading is the
+largest over the states of the figure ``objectives.damage.measure`` names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from precsearch.backends.base import Backend
+from precsearch.config.space import DamageSection, ProbeSection
+from precsearch.policy import Policy
+from precsearch.probe.damage import gram
+from precsearch.probe.damage.states import State, reading_batch, state_model
+from precsearch.probe.damage.update import applied_update, baseline_update
+from precsearch.probe.data import TokenBatches
+from precsearch.probe.model import ModelConfig, linear_layer_names
+
+#: The figures a reading reports per state (and per unit, but ``forward``, which is the whole model's).
+MEASURES = ("grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "forward")
+
+
+@dataclass
+class Side:
+    """One model's part of the reading at one state: per batch, each unit's weight gradient; held-out losses."""
+
+    grads: list[dict[str, Tensor]]
+    eval_losses: list[float]
+
+
+def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, backend: Backend, device: torch.device,
+                 state: State, policy: Policy, settings: DamageSection) -> Side:
+    """The gradients and held-out losses of ``policy``'s probe at ``state`` (BF16: ``Policy.bf16``)."""
+    model = state_model(cfg, state, policy, backend, device, probe.seed, probe.param_dtype)
+    fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
+    units = linear_layer_names(cfg)
+    for k in range(settings.warm_batches):  # fills delayed scaling's amax history (not measured)
+        _backward(model, backend, device, reading_batch(data, settings.batches + k), fp8_on)
+    grads = []
+    for k in range(settings.batches):
+        _backward(model, backend, device, reading_batch(data, k), fp8_on)
+        grads.append({u: backend.unit_weight(model, u).grad.detach().clone() for u in units})
+    model.zero_grad(set_to_none=True)
+    losses = _eval_losses(model, backend, device, data, fp8_on)
+    del model
+    return Side(grads=grads, eval_losses=losses)
+
+
+def _backward(model, backend: Backend, device: torch.device, batch: tuple[Tensor, Tensor], fp8_on: bool) -> None:
+    model.zero_grad(set_to_none=True)
+    inputs, targets = (t.to(device) for t in batch)
+    with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
+        loss = model(inputs, targets)
+    loss.backward()
+
+
+@torch.no_grad()
+def _eval_losses(model, backend: Backend, device: torch.device, data: TokenBatches, fp8_on: bool) -> list[float]:
+    model.eval()
+    out = []
+    for inputs, targets in data.eval_set():
+        with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
+            out.append(float(model(inputs.to(device), targets.to(device))))
+    model.train()
+    return out
+
+
+@dataclass
+class StateReading:
+    """The figures of one state: ``total`` over the units, and ``units`` (name -> figures); each figure a
+    ``(value, standard error)`` pair."""
+
+    step: int
+    total: dict[str, tuple[float, float]]
+    units: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+
+
+def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: ProbeSection,
+               settings: DamageSection, device: torch.device) -> StateReading:
+    """Compare the two sides at ``state`` (see the module docstring)."""
+    r = settings.tokens_per_step / (probe.micro_batch * probe.seq_len)
+    grams: dict[str, dict[str, Tensor]] = {}
+    for unit in bf16.grads[0]:
+        g = [b[unit].float() for b in bf16.grads]
+        p = [b[unit].float() for b in pol.grads]
+        e = [pk - gk for pk, gk in zip(p, g)]
+        u_ref, u_err = _updates(unit, g, p, state, policy, probe, device)
+        grams[unit] = {"g": gram.gram_of(g), "e": gram.gram_of(e), "u": gram.gram_of(u_ref),
+                       "ue": gram.gram_of(u_err)}
+    total = {key: sum(gm[key] for gm in grams.values()) for key in ("g", "e", "u", "ue")}
+    reading = StateReading(step=state.step, total=_figures(total, r) | {"forward": _forward(bf16, pol)})
+    reading.units = {unit: _figures(gm, r) for unit, gm in grams.items()}
+    return reading
+
+
+def _updates(unit: str, g: list[Tensor], p: list[Tensor], state: State, policy: Policy, probe: ProbeSection,
+             device: torch.device) -> tuple[list[Tensor], list[Tensor]]:
+    """Per batch: the baseline's update from the BF16 gradient, and the policy's update error."""
+    weight = state.weights[f"{unit}.weight"].to(device)
+    zeros = torch.zeros_like(weight)
+    moments = tuple(m.to(device) for m in state.moments.get(unit, (zeros, zeros)))
+    args = (state.step, state.lr, probe.betas, probe.weight_decay)
+    ref = [baseline_update(weight, gk, moments, *args) for gk in g]
+    pol = [applied_update(weight, pk, moments, *args, policy.memory, probe.param_dtype) for pk in p]
+    return ref, [a - b for a, b in zip(pol, ref)]
+
+
+def _excess(r: float) -> Callable[[Tensor], float]:
+    return lambda e: gram.mean_sq(e) * r + gram.spread(e)
+
+
+def _figures(gm: dict[str, Tensor], r: float) -> dict[str, tuple[float, float]]:
+    return {
+        "grad_noise": gram.ratio(_excess(r), gram.spread, (gm["e"], gm["g"])),
+        "grad_bias_noise": gram.ratio(lambda e: gram.mean_sq(e) * r, gram.spread, (gm["e"], gm["g"])),
+        "grad_var_noise": gram.ratio(gram.spread, gram.spread, (gm["e"], gm["g"])),
+        "grad_norm": gram.ratio(gram.mean_sq, gram.mean_sq, (gm["e"], gm["g"])),
+        "update_noise": gram.ratio(_excess(r), gram.spread, (gm["ue"], gm["u"])),
+    }
+
+
+def _forward(bf16: Side, pol: Side) -> tuple[float, float]:
+    changes = torch.tensor([p / b - 1 for p, b in zip(pol.eval_losses, bf16.eval_losses)], dtype=torch.float64)
+    se = float(changes.std() / math.sqrt(len(changes))) if len(changes) > 1 else math.nan
+    return float(changes.mean()), se

@@ -1,0 +1,102 @@
+"""The states of the BF16 reference run a fixed-state reading is taken at, and the BF16 side of it.
+
+A state is the BF16 run's weights and AdamW moments just before a given step
+(step 0: the initial weights, or the checkpoint of ``model.init_from``; step
+``probe.steps``: after the last step). The run is the plain-PyTorch probe in
+BF16 autocast with FP32 parameters and moments, which is the standard baseline
+(BF16 compute, FP32 master weights and moments) on any device, on the same
+data, seed, schedule and gradient clipping as the trial's reference.
+
+At each state the BF16 side of the reading is computed once and shared by every
+trial with the same gradient clipping (like the references): the BF16 model's
+weight gradient of every precision unit on each of the reading's batches, and
+its held-out loss per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from precsearch.arch.hf_checkpoint import CheckpointStart
+from precsearch.backends.base import Backend
+from precsearch.backends.emulated import EmulatedBackend
+from precsearch.config.space import ProbeSection
+from precsearch.policy import MemoryKnobs, Policy
+from precsearch.probe.data import TokenBatches
+from precsearch.probe.model import ModelConfig, linear_layer_names
+from precsearch.probe.runner import _lr_lambda, _train_step, build_probe
+
+#: The reading's batches are drawn as training steps from here on: far past any probe's steps, so they are
+#: batches the run never trained on, and the same for every trial (a function of the data seed only).
+READING_STEP0 = 1_000_000
+
+
+@dataclass
+class State:
+    """The BF16 run just before ``step``: weights (plain layout, FP32, on CPU) and AdamW moments.
+
+    Attributes:
+        step: Steps the run had taken.
+        weights: ``state_dict`` of the plain probe.
+        moments: Unit name -> (exp_avg, exp_avg_sq) of its weight; empty at step 0.
+        lr: The learning rate of the next step (the schedule's value at ``step``).
+    """
+
+    step: int
+    weights: dict[str, Tensor]
+    moments: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    lr: float = 0.0
+
+
+def state_steps(fractions: list[float], steps: int) -> list[int]:
+    """The run's steps at ``fractions`` of ``steps`` (0 the start, 1 the end), sorted, without repeats."""
+    return sorted({round(f * steps) for f in fractions})
+
+
+def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device: torch.device,
+                     clip_grad: float | None, at: list[int], init: CheckpointStart | None = None) -> list[State]:
+    """Train the BF16 probe (FP32 parameters and moments) and keep its state before each step in ``at``."""
+    backend = EmulatedBackend()
+    model = build_probe(cfg, Policy.bf16(clip_grad), backend, device, probe.seed, "fp32", init)
+    if init is not None and data.seed != probe.seed:
+        data = data.with_seed(probe.seed)  # as run_probe: a checkpoint start draws its windows from the seed
+    opt = backend.build_optimizer(model, MemoryKnobs(), lr=probe.lr, betas=probe.betas,
+                                  weight_decay=probe.weight_decay)
+    factor = _lr_lambda(probe)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    units = linear_layer_names(cfg)
+    states = []
+    for step in range(max(at) + 1):
+        if step in at:
+            states.append(_snapshot(model, opt, units, step, probe.lr * factor(step)))
+        if step < max(at):
+            _train_step(model, opt, data, step, False, clip_grad, backend, device)
+            sched.step()
+    return states
+
+
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float) -> State:
+    params = dict(model.named_parameters())
+    moments = {}
+    for unit in units:
+        st = opt.state.get(params[f"{unit}.weight"], {})
+        if "exp_avg" in st:
+            moments[unit] = (st["exp_avg"].detach().float().cpu().clone(),
+                             st["exp_avg_sq"].detach().float().cpu().clone())
+    weights = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+    return State(step=step, weights=weights, moments=moments, lr=lr)
+
+
+def state_model(cfg: ModelConfig, state: State, policy: Policy, backend: Backend, device: torch.device,
+                seed: int, param_dtype: str) -> torch.nn.Module:
+    """The probe at ``state``'s weights in ``param_dtype``, its units converted per ``policy`` by ``backend``."""
+    backend = backend.for_memory(policy.memory)
+    return build_probe(cfg, policy, backend, device, seed, param_dtype, weights=state.weights)
+
+
+def reading_batch(data: TokenBatches, k: int) -> tuple[Tensor, Tensor]:
+    """The reading's batch ``k`` (the same for every trial and state)."""
+    return data.train_batch(READING_STEP0 + k)
