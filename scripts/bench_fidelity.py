@@ -23,6 +23,7 @@ bytes, written once to a ``.npy`` token file and read back through
 
     python scripts/bench_fidelity.py --rungs 50 200 2000 --seeds 2 --out $OUT   # H200 (size the model to fit)
     python scripts/bench_fidelity.py --smoke --out /tmp/bf                       # CPU, tiny model, ~1 min
+    bash scripts/gpu_judge.sh                                                     # the judge on the H200
 """
 
 from __future__ import annotations
@@ -44,12 +45,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fidelity_judge beside this file, however it is loaded
+import fidelity_judge  # noqa: E402
+
 from precsearch.backends import get_backend
 from precsearch.config.loader import load_space
-from precsearch.config.space import ProbeSection
+from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.probe.continuation import Leg
+from precsearch.probe.damage import MEASURES, DamageReader
 from precsearch.probe.data import TokenBatches, load_tokens
 from precsearch.probe.model import ModelConfig
 from precsearch.probe.result import ProbeResult
@@ -155,6 +160,39 @@ def memory_cases(policy: Policy) -> dict[str, Case]:
     out["fp8_delayed, FP8 moments, full FP32 master"] = Case(
         replace(policy, memory=MemoryKnobs(master_weights=True, moment_dtype="fp8")), param_dtype="bf16",
         baseline_memory=STANDARD, fragile=True)
+    return out
+
+
+def judge_cases(clip: float | None) -> dict[str, Case]:
+    """The judge's policies (issue 28): benign FP8 recipes, then damage planted at graded severity.
+
+    Every one differs from its BF16 reference in precision only (same lr, warm-up and clipping): a reading
+    taken at fixed states cannot see a learning rate, so lr-stressed cases are left to :func:`cases`.
+    """
+    def fp8(p: Precision, modules: tuple[str, ...] = (BLOCKS,), **kw) -> Policy:
+        return Policy(rules=(Rule("fp8", modules, p),), **({"clip_grad": clip} | kw))
+
+    def nvfp4(**knobs) -> Case:  # TE's NVFP4 recipe with some of its safeguards off, emulated
+        recipe = LayerRecipe(precision=Precision.NVFP4, **knobs)
+        return Case(Policy(rules=(Rule("fp4", (BLOCKS,), Precision.NVFP4),), recipe=recipe, clip_grad=clip),
+                    backend="emulated")
+
+    every = cases(clip)
+    benign = ["fp8_delayed, blocks", "fp8_current, blocks", "fp8_block, blocks", "fp8_current, MLP only",
+              "fp8_current, attention only", "fp8_delayed, first/last block BF16",
+              "fp8_delayed, BF16 warm-up 20% of the probe"]
+    planted = ["fp8_delayed, every unit incl. output_layer", "fp8_block, every unit incl. output_layer",
+               "fp8_current E4M3 grads", "fp8_delayed, amax history 1", "fp8_delayed E4M3 grads, amax history 1"]
+    out = {name: every[name] for name in benign + planted}
+    out |= {"nvfp4, blocks (emulated)": nvfp4(),
+            "nvfp4 without stochastic rounding (emulated)": nvfp4(nvfp4_stochastic_rounding=False),
+            "nvfp4 without SR and RHT (emulated)": nvfp4(nvfp4_stochastic_rounding=False, nvfp4_rht=False),
+            "nvfp4 without SR, RHT and 2D weights (emulated)": nvfp4(nvfp4_stochastic_rounding=False,
+                                                                     nvfp4_rht=False, nvfp4_2d_weights=False)}
+    out |= memory_cases(fp8(Precision.FP8_DELAYED))
+    # BF16 parameters updated in place by AdamW, no master copy: updates below BF16's quantum are lost
+    out["fp8_delayed, BF16 weights without a master copy"] = Case(fp8(Precision.FP8_DELAYED), param_dtype="bf16",
+                                                                  baseline_memory=STANDARD)
     return out
 
 
@@ -416,10 +454,13 @@ def run(args) -> dict:
     corpus_dir = args.corpus_dir or Path(tempfile.mkdtemp(prefix="precsearch-corpus-"))
     corpus_dir.mkdir(parents=True, exist_ok=True)
     args.corpus = pretokenize(corpus_dir, args.tokens)
-    chosen = cases(args.clip)
-    if args.smoke:  # the control, one FP8 policy, one fragile one with its own reference
+    chosen = judge_cases(args.clip) if args.judge else cases(args.clip)
+    if args.smoke and args.judge:  # the control path of the judge: one benign, two planted (CPU: no memory knobs)
+        chosen = {k: chosen[k] for k in ("fp8_delayed, blocks", "fp8_current E4M3 grads",
+                                         "nvfp4 without SR, RHT and 2D weights (emulated)")}
+    elif args.smoke:  # the control, one FP8 policy, one fragile one with its own reference
         chosen = dict(list(chosen.items())[:2] + list(chosen.items())[-1:])
-    else:
+    elif not args.judge:
         chosen |= study_cases(args.study_space)
     if args.study_dir:
         chosen |= {name: Case(p) for name, p in front_policies(args.study_dir, args.top).items()}
@@ -427,11 +468,13 @@ def run(args) -> dict:
         chosen = {k: v for k, v in chosen.items() if any(o in k for o in args.only)}
     jobs, layout = plan_jobs(chosen, args.seeds, args.rungs)
     results = run_jobs(args, jobs)
+    damage = damage_readings(args, chosen)
     rows, missing = [], []
     noise = long_noise(results, layout, chosen)
     for name, (ref_keys, run_keys) in layout.items():
         if all(k in results for k in ref_keys + run_keys):
-            rows.append(_row(name, chosen[name], [results[k] for k in run_keys], [results[k] for k in ref_keys], args))
+            rows.append(_row(name, chosen[name], [results[k] for k in run_keys], [results[k] for k in ref_keys], args)
+                        | {"damage": damage.get(name)})
         else:
             missing.append(name)
     ran_on = next((r[0].device for r in results.values() if r), "cpu")
@@ -443,7 +486,71 @@ def run(args) -> dict:
             "corpus": {"path": str(args.corpus), "tokens": args.tokens, "source": "stdlib bytes, .npy"},
             "parallel_runs": args.jobs, "wall_s": time.perf_counter() - start, "missing": missing,
             "long_noise": noise}
-    return {"meta": meta, "summary": summarise(rows, args.limit, noise) if rows else {}, "rows": rows}
+    summary = summarise(rows, args.limit, noise) if rows else {}
+    if rows:
+        summary["judge"] = judge_readings(rows)
+    return {"meta": meta, "summary": summary, "rows": rows}
+
+
+def damage_readings(args, chosen: dict[str, Case]) -> dict[str, dict]:
+    """Each case's fixed-state reading (every figure of :data:`MEASURES`), cached as ``damage-<case>.json``.
+
+    The states are the BF16 reference's in the first rung (its middle and end), trained as that rung is
+    (the long run's schedule); the reading is for the bench's own tokens per step (the truth trains at it).
+    """
+    todo = {n: c for n, c in chosen.items() if not (args.cache / f"damage-{_slug(n)}.json").exists()}
+    if todo and not args.report_only:
+        cfg, base, device, backend_name = _settings(args)
+        tokens = load_tokens("tokens", path=args.corpus, vocab_size=cfg.vocab_size)
+        data = TokenBatches(tokens, seq_len=base.seq_len, micro_batch=base.micro_batch, seed=0,
+                            eval_batches=args.eval_batches)
+        first, last = args.rungs[0], args.rungs[-1]
+        settings = DamageSection(states=[first / 2 / last, first / last], batches=args.damage_batches,
+                                 tokens_per_step=base.micro_batch * base.seq_len)
+        readers: dict[tuple, DamageReader] = {}
+        for name, case in todo.items():
+            key = case.reference_key() + (case.backend,)
+            if key not in readers:
+                backend = get_backend(case.backend or backend_name, device)
+                readers[key] = DamageReader(cfg, case.probe(base, last, last, 0), data, backend, device, settings,
+                                            baseline=case.baseline_memory)
+            began = time.perf_counter()
+            reading = readers[key].read(case.policy_for(args.rungs))
+            (args.cache / f"damage-{_slug(name)}.json").write_text(json.dumps(reading))
+            print(f"  damage reading of {name}: {reading['value']:.4g} ({time.perf_counter() - began:.1f} s)",
+                  file=sys.stderr, flush=True)
+    found = {n: args.cache / f"damage-{_slug(n)}.json" for n in chosen}
+    return {n: json.loads(p.read_text()) for n, p in found.items() if p.exists()}
+
+
+#: Each reading's limit (above it: unstable), fixed before the judge ran: relative loss gaps at the bench's
+#: --limit; the risk score at its own threshold; a noise-unit damage figure at 1 (the error as large as the
+#: gradient noise of a step); grad_norm at 1% of the gradient's energy; forward at the truth's tolerance.
+DAMAGE_LIMITS = {"grad_noise": 1.0, "grad_bias_noise": 1.0, "grad_var_noise": 1.0, "update_noise": 1.0,
+                 "grad_norm": 0.01, "forward": fidelity_judge.TOLERANCE}
+
+
+def judge_readings(rows: list[dict]) -> dict:
+    """Every reading judged against the long run's truth (see :mod:`fidelity_judge`)."""
+    rows = [r for r in rows if r["seed_offset"] == 0]  # a BF16 control differs by its init, not its precision
+    names = [r["policy"] for r in rows]
+    truths = [fidelity_judge.truth(r["long_gaps"], r["long"]["diverged"]) for r in rows]
+    limit = rows[0]["limit"]
+    readings = {"short loss gap": ([_rank(r["short"]) for r in rows], limit),
+                "short tail gap": ([math.inf if r["short"]["diverged"] else r["short"]["tail_gap"] for r in rows],
+                                   limit),
+                "promoted loss gap": ([_rank(r["promoted"]) for r in rows], limit),
+                "risk score": ([r["risk"] for r in rows], THRESHOLD)}
+    if all(r.get("damage") for r in rows):
+        for measure in MEASURES:
+            readings[f"damage {measure}"] = ([_worst_state(r["damage"], measure) for r in rows],
+                                             DAMAGE_LIMITS[measure])
+    out = {name: fidelity_judge.judge(names, truths, values, lim) for name, (values, lim) in readings.items()}
+    return {"truth": dict(zip(names, truths)), "tolerance": fidelity_judge.TOLERANCE, "readings": out}
+
+
+def _worst_state(reading: dict, measure: str) -> float:
+    return max(s["total"][measure][0] for s in reading["states"])
 
 
 def long_noise(results: dict[str, list[ProbeResult]], layout: dict, chosen: dict[str, Case]) -> float:
@@ -468,7 +575,8 @@ def _row(name: str, case: Case, runs: list[list[ProbeResult]], refs: list[list[P
     risk = risk_score(Signals.from_dict(first.signals), Signals.from_dict(ref.signals), spread=spread) \
         if first.signals and ref.signals else None
     promoted = rungs[1] if len(rungs) > 2 else rungs[0]
-    return {"policy": name, "detail": case.policy.to_dict(), "lr_multiplier": case.lr_multiplier,
+    long_gaps = [r[-1].eval_loss / ref[-1].eval_loss - 1 for r, ref in zip(runs, refs)]
+    return {"policy": name, "long_gaps": long_gaps, "limit": args.limit, "detail": case.policy.to_dict(), "lr_multiplier": case.lr_multiplier,
             "lr_warmup": case.lr_warmup, "seed_offset": case.seed, "fragile": case.fragile,
             "rungs": [vars(v) for v in rungs], "short": vars(rungs[0]), "promoted": vars(promoted),
             "long": vars(rungs[-1]), "risk": risk.score if risk else math.nan,
@@ -534,10 +642,27 @@ def format_table(report: dict) -> str:
                      f"{100 * s[name].get('decided_agreement', math.nan):.0f}%")
     lines.append(f"long-run BF16 spread {100 * s.get('long_noise', math.nan):.2f}%; decided (long gap beyond 2 "
                  f"spreads, or diverged): {', '.join(s.get('decided', [])) or 'none'}")
+    if "judge" in s:
+        lines += judge_table(s["judge"], report["meta"]["seeds"])
     flagged = s["fragile_flagged_before_long"]
     lines.append(f"fragile policies flagged before the long run: {sum(flagged.values())} of {len(flagged)} "
                  + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in flagged.items()))
     return "\n".join(lines)
+
+
+def judge_table(j: dict, seeds: int) -> list[str]:
+    """The judge's lines: the truth per policy, then each reading's Spearman and calls."""
+    lines = [f"truth: long-run paired gap, mean of {seeds} seeds ± SE; decided beyond 2 SE of the "
+             f"{100 * j['tolerance']:.2f}% tolerance:"]
+    for name, t in j["truth"].items():
+        gap = "diverged" if math.isinf(t["mean"]) else f"{100 * t['mean']:+.3f}% ± {100 * t['se']:.3f}%"
+        lines.append(f"  {name:46s} {gap:>20}  {t['call']}")
+    lines.append(f"  {'reading':26s} {'Spearman':>8}  {'limit':>7}  right/decided  false-stable  false-unstable")
+    for name, r in j["readings"].items():
+        lines.append(f"  {name:26s} {r['spearman']:+8.3f}  {r['limit']:7.4g}  {r['right']:>5}/{r['decided']:<7} "
+                     f"{len(r['false_stable']):>12}  {len(r['false_unstable']):>14}"
+                     + (f"  (false-stable: {', '.join(r['false_stable'])})" if r["false_stable"] else ""))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: OUT/fidelity_runs); split a long comparison over calls with the same cache")
     ap.add_argument("--deadline", type=float, help="start no run that would end after this many seconds")
     ap.add_argument("--report-only", action="store_true", help="run nothing: the report from the runs in --cache")
+    ap.add_argument("--judge", action="store_true", help="the judge's policies (benign and graded planted damage, "
+                    "judge_cases) instead of the full comparison")
+    ap.add_argument("--damage-batches", type=int, default=8, help="batches per state of the fixed-state reading")
     ap.add_argument("--smoke", action="store_true", help="tiny model on CPU (emulated FP8): the code path, < 60 s")
     args = ap.parse_args(argv)
     args.cache = args.cache or args.out / "fidelity_runs"

@@ -24,7 +24,7 @@ class DamageSection(Section):
     batches: int = Field(4, ge=3, le=64, description="independent batches per state: their BF16 gradients' "
                          "spread is the gradient noise (3 or more, for a standard error)")
     warm_batches: int = Field(2, ge=0, le=64, description="passes before measuring, to fill delayed scaling's "
-                              "amax history (not measured)")
+                              "amax history (not measured; only for policies with delayed units)")
     tokens_per_step: int = Field(
         LLAMA3_TOKENS_PER_STEP, gt=0, description="the training run's tokens per optimizer step the verdict is "
         "for: the noise of a B-token batch shrinks as 1/B (default 4,194,304, Llama 3's)")

@@ -83,8 +83,9 @@ def gram_of(vectors: list[Tensor], weight: Tensor | None = None) -> Tensor:
     """The float64 Gram matrix of ``vectors`` (flattened), optionally each multiplied by ``weight`` first."""
     k = len(vectors)
     out = torch.zeros(k, k, dtype=torch.float64)
-    flat = [(v * weight if weight is not None else v).reshape(-1).double() for v in vectors]
+    flat = [(v * weight if weight is not None else v).reshape(-1) for v in vectors]
     for i in range(k):
+        a = flat[i].double()  # one float64 copy at a time: a unit's weight can be half a billion values
         for j in range(i, k):
-            out[i, j] = out[j, i] = float(flat[i] @ flat[j])
+            out[i, j] = out[j, i] = float(a @ flat[j].double())
     return out

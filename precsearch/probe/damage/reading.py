@@ -41,6 +41,7 @@ from torch import Tensor
 from precsearch.backends.base import Backend
 from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import Policy
+from precsearch.precision import Precision
 from precsearch.probe.damage import gram
 from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.update import applied_update, baseline_update
@@ -65,7 +66,9 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
     model = state_model(cfg, state, policy, backend, device, probe.seed, probe.param_dtype)
     fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
     units = linear_layer_names(cfg)
-    for k in range(settings.warm_batches):  # fills delayed scaling's amax history (not measured)
+    recipes = policy.layer_recipes(units, cfg.n_layers).values()
+    delayed = fp8_on and any(r.precision is Precision.FP8_DELAYED for r in recipes)
+    for k in range(settings.warm_batches if delayed else 0):  # fills delayed scaling's amax history
         _backward(model, backend, device, reading_batch(data, settings.batches + k), fp8_on)
     grads = []
     for k in range(settings.batches):

@@ -1,0 +1,70 @@
+"""The fixed-state damage reading on Transformer Engine's modules (GPU only; the H200 via the device tool).
+
+What would be wrong if these failed:
+* a BF16 policy reads more than a sliver of FP8's reading: the two sides do not compute on the same weights
+  and batches (a conversion that loses the state's weights, or a unit whose gradient is looked up wrongly);
+* a fused ``LayerNormMLP`` (fc1 and fc2 of one recipe) and split units read differently from each other by
+  orders of magnitude: ``Backend.unit_weight`` finds the wrong Parameter for a fused unit;
+* TE's FP8 current scaling reads orders of magnitude away from the emulated one: one of them is not
+  quantizing what the other is.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from precsearch.backends import get_backend
+from precsearch.backends.capability import te_import_error
+from precsearch.config.space import DamageSection, ProbeSection
+from precsearch.policy import Policy, Rule
+from precsearch.precision import Precision
+from precsearch.probe.damage import DamageReader
+from precsearch.probe.data import TokenBatches, synthetic_tokens
+from precsearch.probe.model import ModelConfig
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
+CFG = ModelConfig(vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, max_seq_len=256)
+PROBE = ProbeSection(steps=10, micro_batch=4, seq_len=256, lr=1e-3, device="cuda")
+SETTINGS = DamageSection(states=[1.0], batches=4, tokens_per_step=4 * 256)
+DEV = torch.device("cuda")
+
+
+@pytest.fixture(scope="module")
+def data():
+    if (error := te_import_error()) is not None:
+        pytest.skip(error)
+    return TokenBatches(synthetic_tokens(200_000, CFG.vocab_size, seed=0), seq_len=256, micro_batch=4, seed=0,
+                        eval_batches=2)
+
+
+def _read(data, backend: str, policy: Policy) -> dict:
+    return DamageReader(CFG, PROBE, data, get_backend(backend, DEV), DEV, SETTINGS).read(policy)
+
+
+def _fp8(precision: Precision, modules=("decoder.layers.*",)) -> Policy:
+    return Policy(rules=(Rule("fp8", modules, precision),))
+
+
+def test_te_bf16_reads_a_sliver_of_fp8(data):
+    bf16 = _read(data, "te", Policy.bf16(None))["value"]
+    fp8 = _read(data, "te", _fp8(Precision.FP8_CURRENT))["value"]
+    print(f"TE BF16 {bf16:.3g}, FP8 current {fp8:.3g}")
+    assert fp8 > 0 and abs(bf16) < 0.05 * fp8
+
+
+def test_fused_and_split_mlp_units_are_both_found(data):
+    fused = _read(data, "te", _fp8(Precision.FP8_CURRENT, ("*.mlp.*",)))  # one LayerNormMLP per block
+    split = _read(data, "te", _fp8(Precision.FP8_CURRENT, ("*.linear_fc1",)))  # fc1 FP8, fc2 BF16: two modules
+    fc1 = "decoder.layers.0.mlp.linear_fc1"
+    a, b = (r["states"][0]["units"][fc1]["grad_noise"][0] for r in (fused, split))
+    print(f"fc1 reading fused {a:.3g}, split {b:.3g}")
+    assert a > 0 and b > 0 and 0.1 < a / b < 10
+
+
+def test_te_and_emulated_fp8_current_agree_in_size(data):
+    te = _read(data, "te", _fp8(Precision.FP8_CURRENT))["states"][0]["total"]
+    emulated = _read(data, "emulated", _fp8(Precision.FP8_CURRENT))["states"][0]["total"]
+    for measure in ("grad_noise", "grad_var_noise", "update_noise"):
+        print(f"{measure}: TE {te[measure][0]:.3g}, emulated {emulated[measure][0]:.3g}")
+        assert 1 / 5 < te[measure][0] / emulated[measure][0] < 5, measure
