@@ -22,18 +22,19 @@ import torch
 
 from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
-from precsearch.policy import Policy, Rule
+from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
 from precsearch.probe.runner import run_probe
 
 
-def policies(clip: float | None) -> dict[str, Policy]:
+def policies(clip: float | None, memory: MemoryKnobs) -> dict[str, Policy]:
+    """A few policies with the baseline's memory knobs (the reading then sees their compute alone)."""
     def fp8(p: Precision, modules=("decoder.layers.*",)) -> Policy:
-        return Policy(rules=(Rule("fp8", modules, p),), clip_grad=clip)
+        return Policy(rules=(Rule("fp8", modules, p),), clip_grad=clip, memory=memory)
 
-    return {"BF16": Policy.bf16(clip), "fp8_delayed, blocks": fp8(Precision.FP8_DELAYED),
+    return {"BF16": Policy.bf16(clip, memory), "fp8_delayed, blocks": fp8(Precision.FP8_DELAYED),
             "fp8_current, blocks": fp8(Precision.FP8_CURRENT), "fp8_block, MLP": fp8(Precision.FP8_BLOCK, ("*.mlp.*",))}
 
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = time.perf_counter() - t0
     print(f"BF16 side (states + BF16 gradients, once): {shared:.1f} s", file=sys.stderr, flush=True)
     rows = []
-    for name, policy in policies(args.clip).items():
+    for name, policy in policies(args.clip, space.baseline_knobs()).items():
         t0 = time.perf_counter()
         result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target())
         _sync(device)

@@ -178,18 +178,18 @@ def judge_cases(clip: float | None) -> dict[str, Case]:
                     backend="emulated")
 
     every = cases(clip)
-    benign = ["fp8_delayed, blocks", "fp8_current, blocks", "fp8_block, blocks", "fp8_current, MLP only",
-              "fp8_current, attention only", "fp8_delayed, first/last block BF16",
-              "fp8_delayed, BF16 warm-up 20% of the probe"]
-    planted = ["fp8_delayed, every unit incl. output_layer", "fp8_block, every unit incl. output_layer",
-               "fp8_current E4M3 grads", "fp8_delayed, amax history 1", "fp8_delayed E4M3 grads, amax history 1"]
+    # Eleven policies, 88 long runs with their references: what one H200 session's device time holds at the
+    # judge's shape (about 5 GPU-seconds a 1000-step run). cases() has the rest, for a later judge.
+    benign = ["fp8_delayed, blocks", "fp8_current, blocks", "fp8_block, blocks"]
+    planted = ["fp8_delayed, every unit incl. output_layer", "fp8_delayed, amax history 1",
+               "fp8_delayed E4M3 grads, amax history 1"]
     out = {name: every[name] for name in benign + planted}
     out |= {"nvfp4, blocks (emulated)": nvfp4(),
-            "nvfp4 without stochastic rounding (emulated)": nvfp4(nvfp4_stochastic_rounding=False),
-            "nvfp4 without SR and RHT (emulated)": nvfp4(nvfp4_stochastic_rounding=False, nvfp4_rht=False),
             "nvfp4 without SR, RHT and 2D weights (emulated)": nvfp4(nvfp4_stochastic_rounding=False,
                                                                      nvfp4_rht=False, nvfp4_2d_weights=False)}
-    out |= memory_cases(fp8(Precision.FP8_DELAYED))
+    memory = memory_cases(fp8(Precision.FP8_DELAYED))
+    out |= {name: memory[name] for name in ("fp8_delayed, FP8 moments + param remainders",
+                                            "fp8_delayed, FP16 master weights")}
     # BF16 parameters updated in place by AdamW, no master copy: updates below BF16's quantum are lost
     out["fp8_delayed, BF16 weights without a master copy"] = Case(fp8(Precision.FP8_DELAYED), param_dtype="bf16",
                                                                   baseline_memory=STANDARD)

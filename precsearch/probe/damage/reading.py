@@ -130,9 +130,9 @@ def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: Probe
 def _updates(unit: str, g: list[Tensor], p: list[Tensor], state: State, policy: Policy, probe: ProbeSection,
              device: torch.device) -> tuple[list[Tensor], list[Tensor]]:
     """Per batch: the baseline's update from the BF16 gradient, and the policy's update error."""
-    weight = state.weights[f"{unit}.weight"].to(device)
+    weight = state.weights[f"{unit}.weight"].to(device, non_blocking=True)
     zeros = torch.zeros_like(weight)
-    moments = tuple(m.to(device) for m in state.moments.get(unit, (zeros, zeros)))
+    moments = tuple(m.to(device, non_blocking=True) for m in state.moments.get(unit, (zeros, zeros)))
     args = (state.step, state.lr, probe.betas, probe.weight_decay)
     ref = [baseline_update(weight, gk, moments, *args) for gk in g]
     pol = [applied_update(weight, pk, moments, *args, policy.memory, probe.param_dtype) for pk in p]

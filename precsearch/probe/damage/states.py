@@ -78,15 +78,21 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
     return states
 
 
+def _host(t: Tensor) -> Tensor:
+    """A float32 copy of ``t`` in host memory, page-locked when it comes from a GPU: every trial copies it back
+    (a state of an 8B-wide probe is ~20 GB, which pageable copies take seconds for)."""
+    out = t.detach().float().cpu().clone()
+    return out.pin_memory() if t.is_cuda else out
+
+
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float) -> State:
     params = dict(model.named_parameters())
     moments = {}
     for unit in units:
         st = opt.state.get(params[f"{unit}.weight"], {})
         if "exp_avg" in st:
-            moments[unit] = (st["exp_avg"].detach().float().cpu().clone(),
-                             st["exp_avg_sq"].detach().float().cpu().clone())
-    weights = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
+            moments[unit] = (_host(st["exp_avg"]), _host(st["exp_avg_sq"]))
+    weights = {k: _host(v) for k, v in model.state_dict().items()}
     return State(step=step, weights=weights, moments=moments, lr=lr)
 
 
