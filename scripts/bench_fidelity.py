@@ -456,7 +456,7 @@ def run(args) -> dict:
     args.corpus = pretokenize(corpus_dir, args.tokens)
     chosen = judge_cases(args.clip) if args.judge else cases(args.clip)
     if args.smoke and args.judge:  # the control path of the judge: one benign, two planted (CPU: no memory knobs)
-        chosen = {k: chosen[k] for k in ("fp8_delayed, blocks", "fp8_current E4M3 grads",
+        chosen = {k: chosen[k] for k in ("fp8_delayed, blocks", "fp8_delayed, amax history 1",
                                          "nvfp4 without SR, RHT and 2D weights (emulated)")}
     elif args.smoke:  # the control, one FP8 policy, one fragile one with its own reference
         chosen = dict(list(chosen.items())[:2] + list(chosen.items())[-1:])
