@@ -20,7 +20,7 @@ def regime_message(space: Space, verdict: RegimeVerdict, what: str) -> str:
     p = space.probe
     tokens = p.micro_batch * p.seq_len * p.grad_accum
     return (f"the BF16 reference ({what}) is not smooth: {verdict.evidence()}. The probe trains at the edge of "
-            f"stability, where training amplifies a perturbation the size of FP8 rounding into loss gaps of "
+            f"stability, where training can amplify a perturbation the size of FP8 rounding into loss gaps of "
             f"percents; to fix it, {advice(tokens, p.lr, p.lr_warmup_steps, p.grad_accum)} "
             f"(objectives.regime_check: warn | refuse | off, now {space.objectives.regime_check})")
 
