@@ -112,7 +112,8 @@ def _seed_signals(result) -> dict:
 
 def _print(rows: list[dict], skipped: list[str]) -> None:
     print(f"{'lr':>7} {'warm':>4} {'accum':>5} {'tok/step':>8} {'seeds':>5} {'verdict':>10} {'spread':>7} "
-          f"{'tail spr.':>9} {'step s':>7} {'spikes':>6} {'blowups':>7} {'max logit (step)':>16} {'amax first->peak':>17}")
+          f"{'tail spr.':>9} {'step s':>7} {'spikes':>6} {'blowups':>7} {'max logit (step)':>16} "
+          f"{'amax first->peak':>17}")
     for r in rows:
         per = r["per_seed"]
         logit = max((s["max_attention_logit"] for s in per if s["max_attention_logit"]), key=lambda p: p[1],

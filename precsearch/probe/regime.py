@@ -112,8 +112,9 @@ def _signal_findings(seed: int, result: ProbeResult) -> list[Finding]:
     if len(amax) >= 2:
         first, (step, peak) = amax[0][1], max(amax, key=lambda p: p[1])
         if peak / first > MAX_BLOCK_AMAX_GROWTH and peak > BLOCK_AMAX_FLOOR:
+            limit = f"limit x{MAX_BLOCK_AMAX_GROWTH:g} past {BLOCK_AMAX_FLOOR:g}"
             found.append(Finding(seed, "block_amax", f"{tensor} amax {first:.3g} -> {peak:.4g} by step {step} "
-                                                     f"(x{peak / first:.0f}; limit x{MAX_BLOCK_AMAX_GROWTH:g} past {BLOCK_AMAX_FLOOR:g})"))
+                                                     f"(x{peak / first:.0f}; {limit})"))
     return found
 
 

@@ -79,7 +79,8 @@ def test_the_gate_warns_naming_the_fields_to_change_and_the_evidence():
     assert not verdict.smooth
     (message,) = said
     for needed in ("probe.lr (now 0.001", "probe.lr_warmup_steps (now 5)", "probe.grad_accum (now 1)",
-                   "probe.micro_batch (now 4,096 tokens", "seed 0: 1 loss spike at step 17 (6.1 against 4.2)", "objectives.regime_check"):
+                   "probe.micro_batch (now 4,096 tokens", "seed 0: 1 loss spike at step 17 (6.1 against 4.2)",
+                   "objectives.regime_check"):
         assert needed in message
 
 
