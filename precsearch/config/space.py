@@ -66,6 +66,9 @@ class ProbeSection(Section):
 
     steps: int = Field(60, gt=0)
     micro_batch: int = Field(8, gt=0)
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (gradient accumulation): "
+                            "tokens per step = micro_batch x seq_len x grad_accum; the activation peak is one "
+                            "micro-batch's")
     seq_len: int = Field(128, gt=1)
     lr: float = Field(3e-3, gt=0)
     schedule: Literal["constant", "cosine"] = "cosine"
@@ -276,6 +279,9 @@ class ObjectivesSection(Section):
     tail_fraction: float = Field(0.25, gt=0, le=1, description="with reading 'tail': the last part of the run read")
     stress: StressSection = StressSection()
     baseline_memory: BaselineMemory = BaselineMemory()
+    regime_check: Literal["warn", "refuse", "off"] = Field(
+        "warn", description="before the first trial: is the BF16 reference smooth (no spikes, attention logits "
+        "and block amax not running away)? warn, refuse (stop), or off (precsearch.probe.regime)")
 
     @model_validator(mode="before")
     @classmethod

@@ -46,6 +46,11 @@ class RankBatches:
         return t.chunk(self.world)[self.rank]
 
     @property
+    def grad_accum(self) -> int:
+        """Micro-batches per step."""
+        return self.data.grad_accum
+
+    @property
     def seed(self) -> int:
         """The seed of the training windows."""
         return self.data.seed
@@ -54,9 +59,9 @@ class RankBatches:
         """This rank's rows of :meth:`TokenBatches.with_seed`."""
         return RankBatches(self.data.with_seed(seed), self.rank, self.world)
 
-    def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the step's ``(inputs, targets)``."""
-        inputs, targets = self.data.train_batch(step)
+    def train_batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the step's micro-batch ``micro`` as ``(inputs, targets)``."""
+        inputs, targets = self.data.train_batch(step, micro)
         return self._rows(inputs), self._rows(targets)
 
     def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

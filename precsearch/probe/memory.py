@@ -18,6 +18,10 @@ Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
   foreach path the CPU uses would add ``sqrt(exp_avg_sq)`` for every parameter,
   which this model does not count (CPU peaks are predicted, never measured).
 
+With gradient accumulation (``probe.grad_accum`` above 1) the activations stay one micro-batch's,
+but the backward of every micro-batch after the first starts with the gradients of the ones
+before it alive: the backward moment then counts the gradients too (``accumulated_grads``).
+
 The peak is the larger of the two. What a step keeps:
 
 * parameters at 4 (fp32) or 2 (BF16) bytes; a layer under ``fp8_weights``
@@ -105,6 +109,8 @@ class MemoryBreakdown:
         step_transient: FP32 copies TE ``FusedAdam`` makes of scaled states (FP8 or FP16
             moments, FP16 master weights, a BF16 moment beside a non-BF16 one) for one
             param group during the step (:mod:`precsearch.backends.te_optimizer`).
+        accumulated_grads: Gradients alive when a later micro-batch's backward starts (gradient
+            accumulation; 0 without it).
     """
 
     params: int
@@ -116,12 +122,13 @@ class MemoryBreakdown:
     logits: int
     master: int = 0
     step_transient: int = 0
+    accumulated_grads: int = 0
 
     @property
     def backward_peak(self) -> int:
         """Bytes alive when the backward starts."""
         return (self.params + self.optimizer + self.weight_copies + self.linear_inputs
-                + self.other_activations + self.logits)
+                + self.other_activations + self.logits + self.accumulated_grads)
 
     @property
     def step_peak(self) -> int:
@@ -158,6 +165,7 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def predict_peak(
     cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
     param_dtype: str = "fp32", memory: MemoryKnobs | None = None, state_group_elements: int | None = None,
+    grad_accum: int = 1,
 ) -> MemoryBreakdown:
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
 
@@ -166,6 +174,7 @@ def predict_peak(
     ``num_params()`` for one group). Two groups' FP32 copies are alive at once: FusedAdam's
     ``tensor_lists`` still holds the previous group's until the next group's kernel
     (measured at the 8B width: 7.5 GiB with groups of 525M elements, two FP8 moments).
+    ``grad_accum``: micro-batches per step; above 1 the gradients are alive at a backward's start.
     """
     memory = memory or MemoryKnobs()
     tokens = seq_len * micro_batch
@@ -191,6 +200,7 @@ def predict_peak(
         logits=tokens * cfg.vocab_size * _LOGIT_FP32_TENSORS * _FP32,
         master=int(n_params * master),
         step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
+        accumulated_grads=n_params * width if grad_accum > 1 else 0,
     )
 
 

@@ -49,7 +49,7 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
     rows = probe.micro_batch // groups
     precisions = backend_precisions(policy, cfg)
     own = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=rows, param_dtype=probe.param_dtype,
-                       memory=policy.memory)
+                       memory=policy.memory, grad_accum=probe.grad_accum)
     n_params = cfg.num_params()
     weights = _weights(cfg, precisions, probe, policy)
     gemms = sum(w.elements for w in weights.values())  # the block GEMMs and the output layer
@@ -69,6 +69,7 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
     tokens = probe.seq_len * rows
     return dataclasses.replace(
         own, params=_share(own.params, state), grads=_share(own.grads, state),
+        accumulated_grads=_share(own.accumulated_grads, state),
         optimizer=_share(own.optimizer, state), master=_share(own.master, state),
         step_transient=_share(own.step_transient, state),
         weight_copies=int(copies), logits=own.logits // tp,

@@ -137,6 +137,9 @@ def run_probe(
     init to change, so it draws the training windows instead (held-out batches unchanged):
     otherwise every BF16 reference seed would be the same run and the noise floor zero.
     """
+    if data.grad_accum != probe.grad_accum:  # a programming error: load_batches cuts the data for the space's probe
+        raise ValueError(f"the data is cut into {data.grad_accum} micro-batches a step, the probe asks for "
+                         f"{probe.grad_accum} (probe.grad_accum)")
     start = time.perf_counter()
     if device.type == "cuda":
         torch.empty(0, device=device)  # initialise CUDA in this process: the reset below needs a context
@@ -171,7 +174,7 @@ def run_probe(
             signals.record_fc1_weights(model)
         phases.mark("start")
         loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device, phases,
-                                      parallel.clip)
+                                      parallel.clip, probe.grad_accum)
         signals.record_grad_norm(grad_norm)
         signals.end_step()
         loss = parallel.mean(loss)
@@ -189,7 +192,8 @@ def run_probe(
             on_step(step, loss, grad_norm)
         if _diverged(result, probe.divergence_factor, step):
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # the weights are still the step's
-                watch.replay(step, lambda: _forward_backward(model, data, step, fp8_on, backend, device))
+                watch.replay(step, lambda: _accumulate(model, data, step, fp8_on, backend, device,
+                                                       accum=probe.grad_accum))
             if (bad := watch.explain(step, result.layer_stats)) is not None:
                 result.first_bad = bad.to_dict()
                 result.reason += f"; {bad.describe()}"
@@ -210,25 +214,36 @@ def run_probe(
     return result
 
 
-def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None
-                      ) -> torch.Tensor:
-    inputs, targets = (t.to(device) for t in data.train_batch(step))
+def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None,
+                      micro: int = 0, accum: int = 1) -> torch.Tensor:
+    inputs, targets = (t.to(device) for t in data.train_batch(step, micro))
     with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
         loss = model(inputs, targets)
     if phases is not None:
         phases.mark("forward")
-    loss.backward()
+    # gradients add up over the micro-batches: each contributes 1/accum of the step's mean-loss gradient
+    (loss / accum if accum > 1 else loss).backward()
     return loss
 
 
+def _accumulate(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None,
+                accum: int = 1) -> torch.Tensor:
+    """Forward and backward of every micro-batch of ``step``; their mean loss (one tensor, no host sync)."""
+    losses = [_forward_backward(model, data, step, fp8_on, backend, device, phases, micro, accum)
+              for micro in range(accum)]
+    return losses[0].detach() if accum == 1 else torch.stack([loss.detach() for loss in losses]).mean()
+
+
 def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None,
-                clip_grads: Callable[[torch.nn.Module, float], torch.Tensor] = ONE_PROCESS.clip
-                ) -> tuple[float, float]:
-    """One step; a non-finite loss or gradient skips the optimizer step (the weights stay as they were)."""
-    loss = _forward_backward(model, data, step, fp8_on, backend, device, phases)
+                clip_grads: Callable[[torch.nn.Module, float], torch.Tensor] = ONE_PROCESS.clip,
+                accum: int = 1) -> tuple[float, float]:
+    """One optimizer step over ``accum`` micro-batches (gradient accumulation): the gradients of their mean
+    loss clipped and applied once. A non-finite loss or gradient skips the optimizer step (the weights stay
+    as they were)."""
+    loss = _accumulate(model, data, step, fp8_on, backend, device, phases, accum)
     max_norm = clip if clip is not None else math.inf
     grad_norm = clip_grads(model, max_norm)
-    loss_v, grad_v = float(loss.detach()), float(grad_norm)
+    loss_v, grad_v = float(loss), float(grad_norm)
     if phases is not None:
         phases.mark("backward")
     if math.isfinite(loss_v) and math.isfinite(grad_v):
@@ -266,12 +281,12 @@ def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.
 
 def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,
              phases: PhaseMemory | None = None) -> None:
-    tokens = probe.seq_len * probe.micro_batch
+    tokens = probe.seq_len * probe.micro_batch * probe.grad_accum  # every micro-batch's tokens, each step
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
     precisions = backend_precisions(policy, cfg)
     predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
-                             param_dtype=probe.param_dtype, memory=policy.memory)
+                             param_dtype=probe.param_dtype, memory=policy.memory, grad_accum=probe.grad_accum)
     result.predicted_memory = predicted.to_dict()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -297,7 +312,8 @@ def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, 
     if calibrate and result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
         calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_bytes, result.peak_memory_bytes)])
     prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
-                                micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory)
+                                micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory,
+                                grad_accum=probe.grad_accum)
     result.target_memory_bytes = prediction.bytes
     result.target_breakdown = prediction.breakdown.components()
     result.target_memory_source = prediction.source

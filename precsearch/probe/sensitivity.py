@@ -55,7 +55,7 @@ def train_bf16(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device
                                   weight_decay=probe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe))
     for step in range(probe.steps):
-        _train_step(model, opt, data, step, False, clip_grad, backend, device)
+        _train_step(model, opt, data, step, False, clip_grad, backend, device, accum=probe.grad_accum)
         sched.step()
     return model
 

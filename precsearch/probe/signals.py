@@ -148,8 +148,12 @@ class Signals:
             run has none, so this is reported, not compared: ``amax_growth`` reads only tensors
             both runs have (block outputs), or the risk score would compare unlike sets.
         fp8_amax_growth_at: The FP8 operand it belongs to (``<unit>:<role>``).
+        block_amax_at: The block output whose amax grew most over the whole run (peak over its first stat
+            step's; no trend fit, so a probe too short for ``amax_growth`` still has it); its series is
+            ``block_amax``. Read by the regime check (:mod:`precsearch.probe.regime`).
         series: Per signal, ``(step, value)`` over the run, for plots: ``amax`` (of the tensor named in
-            ``amax_growth_at``), ``kurtosis``, ``alignment``, ``attention_logit`` (max over blocks), ``grad_norm``.
+            ``amax_growth_at``), ``block_amax`` (of ``block_amax_at``), ``kurtosis``, ``alignment``,
+            ``attention_logit`` (max over blocks), ``grad_norm``.
     """
 
     amax_growth: float = math.nan
@@ -167,6 +171,7 @@ class Signals:
     grad_norm_trend: float = math.nan
     fp8_amax_growth: float = math.nan
     fp8_amax_growth_at: str = ""
+    block_amax_at: str = ""
     series: dict[str, Series] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,6 +211,10 @@ def summarise(history: History, fraction: float = 0.5) -> Signals:
         if finite:
             fields[f"{prefix}_growth_at"] = worst = max(finite, key=finite.__getitem__)
             fields[f"{prefix}_growth"], series[kind] = finite[worst], amax[worst]
+    blocks = {item: sorted(v.items()) for item, v in history.get("amax", {}).items() if item.startswith("block.")}
+    if runs := {item: _run_growth(points) for item, points in blocks.items()}:
+        fields["block_amax_at"] = worst = max(runs, key=runs.__getitem__)
+        series["block_amax"] = blocks[worst]
     for kind, log in (("kurtosis", True), ("alignment", False), ("attention_logit", False)):
         if history.get(kind):
             points, holder = per_step_max(history[kind])
@@ -218,6 +227,12 @@ def summarise(history: History, fraction: float = 0.5) -> Signals:
         series["grad_norm"] = points = sorted(history["grad_norm"]["model"].items())
         fields["grad_norm_trend"] = trend(points, fraction, log=True, robust=True)
     return Signals(**fields, series=series)
+
+
+def _run_growth(points: Series) -> float:
+    """Peak over first value of a positive series (0 when it has no finite positive start)."""
+    values = [v for _, v in points if math.isfinite(v) and v > 0]
+    return max(values) / values[0] if values else 0.0
 
 
 def grad_norm_trend(grad_norms: Sequence[float], fraction: float = 0.5) -> float:

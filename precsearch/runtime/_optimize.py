@@ -28,6 +28,7 @@ from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record
 from precsearch.runtime.liveness import WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe
+from precsearch.runtime.regime_gate import gate_regime
 from precsearch.runtime.say import say
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.stopping import deferred_signals
@@ -297,7 +298,12 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
                                                 stress_probe(ctx.space) is not None))
         return _probe(ctx, reference, label, probe, leg=leg)
 
-    return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
+    references = gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
+    if (policy.clip_grad, rung) not in ctx.regime_checked:  # once per distinct set of references
+        ctx.regime_checked.add((policy.clip_grad, rung))
+        gate_regime(ctx.space, references.seeds, f"clip_grad {policy.clip_grad}, {rung} steps",
+                    lambda message: say(ctx, message))
+    return references
 
 
 def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,

@@ -60,7 +60,9 @@ def reference_key(space: Space, clip_grad: float | None, device: torch.device,
     payload = {
         "model": space.model.probe().__dict__ | {"rope_scaling": str(space.model.probe().rope_scaling)},
         "data": space.data.model_dump(mode="json"),
-        "probe": probe.model_dump(mode="json", exclude={"device"}),
+        # grad_accum 1 is left out: references cached before accumulation existed keep their keys
+        "probe": probe.model_dump(mode="json", exclude={"device"} | ({"grad_accum"} if probe.grad_accum == 1
+                                                                     else set())),
         "clip_grad": clip_grad,
         "baseline_memory": space.objectives.baseline_memory.model_dump(mode="json"),
         "device": device.type,

@@ -52,6 +52,7 @@ class StudyRun:
     status: terminal.StudyStatus | None = None
     lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
     sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
+    regime_checked: set = field(default_factory=set)  # (clip_grad, rung) whose references had the regime check
 
 
 

@@ -87,7 +87,7 @@ def memory_effect(space: Space, unit: str, precision: Precision) -> float:
     cfg = memory_basis(space)
     knobs = MemoryKnobs(**space.objectives.baseline_memory.model_dump())
     kwargs = dict(seq_len=space.probe.seq_len, micro_batch=space.probe.micro_batch,
-                  param_dtype=space.probe.param_dtype, memory=knobs)
+                  param_dtype=space.probe.param_dtype, memory=knobs, grad_accum=space.probe.grad_accum)
     base = predict_peak(cfg, {}, **kwargs).total
     return 1.0 - predict_peak(cfg, {unit: precision}, **kwargs).total / base
 

@@ -13,7 +13,7 @@ def _check_batch_args(tokens: torch.Tensor, **sizes: int) -> None:
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
     for name, value in sizes.items():
-        least = 1 if name in ("seq_len", "micro_batch") else 0
+        least = 1 if name in ("seq_len", "micro_batch", "grad_accum") else 0
         if value < least:
             raise ValueError(f"{name} must be >= {least}, got {value}")
 
@@ -27,17 +27,20 @@ class TokenBatches:
 
     The end of the stream is held out: ``HELD_OUT_FRACTION`` of it, and at least
     ``eval_batches * micro_batch * seq_len + 1`` tokens. Training windows are drawn
-    only from the tokens before it, so the two never overlap. The held-out windows
+    only from the tokens before it, so the two never overlap. A step of ``grad_accum``
+    micro-batches draws all its windows at once and hands them out ``micro_batch`` at a time. The held-out windows
     are spread evenly over the held-out part (not packed at its start) so that the
     loss gap is measured on varied text, not on one file. They depend only on the
     stream, not on ``seed``, so every trial is scored on the same tokens.
     """
 
     def __init__(
-        self, tokens: torch.Tensor, *, seq_len: int, micro_batch: int, seed: int, eval_batches: int = 4
+        self, tokens: torch.Tensor, *, seq_len: int, micro_batch: int, seed: int, eval_batches: int = 4,
+        grad_accum: int = 1,
     ):
-        _check_batch_args(tokens, seq_len=seq_len, micro_batch=micro_batch, seed=seed, eval_batches=eval_batches)
-        self.seq_len, self.micro_batch = seq_len, micro_batch
+        _check_batch_args(tokens, seq_len=seq_len, micro_batch=micro_batch, seed=seed, eval_batches=eval_batches,
+                          grad_accum=grad_accum)
+        self.seq_len, self.micro_batch, self.grad_accum = seq_len, micro_batch, grad_accum
         self.seed, self.eval_batches = seed, eval_batches
         need = eval_batches * micro_batch * seq_len + 1 if eval_batches else 0
         tail = max(need, int(HELD_OUT_FRACTION * tokens.numel())) if eval_batches else 0
@@ -64,17 +67,25 @@ class TokenBatches:
         return self.eval_start - self.seq_len - 1
 
     def train_offsets(self, step: int) -> torch.Tensor:
-        """Start indices of the ``micro_batch`` windows of ``step`` (a function of seed and step)."""
+        """Start indices of the ``micro_batch x grad_accum`` windows of ``step`` (a function of seed and step).
+
+        One draw per step, cut into micro-batches in order: with ``grad_accum`` 1 it is the draw a
+        probe made before accumulation existed, so those runs see the same windows.
+        """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         # SeedSequence mixes (seed, step) so nearby seeds and steps give unrelated draws.
         mixed = int(np.random.SeedSequence([self.seed, step]).generate_state(1, dtype=np.uint64)[0])
         gen = torch.Generator().manual_seed(mixed)
-        return torch.randint(0, self.max_offset + 1, (self.micro_batch,), generator=gen)
+        return torch.randint(0, self.max_offset + 1, (self.micro_batch * self.grad_accum,), generator=gen)
 
-    def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, targets)``, each ``(micro_batch, seq_len)`` int64; targets are inputs shifted by one."""
-        return self._windows(self.train_offsets(step))
+    def train_batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch ``micro`` of ``step`` as ``(inputs, targets)``, each ``(micro_batch, seq_len)`` int64;
+        targets are inputs shifted by one."""
+        if not 0 <= micro < self.grad_accum:
+            raise ValueError(f"micro must lie in [0, {self.grad_accum}), got {micro}")
+        rows = self.train_offsets(step)[micro * self.micro_batch:(micro + 1) * self.micro_batch]
+        return self._windows(rows)
 
     def eval_set(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The ``eval_batches`` held-out ``(inputs, targets)`` batches, spread over the held-out tail."""

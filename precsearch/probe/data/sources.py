@@ -136,7 +136,7 @@ def load_batches(space: "Space") -> TokenBatches:
                          field=d.field)
     try:
         return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
-                            eval_batches=d.eval_batches)
+                            eval_batches=d.eval_batches, grad_accum=p.grad_accum)
     except DataError as exc:
         where = d.path if d.path is not None else f"the {d.source.value} stream"
         limited = d.max_tokens is not None and tokens.numel() == d.max_tokens
