@@ -73,7 +73,7 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
         if step in at:
             states.append(_snapshot(model, opt, units, step, probe.lr * factor(step)))
         if step < max(at):
-            _train_step(model, opt, data, step, False, clip_grad, backend, device)
+            _train_step(model, opt, data, step, False, clip_grad, backend, device, accum=probe.grad_accum)
             sched.step()
     return states
 
