@@ -1,10 +1,10 @@
 """The memory model against ``bench_memory_knobs.py``'s H200 measurements, row by row (runs on a CPU).
 
 For each measured row: the model's breakdown for the reference stack's shape and knobs
-(:func:`precsearch.probe.memory.predict_peak`; blocks FP8 delayed or BF16, head BF16, BF16 parameters),
+(:func:`precsearch.probe.memory.peak.predict_peak`; blocks FP8 delayed or BF16, head BF16, BF16 parameters),
 its step-phase peak (parameters, gradients, optimizer state, FusedAdam's FP32 copies: no activations,
 so no calibration) against the measured step phase, and the whole peak against the measured one. The
-model over-counts the activations of TE's fused modules (see ``precsearch/probe/memory.py``), so the
+model over-counts the activations of TE's fused modules (see ``precsearch/probe/memory/peak.py``), so the
 backward peak is corrected by one offset per compute precision: measured minus predicted backward peak of
 that call's standard-optimizer row (``bf16_std``, ``fp8_std``); every other row is a prediction.
 Those fit rows match by construction (0.0% whole-peak error): they are marked ``fit`` in the table
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.probe.model import PRESETS, linear_layer_names
+from precsearch.probe.memory.peak import MemoryBreakdown, predict_peak
+from precsearch.probe.model.llama3 import PRESETS, linear_layer_names
 
 GIB = 2**30
 TARGET_ERROR = 0.03

@@ -208,7 +208,7 @@ class TEBackend(Backend):
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
         """Rebuild the probe from Transformer Engine's fused modules, each unit under its recipe, in place.
 
-        For the probe (:class:`~precsearch.probe.model.Llama3`) every unit becomes
+        For the probe (:class:`~precsearch.probe.model.llama3.Llama3`) every unit becomes
         a TE module (:mod:`precsearch.backends.te_stack`), BF16 ones included, as
         in Megatron-Core; units absent from ``recipes`` run BF16. Any other model
         (a Hugging Face Llama under :func:`precsearch.load_policy`) gets a
@@ -278,7 +278,7 @@ class TEBackend(Backend):
 
 
 def _is_probe(model: nn.Module) -> bool:
-    """The probe's layout (:class:`precsearch.probe.model.Llama3`), told by shape: backends import no probe."""
+    """The probe's layout (:class:`precsearch.probe.model.llama3.Llama3`), told by shape: backends import no probe."""
     return hasattr(model, "cfg") and hasattr(model, "decoder") and hasattr(model, "output_layer")
 
 

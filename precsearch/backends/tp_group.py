@@ -1,5 +1,5 @@
 """A tensor-parallel group and the collectives around a split unit (Megatron's ``f``/``g`` and their
-sequence-parallel twins); what the split means is in :mod:`precsearch.probe.tensor_parallel`.
+sequence-parallel twins); what the split means is in :mod:`precsearch.probe.parallel.tensor_parallel`.
 
 It lives with the backends because both sides use it: the plain probe calls these collectives
 around its units, the ``te`` backend hands the group to Transformer Engine's modules and marks

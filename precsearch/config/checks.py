@@ -17,7 +17,7 @@ from precsearch.backends.tp_group import unsplittable
 from precsearch.config.group_checks import check_groups
 from precsearch.config.space import FILE_SOURCES, DataSource, Space
 from precsearch.config.unit_checks import check_units
-from precsearch.config.values import check_values
+from precsearch.config.value_checks import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe
@@ -176,7 +176,7 @@ def _check_nproc(space: Space) -> None:
                         f"valid: the defaults, or nproc 1", field="objectives.baseline_memory")
 
 
-#: Backends that split a probe's blocks over ranks (:mod:`precsearch.probe.tensor_parallel`).
+#: Backends that split a probe's blocks over ranks (:mod:`precsearch.probe.parallel.tensor_parallel`).
 TP_BACKENDS = ("auto", "emulated", "te")
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.rendered import (
+from precsearch.export.format_output import (
     ATTN_PROJS,
     MLP_PROJS,
     Rendered,

@@ -59,7 +59,7 @@ from typing import Any
 
 import yaml
 
-from precsearch.export.rendered import (
+from precsearch.export.format_output import (
     LM_HEAD,
     Rendered,
     block_ranges,

@@ -42,7 +42,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.rendered import (
+from precsearch.export.format_output import (
     ATTN_PROJS,
     LM_HEAD,
     MLP_PROJS,

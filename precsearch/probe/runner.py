@@ -22,16 +22,16 @@ from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe import continuation
-from precsearch.probe.checkpoint_init import init_from_checkpoint
-from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
+from precsearch.probe.model.checkpoint_init import init_from_checkpoint
+from precsearch.probe.memory.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
-from precsearch.probe.events import StepMonitor
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.phase_memory import PhaseMemory
-from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
+from precsearch.probe.measure.events import StepMonitor
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.memory.phases import PhaseMemory
+from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model, linear_layer_names
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.signal_recorder import SignalRecorder
+from precsearch.probe.measure.signal_recorder import SignalRecorder
 
 StepCallback = Callable[[int, float, float], None]
 
@@ -45,9 +45,9 @@ class Parallel:
 
     Attributes:
         split: Called on the whole, seeded model before a backend converts it (tensor parallelism
-            keeps this rank's slices here, :mod:`precsearch.probe.tensor_parallel`).
+            keeps this rank's slices here, :mod:`precsearch.probe.parallel.tensor_parallel`).
         shard: Called on the converted model before the optimizer is built (FSDP2 wraps it here,
-            see :mod:`precsearch.probe.distributed`).
+            see :mod:`precsearch.probe.parallel.distributed`).
         mean: The mean over processes of a per-process scalar (each process's loss on its rows).
         clip: After the backward: completes the gradients (sums the shares ranks hold) and clips them
             to a max norm in place; returns the whole model's gradient norm.
@@ -121,10 +121,10 @@ def run_probe(
 
     ``target`` is the full model the policy is meant for (default: ``cfg``); its peak memory
     is predicted, and calibrated by this probe's measurement on a GPU
-    (:mod:`precsearch.probe.calibration`).
+    (:mod:`precsearch.probe.memory.calibration`).
 
     ``diagnostics`` sets how often per-layer FP8 statistics are collected; a
-    diverged probe names its first bad layer (:mod:`precsearch.probe.diagnostics`).
+    diverged probe names its first bad layer (:mod:`precsearch.probe.measure.diagnostics`).
 
     ``leg`` makes this probe a stretch of a longer run: continued from a checkpoint, its LR
     schedule laid over the whole run, its state saved at the end (:mod:`precsearch.probe.continuation`).

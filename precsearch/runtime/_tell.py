@@ -14,7 +14,7 @@ from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime.front_update import update_front
 from precsearch.runtime.reference import References
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, promotion
 from precsearch.search.front import policy_summary

@@ -1,7 +1,7 @@
 """The sensitivity table: for each searched unit x precision, its predicted loss, memory and speed effect.
 
 * **loss** (``predicted_instability``): the estimator's score when only that
-  unit changes (:mod:`precsearch.probe.sensitivity`), clipped at 0 the way the
+  unit changes (:mod:`precsearch.probe.measure.sensitivity`), clipped at 0 the way the
   study's instability is (a lead over BF16 counts as none); ``forward`` scores
   are relative loss changes, the unit of ``instability``; ``taylor`` scores are
   diagonal-Fisher values, comparable between units but not a loss.
@@ -29,9 +29,9 @@ from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import ModelConfig
-from precsearch.probe.sensitivity import train_bf16, unit_scores
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import ModelConfig
+from precsearch.probe.measure.sensitivity import train_bf16, unit_scores
 
 #: Nominal FP8 GEMM rate over BF16 (dense tensor-core peak, Hopper and Blackwell); used only for the predicted
 #: speed column.

@@ -59,7 +59,7 @@ from precsearch.fp8.scaling import ROLES
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import run_probe
 
 TE_BF16_RTOL = 1e-2

@@ -21,7 +21,7 @@ from torch import nn
 from precsearch.backends.base import UnsupportedRecipe
 from precsearch.backends.capability import gpu_capability, te_import_error, torchao_import_error
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import ModelConfig, build_model, linear_layer_names
 
 CUDA = torch.cuda.is_available()
 CAP = gpu_capability("cuda") if CUDA else None

@@ -21,8 +21,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.diagnostics import DiagnosticsConfig
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig
+from precsearch.probe.model.llama3 import ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import run_probe
 
 CUDA = torch.cuda.is_available()

@@ -24,8 +24,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.memory import max_param_elements, predict_peak
-from precsearch.probe.model import ModelConfig, linear_layer_names
+from precsearch.probe.memory.peak import max_param_elements, predict_peak
+from precsearch.probe.model.llama3 import ModelConfig, linear_layer_names
 from precsearch.probe.runner import build_probe, run_probe
 
 pytestmark = [

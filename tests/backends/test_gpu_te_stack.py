@@ -18,8 +18,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.hf_weights import to_hf
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.hf_weights import to_hf
+from precsearch.probe.model.llama3 import ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import build_probe, run_probe
 
 pytestmark = [

@@ -24,8 +24,8 @@ from precsearch.policy.file import save_policy
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.arch.units import hf_names
-from precsearch.probe.hf_weights import to_hf
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.hf_weights import to_hf
+from precsearch.probe.model.llama3 import ModelConfig, build_model, linear_layer_names
 from precsearch.probe.runner import run_probe
 
 P = Precision

@@ -15,7 +15,7 @@ import random
 import pytest
 
 from precsearch.export.registry import render
-from precsearch.export.rendered import hf_linear_names, layer_table
+from precsearch.export.format_output import hf_linear_names, layer_table
 from precsearch.export.torchtitan import (
     CONVERTER,
     FILE,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import PRESETS, linear_layer_names
-from precsearch.probe.phase_memory import PhaseMemory
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import PRESETS, linear_layer_names
+from precsearch.probe.memory.phases import PhaseMemory
 from precsearch.probe.result import ProbeResult
 from precsearch.search.front import format_table
 from precsearch.tracking.memory_report import breakdown, breakdown_png, saving_sources
