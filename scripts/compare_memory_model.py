@@ -24,10 +24,11 @@ import json
 import sys
 from pathlib import Path
 
+from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.probe.memory.peak import MemoryBreakdown, predict_peak
-from precsearch.probe.model.llama3 import PRESETS, linear_layer_names
+from precsearch.probe.model.llama3 import PRESETS
 
 GIB = 2**30
 TARGET_ERROR = 0.03
@@ -49,7 +50,7 @@ def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=meta["layers"], dim=meta["dim"], ffn_dim=meta["ffn"],
                                               vocab_size=meta["vocab"])
     p = Precision.FP8_DELAYED if config["fp8"] else Precision.BF16
-    precisions = {n: p for n in linear_layer_names(cfg) if n != "output_layer"}
+    precisions = {n: p for n in unit_names(cfg) if n != "output_layer"}
     group = cfg.num_params() if config["groups"] == "one" else None
     m = predict_peak(cfg, precisions, seq_len=meta["seq"], micro_batch=meta["mb"], param_dtype="bf16",
                      memory=knobs_of(config), state_group_elements=group)

@@ -19,14 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from precsearch.arch.units import hf_linear_names
 from precsearch.policy.rules import Policy
 from precsearch.precision import Precision
-
-#: Projections of one Llama block, Hugging Face names, in module order.
-ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
-LM_HEAD = "lm_head"
-
 
 @dataclass
 class Rendered:
@@ -34,17 +29,6 @@ class Rendered:
 
     files: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-def hf_name(block: int, proj: str) -> str:
-    """``model.layers.{block}.self_attn.q_proj`` / ``...mlp.up_proj``."""
-    part = "self_attn" if proj in ATTN_PROJS else "mlp"
-    return f"model.layers.{block}.{part}.{proj}"
-
-
-def hf_linear_names(n_layers: int) -> list[str]:
-    """Every Linear of a Llama 3 with ``n_layers`` blocks, Hugging Face names, module order."""
-    return [hf_name(i, p) for i in range(n_layers) for p in ATTN_PROJS + MLP_PROJS] + [LM_HEAD]
 
 
 def layer_table(policy: Policy, n_layers: int) -> dict[str, Precision]:
@@ -86,12 +70,7 @@ def warning_lines(warnings: list[str], comment: str = "#") -> list[str]:
 
 
 __all__ = [
-    "ATTN_PROJS",
-    "LM_HEAD",
-    "MLP_PROJS",
     "Rendered",
     "block_ranges",
-    "hf_linear_names",
-    "hf_name",
     "layer_table",
 ]

@@ -42,10 +42,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from precsearch.arch.units import HF_OUTPUT_LAYER
 from precsearch.export.format_output import (
-    ATTN_PROJS,
-    LM_HEAD,
-    MLP_PROJS,
     Rendered,
     block_ranges,
     header,
@@ -79,7 +77,7 @@ EXPRESSIBLE = {
 
 def tt_name(hf: str) -> str:
     """HF layer name -> torchtitan FQN (``model.layers.3.mlp.up_proj`` -> ``layers.3.feed_forward.w3``)."""
-    if hf == LM_HEAD:
+    if hf == HF_OUTPUT_LAYER:
         return OUTPUT
     block, proj = block_index(hf), hf.rsplit(".", 1)[-1]
     if block is None or proj not in PROJ_NAMES:
@@ -197,7 +195,7 @@ def _describe(names: list[str]) -> str:
         else:
             by_proj[n.rsplit(".", 1)[-1]].append(b)
     parts = [f"{p} in blocks {block_ranges(bs)}" for p, bs in sorted(
-        by_proj.items(), key=lambda kv: (ATTN_PROJS + MLP_PROJS).index(kv[0]))]
+        by_proj.items(), key=lambda kv: list(PROJ_NAMES).index(kv[0]))]
     return "; ".join(parts + other)
 
 

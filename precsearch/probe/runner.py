@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.arch.hf_checkpoint import CheckpointStart
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
@@ -29,7 +30,7 @@ from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
 from precsearch.probe.measure.events import StepMonitor
 from precsearch.probe.memory.peak import predict_peak
 from precsearch.probe.memory.phases import PhaseMemory
-from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.measure.signal_recorder import SignalRecorder
 
@@ -81,7 +82,7 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
         split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
-    recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
+    recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
@@ -157,7 +158,7 @@ def run_probe(
     step_times: list[float] = []
     phases = PhaseMemory(device)
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
-    watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
+    watch = LayerWatch(model, backend, unit_names(cfg), diagnostics, probe.steps)
     signals = SignalRecorder(probe.steps, diagnostics.every)
     detach_signals = signals.attach(model)
     for step in range(first, probe.steps):
@@ -304,4 +305,4 @@ def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, 
 
 def backend_precisions(policy: Policy, cfg: ModelConfig) -> dict:
     """Layer name -> precision under ``policy`` for a model of shape ``cfg``."""
-    return {n: r.precision for n, r in policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers).items()}
+    return {n: r.precision for n, r in policy.layer_recipes(unit_names(cfg), cfg.n_layers).items()}

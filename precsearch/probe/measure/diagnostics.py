@@ -172,7 +172,7 @@ class LayerWatch:
         model: The converted probe model (a ``torch.compile`` wrapper gets no
             sentinels: hooks would break its graph; statistics are still collected).
         backend: The backend that converted it (it computes the FP8 statistics).
-        names: The units to watch (``linear_layer_names`` of the probe), in execution order.
+        names: The units to watch (``unit_names`` of the probe), in execution order.
         config: Collection interval and saturation limit.
         steps: The probe's length (its last step is always collected).
     """

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.arch.config import ModelConfig
-from precsearch.arch.units import OUTPUT_LAYER, unit_names, unit_shape
+from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_names, unit_shape
 
 _FP32, _BF16 = 4, 2
 #: Logit-sized fp32 tensors alive when the log-softmax backward runs (its output, gradient in and out).
@@ -80,13 +80,18 @@ ELEMENT_BYTES: dict[Precision, float] = {
 WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2,
                                                         Precision.NVFP4: 0.5 + 1 / 256}
 
-#: The precision units of one block: (suffix, does its input arrive in BF16, is it saved anyway).
-_UNIT_INPUTS = (
-    ("self_attention.linear_qkv", False, False),  # the normalised residual stream
-    ("self_attention.linear_proj", True, True),  # the attention output, which attention saves
-    ("mlp.linear_fc1", False, False),
-    ("mlp.linear_fc2", True, False),  # silu(gate) * up, saved only by linear_fc2
-)
+#: Block units whose input attention saves anyway (its output): the unit adds no BF16 copy of it.
+_SAVED_BY_ATTENTION = ("self_attention.linear_proj",)
+
+
+def _unit_inputs() -> list[tuple[str, bool, bool]]:
+    """The units of one block: (suffix, does its input arrive in BF16, is it saved anyway).
+
+    A normed unit (:data:`~precsearch.arch.units.NORMED_UNITS`) reads the normalised residual stream,
+    in the stream's dtype (fp32 with fp32 parameters); the others read a BF16 activation (the attention
+    output, which attention saves; ``silu(gate) * up``, saved only by ``linear_fc2``).
+    """
+    return [(suffix, suffix not in NORMED_UNITS, suffix in _SAVED_BY_ATTENTION) for suffix in BLOCK_UNITS]
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ class MemoryBreakdown:
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) for each precision unit suffix of one block."""
-    return {suffix: unit_shape(cfg, suffix) for suffix, _, _ in _UNIT_INPUTS}
+    return {suffix: unit_shape(cfg, suffix) for suffix in BLOCK_UNITS}
 
 
 def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -274,7 +279,7 @@ def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision],
     split = split or {}
     total = 0.0
     for i in range(cfg.n_layers):
-        for suffix, arrives_bf16, saved_anyway in _UNIT_INPUTS:
+        for suffix, arrives_bf16, saved_anyway in _unit_inputs():
             p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
             saved = _group_input_bytes([p], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
             total += saved / split.get(suffix, 1)

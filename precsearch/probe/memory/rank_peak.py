@@ -12,15 +12,13 @@ import math
 from fractions import Fraction
 
 from precsearch.arch.config import ModelConfig
-from precsearch.arch.units import OUTPUT_LAYER
+from precsearch.arch.units import NORMED_UNITS, OUTPUT_LAYER
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe.memory.peak import (MemoryBreakdown, fp8_attention_saving, linear_shapes, other_activation_bytes,
                                      predict_peak, saved_linear_input_bytes, unit_weight_bytes)
 from precsearch.probe.runner import backend_precisions
 
-#: Units whose input is the (normalised) residual stream: sequence parallelism splits it, TP alone does not.
-_STREAM_INPUTS = ("self_attention.linear_qkv", "mlp.linear_fc1")
 _FP32, _BF16 = 4, 2
 
 
@@ -65,7 +63,7 @@ def predict_rank_peak(cfg: ModelConfig, probe: ProbeSection, policy: Policy) -> 
         block_local = block - (gemms - weights[OUTPUT_LAYER].elements) / cfg.n_layers * (1 - 1 / tp)
         copies = bf16_copies + (root + 2 * block_local) * (_FP32 if probe.param_dtype == "fp32" else _BF16)
     stream = tp if probe.sequence_parallel else 1  # what divides the residual stream's tensors
-    split = {suffix: stream if suffix in _STREAM_INPUTS else tp for suffix in linear_shapes(cfg)}
+    split = {suffix: stream if suffix in NORMED_UNITS else tp for suffix in linear_shapes(cfg)}
     tokens = probe.seq_len * rows
     return dataclasses.replace(
         own, params=_share(own.params, state), grads=_share(own.grads, state),

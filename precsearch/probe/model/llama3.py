@@ -35,18 +35,13 @@ from torch import nn
 
 from precsearch import cpu_bf16
 from precsearch.arch.config import PRESETS, ModelConfig, RopeScaling, rope_inv_freq
-from precsearch.arch.units import OUTPUT_LAYER, unit_names
+from precsearch.arch.units import OUTPUT_LAYER
 
 #: Std of the normal init of every weight matrix (HF ``initializer_range``).
 INIT_STD = 0.02
 
 #: ``f(q, k, angles)`` -> rotated ``(q, k)``; tensors ``(B, T, heads, head_dim)``, angles ``(T, head_dim)``.
 RopeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def linear_layer_names(cfg: ModelConfig) -> list[str]:
-    """The precision units of :class:`Llama3` (same as :func:`precsearch.arch.units.unit_names`)."""
-    return unit_names(cfg)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -251,11 +246,6 @@ class Llama3(nn.Module):
         #: Set by :func:`precsearch.probe.parallel.tensor_parallel.split_model` when the blocks are split over ranks.
         self.tensor_parallel = None
 
-    @staticmethod
-    def linear_names(cfg: ModelConfig) -> list[str]:
-        """Same as :func:`precsearch.arch.units.unit_names`."""
-        return unit_names(cfg)
-
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(B, T, vocab)``, or the mean cross-entropy (float32) when ``targets`` is given.
 
@@ -319,6 +309,5 @@ __all__ = [
     "RopeScaling",
     "build_model",
     "init_weights",
-    "linear_layer_names",
     "rope_inv_freq",
 ]

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from precsearch.arch.units import unit_names
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import ProbeSection
 from precsearch.fp8.formats import quantization_stats
@@ -28,11 +29,11 @@ from precsearch.probe.measure.diagnostics import (
     TensorStats,
     first_saturated,
 )
-from precsearch.probe.model.llama3 import ModelConfig, linear_layer_names
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.runner import run_probe
 
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
-NAMES = linear_layer_names(CFG)
+NAMES = unit_names(CFG)
 CPU = torch.device("cpu")
 TARGET = "decoder.layers.1.self_attention.linear_qkv"
 

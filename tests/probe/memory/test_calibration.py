@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.backends import get_backend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
@@ -17,7 +18,7 @@ from precsearch.probe.memory.calibration import (
 )
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.probe.memory.peak import predict_peak
-from precsearch.probe.model.llama3 import PRESETS, linear_layer_names
+from precsearch.probe.model.llama3 import PRESETS
 from precsearch.probe.runner import backend_precisions, run_probe
 
 WIDE = PRESETS["llama3-8b"]
@@ -25,7 +26,7 @@ SHAPE = dict(seq_len=4096, micro_batch=1, param_dtype="bf16")
 
 
 def _fp8_blocks(cfg):
-    return {n: Precision.FP8_CURRENT for n in linear_layer_names(cfg) if n != "output_layer"}
+    return {n: Precision.FP8_CURRENT for n in unit_names(cfg) if n != "output_layer"}
 
 
 def _measure(layers: int, fixed: int, per_layer: int) -> DepthMeasurement:

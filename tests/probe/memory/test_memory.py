@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from precsearch import cpu_bf16
+from precsearch.arch.units import unit_names
 from precsearch.precision import Precision
 from precsearch.probe.memory.peak import ELEMENT_BYTES, WEIGHT_BYTES, activation_bytes, linear_shapes, predict_peak
-from precsearch.probe.model.llama3 import PRESETS, ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import PRESETS, ModelConfig, build_model
 from precsearch.probe.runner import PARAM_DTYPES
 
 CFG = PRESETS["tiny"]
@@ -29,7 +30,7 @@ def test_fp8_quantizes_each_linear_input_to_one_byte():
     exception: in BF16 it reuses the attention output (saved anyway), so FP8 adds one byte
     there. If this fails, FP8 units are charged the wrong activation bytes.
     """
-    names = linear_layer_names(CFG)
+    names = unit_names(CFG)
     tokens = 128 * 8
     bf16 = predict_peak(CFG, {}, seq_len=128, micro_batch=8)
     fp8 = predict_peak(CFG, {n: Precision.FP8_CURRENT for n in names}, seq_len=128, micro_batch=8)
@@ -46,7 +47,7 @@ def test_blackwell_formats_bytes_per_element():
     assert ELEMENT_BYTES[Precision.MXFP8] == WEIGHT_BYTES[Precision.MXFP8] == 1 + 1 / 32
     assert ELEMENT_BYTES[Precision.NVFP4] == 0.5 + 1 / 16
     assert WEIGHT_BYTES[Precision.NVFP4] == 0.5 + 1 / 256
-    names = linear_layer_names(CFG)
+    names = unit_names(CFG)
     tokens, d, f = 128 * 8, CFG.dim, CFG.ffn_dim
     peaks = {p: predict_peak(CFG, {n: p for n in names}, seq_len=128, micro_batch=8)
              for p in (Precision.BF16, Precision.MXFP8, Precision.NVFP4)}
@@ -60,7 +61,7 @@ def test_blackwell_formats_bytes_per_element():
 
 def test_weights_dominate_at_short_sequences_so_fp8_saves_little():
     """With few tokens, activations are small: FP8's saving must shrink towards zero."""
-    names = linear_layer_names(PRESETS["llama3-8b"].with_overrides(n_layers=2))
+    names = unit_names(PRESETS["llama3-8b"].with_overrides(n_layers=2))
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
     fp8 = {n: Precision.FP8_DELAYED for n in names}
     short = 1 - predict_peak(cfg, fp8, seq_len=16, micro_batch=1).total / predict_peak(cfg, {}, seq_len=16, micro_batch=1).total
@@ -90,7 +91,7 @@ def test_fp8_raises_memory_at_llama3_8b_shape_with_bf16_params():
     activations FP8 saves when parameters are BF16 and the micro-batch is 1.
     """
     cfg = PRESETS["llama3-8b"]
-    fp8 = {n: Precision.FP8_DELAYED for n in linear_layer_names(cfg) if n != "output_layer"}
+    fp8 = {n: Precision.FP8_DELAYED for n in unit_names(cfg) if n != "output_layer"}
     bf16 = predict_peak(cfg, {}, seq_len=4096, micro_batch=1, param_dtype="bf16").total
     fp8_total = predict_peak(cfg, fp8, seq_len=4096, micro_batch=1, param_dtype="bf16").total
     assert 1.05 < fp8_total / bf16 < 1.30
@@ -101,7 +102,7 @@ def test_memory_knobs_move_the_optimizer_and_weight_bytes():
     from precsearch.policy import MemoryKnobs
 
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
-    fp8 = {n: Precision.FP8_CURRENT for n in linear_layer_names(cfg) if n != "output_layer"}
+    fp8 = {n: Precision.FP8_CURRENT for n in unit_names(cfg) if n != "output_layer"}
     kw = dict(seq_len=1024, micro_batch=1, param_dtype="bf16")
     n = cfg.num_params()
     plain = predict_peak(cfg, fp8, **kw)

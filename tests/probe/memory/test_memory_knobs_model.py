@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.probe.memory.peak import max_param_elements, predict_peak
-from precsearch.probe.model.llama3 import PRESETS, linear_layer_names
+from precsearch.probe.model.llama3 import PRESETS
 
 CFG = PRESETS["llama3-8b"].with_overrides(n_layers=2)
 N = CFG.num_params()
-FP8 = {n: Precision.FP8_DELAYED for n in linear_layer_names(CFG) if n != "output_layer"}
+FP8 = {n: Precision.FP8_DELAYED for n in unit_names(CFG) if n != "output_layer"}
 STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
 RESULTS = Path(__file__).resolve().parents[3] / "scripts" / "results"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from precsearch.arch.units import unit_names
 from precsearch.probe.model.hf_weights import from_hf, to_hf
 from precsearch.probe.model.llama3 import (
     PRESETS,
@@ -16,7 +17,6 @@ from precsearch.probe.model.llama3 import (
     RopeScaling,
     build_model,
     init_weights,
-    linear_layer_names,
     rope_inv_freq,
 )
 
@@ -133,11 +133,10 @@ def test_module_names_are_megatron_cores():
     assert len(names) == 3 + SMALL.n_layers * 6
 
 
-def test_linear_layer_names_match_built_model():
+def test_unit_names_match_built_model():
     model = Llama3(SMALL)
     built = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    assert linear_layer_names(SMALL) == built
-    assert Llama3.linear_names(SMALL) == built
+    assert unit_names(SMALL) == built
     assert len(built) == 4 * SMALL.n_layers + 1
     for name in built:
         assert model.get_submodule(name).bias is None
@@ -157,7 +156,7 @@ def test_projections_can_be_swapped_by_name():
     ids = torch.randint(0, SMALL.vocab_size, (1, 8))
     before = model(ids)
     wrappers = {}
-    for name in linear_layer_names(SMALL):
+    for name in unit_names(SMALL):
         wrappers[name] = Counting(model.get_submodule(name))
         model.set_submodule(name, wrappers[name])
     torch.testing.assert_close(model(ids), before)
