@@ -14,7 +14,8 @@ package above it.
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("precsearch._layers", "precsearch.errors", "precsearch.precision", "precsearch.redact",
+    ("base", ("precsearch._layers", "precsearch.errors", "precsearch.precision", "precsearch.precision_spec",
+              "precsearch.redact",
               "precsearch.version",
               "precsearch.utils")),
     ("numerics", ("precsearch.fp8", "precsearch.cpu_bf16")),

@@ -70,22 +70,13 @@ from precsearch.errors import UserError
 from precsearch.export.memory_knobs import megatron_memory
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
+from precsearch.precision_spec import SPECS
 
-#: precsearch precision -> Megatron ``Fp8Recipe`` value.
-FP8_RECIPES = {
-    Precision.FP8_DELAYED: "delayed",
-    Precision.FP8_CURRENT: "tensorwise",
-    Precision.FP8_BLOCK: "blockwise",
-    Precision.MXFP8: "mxfp8",
-}
-#: Config names in the precision config file.
-CONFIG_KEYS = {
-    Precision.BF16: "bf16",
-    Precision.FP8_CURRENT: "fp8_tensorwise",
-    Precision.FP8_BLOCK: "fp8_blockwise",
-    Precision.MXFP8: "mxfp8",
-    Precision.NVFP4: "nvfp4",
-}
+#: precsearch precision -> Megatron ``Fp8Recipe`` value (NVFP4's recipe goes to ``--fp4-recipe``).
+FP8_RECIPES = {p: spec.megatron_recipe for p, spec in SPECS.items()
+               if spec.megatron_recipe and p is not Precision.NVFP4}
+#: Config names in the precision config file (delayed scaling has none: it is a global recipe only).
+CONFIG_KEYS = {p: spec.megatron_config for p, spec in SPECS.items() if spec.megatron_config}
 #: LayerRecipe switch -> the TE environment variable that turns it off (read at TE import).
 NVFP4_ENV = {
     "nvfp4_rht": "NVTE_NVFP4_DISABLE_RHT",
@@ -128,7 +119,7 @@ def _training_recipe(precision: Precision, fp8_format: str) -> dict[str, Any]:
     if precision is Precision.BF16:
         return {}
     if precision is Precision.NVFP4:
-        return {"fp4_quantization_recipe": "nvfp4"}
+        return {"fp4_quantization_recipe": SPECS[Precision.NVFP4].megatron_recipe}
     return {"fp8_quantization_recipe": FP8_RECIPES[precision], "fp8_format": fp8_format}
 
 
@@ -240,7 +231,7 @@ def megatron_export(policy: Policy, n_layers: int,
 
     if glob is not None:
         if glob is Precision.NVFP4:
-            flags += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+            flags += ["--fp4-format", "e2m1", "--fp4-recipe", SPECS[Precision.NVFP4].megatron_recipe]
         else:
             flags += ["--fp8-format", fp8_format, "--fp8-recipe", FP8_RECIPES[glob]]
         if glob is Precision.FP8_DELAYED:

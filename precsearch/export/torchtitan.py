@@ -53,6 +53,7 @@ from precsearch.export.format_output import (
 from precsearch.export.memory_knobs import torchtitan_memory
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
+from precsearch.precision_spec import SPECS
 
 #: Hugging Face projection -> torchtitan (v0.2) Llama 3 submodule of ``layers.{i}``.
 PROJ_NAMES = {
@@ -65,14 +66,11 @@ PROJ_NAMES = {
     "down_proj": "feed_forward.w2",
 }
 OUTPUT = "output"
-CONVERTER = "quantize.linear.float8"
-MX_CONVERTER = "quantize.linear.mx"
+CONVERTER = SPECS[Precision.FP8_CURRENT].torchtitan[0]
+MX_CONVERTER = SPECS[Precision.MXFP8].torchtitan[0]
 FILE = "torchtitan_float8.toml"
 #: Each precision a converter expresses: (converter, its section key, recipe name).
-EXPRESSIBLE = {
-    Precision.FP8_CURRENT: (CONVERTER, "float8", "tensorwise"),
-    Precision.MXFP8: (MX_CONVERTER, "mx", "mxfp8_cublas_rceil"),
-}
+EXPRESSIBLE = {p: spec.torchtitan for p, spec in SPECS.items() if spec.torchtitan}
 
 
 def tt_name(hf: str) -> str:

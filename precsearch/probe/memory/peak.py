@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass
 
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
+from precsearch.precision_spec import SPECS
 from precsearch.arch.config import ModelConfig
 from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_names, unit_shape
 
@@ -65,20 +66,12 @@ _FP32, _BF16 = 4, 2
 #: Logit-sized fp32 tensors alive when the log-softmax backward runs (its output, gradient in and out).
 _LOGIT_FP32_TENSORS = 3
 
-#: Bytes per element of a saved activation (a Linear's input), scales included.
-ELEMENT_BYTES: dict[Precision, float] = {
-    Precision.BF16: 2.0,
-    Precision.FP8_DELAYED: 1.0,  # one scale per tensor
-    Precision.FP8_CURRENT: 1.0,
-    Precision.FP8_BLOCK: 1.0 + 4 / 128,  # an fp32 scale per 1x128 block
-    Precision.MXFP8: 1.0 + 1 / 32,  # an E8M0 scale per 32 elements
-    Precision.NVFP4: 0.5 + 1 / 16,  # FP4 data, an E4M3 scale per 16 elements
-}
+#: Bytes per element of a saved activation (a Linear's input), scales included (:mod:`precsearch.precision_spec`).
+ELEMENT_BYTES: dict[Precision, float] = {p: spec.activation_bytes for p, spec in SPECS.items()}
 #: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks;
 #: NVFP4: TE's default 16x16 tiles, an E4M3 scale per 256 weights; with 1x16 blocks it is 0.5 + 1/16).
 #: The per-tensor FP32 scales of NVFP4 (4 bytes per tensor) are left out.
-WEIGHT_BYTES: dict[Precision, float] = ELEMENT_BYTES | {Precision.FP8_BLOCK: 1.0 + 4 / 128**2,
-                                                        Precision.NVFP4: 0.5 + 1 / 256}
+WEIGHT_BYTES: dict[Precision, float] = {p: spec.weight_bytes for p, spec in SPECS.items()}
 
 #: Block units whose input attention saves anyway (its output): the unit adds no BF16 copy of it.
 _SAVED_BY_ATTENTION = ("self_attention.linear_proj",)
