@@ -15,7 +15,8 @@ from precsearch.backends.capability import gpu_capability
 from precsearch.backends.te_knobs import fp8_attention_model_problem
 from precsearch.backends.tp_group import unsplittable
 from precsearch.config.group_checks import check_groups
-from precsearch.config.space import FILE_SOURCES, DataSource, Space
+from precsearch.config.data_source import FILE_SOURCES, PREFIX_SOURCES, DataSource
+from precsearch.config.space import Space
 from precsearch.config.unit_checks import check_units
 from precsearch.config.value_checks import check_values
 from precsearch.errors import UserError
@@ -90,8 +91,8 @@ def _check_checkpoint(space: Space) -> None:
 
 def _check_data(space: Space) -> None:
     data = space.data
-    # a megatron path is a prefix naming two files: its reader checks both (check_data)
-    if data.source in FILE_SOURCES and data.source is not DataSource.MEGATRON and not data.path.exists():
+    # a prefix path (megatron) names several files: its reader checks them (check_data)
+    if data.source in FILE_SOURCES and data.source not in PREFIX_SOURCES and not data.path.exists():
         raise UserError(f"data file not found: {data.path}", field="data.path")
     if data.tokenizer is not None and not data.tokenizer.exists():
         raise UserError(f"tokenizer not found: {data.tokenizer}", field="data.tokenizer")

@@ -10,7 +10,8 @@ import math
 import re
 
 from precsearch.config.knob import Knob
-from precsearch.config.space import TOKENIZED_SOURCES, Space
+from precsearch.config.data_source import TOKENIZED_SOURCES
+from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.precision import MAX_AMAX_HISTORY, MAX_MARGIN
 
