@@ -152,9 +152,3 @@ class _Collective(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         return ctx.backward_op(grad, ctx.tp), None, None, None
 
-
-def unsplittable(cfg: Any, size: int) -> str | None:
-    """The first of the model's dimensions that ``size`` ranks cannot split evenly (heads, KV heads, FFN
-    rows, vocabulary), or None."""
-    return next((name for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
-                 if getattr(cfg, name) % size), None)

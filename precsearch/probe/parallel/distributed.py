@@ -80,8 +80,11 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
 
+from precsearch.backends import BackendUnavailable, resolve_device
 from precsearch.config.space import ProbeSection, Space
+from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.runner import StepCallback
@@ -122,13 +125,15 @@ def run_distributed_probe(space: Space, probe: ProbeSection, policy: Policy, lab
         timeout: Seconds before the whole launch is killed (None: no limit).
 
     Raises:
-        UserError: ``probe.nproc`` cannot run here (see :func:`precsearch.config.checks.check_nproc`).
+        UserError: ``probe.nproc`` cannot run here (:func:`precsearch.config.checks.check_nproc`,
+            :func:`check_gpus`).
         DistributedProbeError: A rank failed (naming it, with its last stderr lines) or time ran out.
     """
     from precsearch.config.checks import check_nproc
 
     space = space.model_copy(update={"probe": probe})
     check_nproc(space)
+    check_gpus(space)
     with tempfile.TemporaryDirectory(prefix="precsearch-dist-") as tmp:
         work = Path(tmp)
         request = {"space": space.model_dump(mode="json"), "policy": policy.to_dict(), "label": label}
@@ -142,6 +147,22 @@ def run_distributed_probe(space: Space, probe: ProbeSection, policy: Policy, lab
             warnings.warn(f"{_failure(work, label, probe.nproc, returncode)}\n(after the probe finished; its "
                           "result is complete and kept)", RuntimeWarning, stacklevel=2)
         return ProbeResult.from_dict(json.loads((work / "result.json").read_text()))
+
+
+def check_gpus(space: Space) -> None:
+    """On a GPU, ``probe.nproc`` processes need as many visible GPUs (one each); else a UserError saying how
+    many there are."""
+    nproc = space.probe.nproc
+    if nproc == 1:
+        return
+    try:
+        device = resolve_device(space.probe.device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="probe.device") from None
+    visible = torch.cuda.device_count() if device.type == "cuda" else None
+    if visible is not None and nproc > visible:
+        raise UserError(f"nproc {nproc} needs {nproc} GPUs (one process each) but {visible} visible; "
+                        f"valid: 1 to {visible}", field="probe.nproc")
 
 
 def _command(work: Path, nproc: int) -> list[str]:

@@ -65,7 +65,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from precsearch.backends.tp_group import PARTIAL_GRAD, SPLIT, TensorParallel, unsplittable
+from precsearch.arch.config import unsplittable
+from precsearch.backends.tp_group import PARTIAL_GRAD, SPLIT, TensorParallel
 
 __all__ = ["PARTIAL_GRAD", "SPLIT", "TensorParallel", "clip_grad_norm", "split_model", "sum_partial_grads"]
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from _spaces import tiny_space_dict
 from precsearch.backends import get_backend
-from precsearch.config.checks import check_nproc, check_space
+from precsearch.config.checks import check_space
 from precsearch.config.loader import load_space
 from precsearch.config.space import ProbeSection, Space
 from precsearch.errors import UserError
@@ -140,10 +140,10 @@ def test_nproc_is_validated():
     with pytest.raises(ValidationError, match="nproc"):
         ProbeSection(nproc=0)
     with pytest.raises(UserError, match="probe.nproc: nproc 3 does not divide micro_batch 4"):
-        check_space(_space(**{"probe.nproc": 3}), file="space.yaml", environment=False)
+        check_space(_space(**{"probe.nproc": 3}), file="space.yaml")
     knobs = _space(**{"search.memory": {"master_weights": {"choices": [False, True]}}})
     with pytest.raises(UserError, match="search.memory.master_weights"):
-        check_space(knobs, file="space.yaml", environment=False)
+        check_space(knobs, file="space.yaml")
     with pytest.raises(UserError, match="probe.nproc"):
         run_distributed_probe(_space(**{"probe.nproc": 3}), _space(**{"probe.nproc": 3}).probe,
                               _bf16(_space()), "x")
@@ -154,7 +154,7 @@ def test_nproc_beyond_the_visible_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UserError, match="probe.nproc: nproc 2 needs 2 GPUs .* but 1 visible; valid: 1 to 1"):
-        check_nproc(_space(**{"probe.device": "cuda"}))
+        distributed.check_gpus(_space(**{"probe.device": "cuda"}))
 
 
 def test_rank_batches_split_every_batch_evenly():
