@@ -23,14 +23,11 @@ RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are k
 def _load_checked_space(path: Path):
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
-    from precsearch.probe.data import check_data
+    from precsearch.runtime.preflight import preflight
 
     space = load_space(path)
     check_space(space, file=str(path))
-    try:
-        check_data(space)  # a bad data file must stop the run here, not fail every trial in its probe process
-    except UserError as exc:
-        raise exc.located(file=str(path)) from None
+    preflight(space, file=str(path))  # this machine: files, data, backend, GPUs
     _print_emulation_note(space)
     return space
 
@@ -134,7 +131,8 @@ def cmd_front(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from precsearch.export.policy_export import export, write_export
+    from precsearch.export.policy_export import write_export
+    from precsearch.runtime.study_export import export
 
     at_least("--trial", args.trial, 0, "trial numbers start at 0")
     at_least("--n-layers", args.n_layers, 1, "the blocks of the model the files are for")

@@ -10,7 +10,7 @@ checkpoint (:mod:`precsearch.probe.continuation`, as a study's fidelity rungs
 do), against a BF16 reference cut the same way, for ``--seeds`` init seeds.
 Each rung is read two ways (``final``: held-out loss gap; ``tail``: paired
 training-loss gap over the last quarter, negative counting as 0), and the first
-rung also gets the early-warning risk score (:mod:`precsearch.probe.risk`, with
+rung also gets the early-warning risk score (:mod:`precsearch.probe.measure.risk`, with
 the BF16 seeds' spread). The truth is the long rung's final gap, averaged over
 seeds. Reports Kendall's tau-b against it and stable/unstable agreement for:
 the short verdict, the promoted verdict, and the risk score (risky = unstable),
@@ -56,11 +56,11 @@ from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.probe.continuation import Leg
 from precsearch.probe.damage import MEASURES, DamageReader
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.risk import THRESHOLD, risk_score, seed_spread
+from precsearch.probe.measure.risk import THRESHOLD, risk_score, seed_spread
 from precsearch.probe.runner import run_probe
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.signals import Signals
 from precsearch.runtime.evaluate import front_policies, te_version
 from precsearch.search.sampling import policy_from_params
 from precsearch.search.scoring import tail_gap

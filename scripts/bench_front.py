@@ -38,8 +38,8 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
-from precsearch.probe.memory import linear_shapes
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.memory.peak import linear_shapes
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.runtime.evaluate import evaluate_policies, format_rows, front_policies, te_version
 from precsearch.search.pareto import dominates
 from precsearch.search.scoring import DIRECTIONS as SCORE_DIRECTIONS

@@ -6,7 +6,7 @@ memory knobs: BF16 AdamW moments, FP32 master weights, FP8 weight storage):
 
 1. trains the policy's probe at a few shallow depths (default 2 and 4 blocks)
    for a few steps and reads each peak (``torch.cuda.max_memory_allocated``);
-2. fits the memory model's residual from them (:mod:`precsearch.probe.calibration`)
+2. fits the memory model's residual from them (:mod:`precsearch.probe.memory.calibration`)
    and predicts the peak at the target's depth;
 3. trains the target itself for a few steps and measures its peak.
 
@@ -38,10 +38,10 @@ from precsearch.backends import get_backend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
-from precsearch.probe.calibration import DepthMeasurement, fit_calibration, predict_target
+from precsearch.probe.memory.calibration import DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import PRESETS, ModelConfig
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import PRESETS, ModelConfig
 from precsearch.probe.runner import backend_precisions, run_probe
 from precsearch.runtime.evaluate import te_version
 

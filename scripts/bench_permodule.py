@@ -49,7 +49,7 @@ from precsearch.config.unit_space import searched_units
 from precsearch.policy import Policy
 from precsearch.probe.data import load_batches
 from precsearch.probe.runner import run_probe
-from precsearch.probe.sensitivity import train_bf16, unit_scores
+from precsearch.probe.measure.sensitivity import train_bf16, unit_scores
 from precsearch.search.candidates import sweep
 from precsearch.search.hypervolume import hypervolume
 from precsearch.search.pareto import pareto_indices

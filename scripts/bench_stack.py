@@ -44,8 +44,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.diagnostics import DiagnosticsConfig
-from precsearch.probe.model import PRESETS, ModelConfig
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig
+from precsearch.probe.model.llama3 import PRESETS, ModelConfig
 from precsearch.probe.runner import run_probe
 from precsearch.runtime.evaluate import te_version
 

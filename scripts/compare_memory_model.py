@@ -1,10 +1,10 @@
 """The memory model against ``bench_memory_knobs.py``'s H200 measurements, row by row (runs on a CPU).
 
 For each measured row: the model's breakdown for the reference stack's shape and knobs
-(:func:`precsearch.probe.memory.predict_peak`; blocks FP8 delayed or BF16, head BF16, BF16 parameters),
+(:func:`precsearch.probe.memory.peak.predict_peak`; blocks FP8 delayed or BF16, head BF16, BF16 parameters),
 its step-phase peak (parameters, gradients, optimizer state, FusedAdam's FP32 copies: no activations,
 so no calibration) against the measured step phase, and the whole peak against the measured one. The
-model over-counts the activations of TE's fused modules (see ``precsearch/probe/memory.py``), so the
+model over-counts the activations of TE's fused modules (see ``precsearch/probe/memory/peak.py``), so the
 backward peak is corrected by one offset per compute precision: measured minus predicted backward peak of
 that call's standard-optimizer row (``bf16_std``, ``fp8_std``); every other row is a prediction.
 Those fit rows match by construction (0.0% whole-peak error): they are marked ``fit`` in the table
@@ -24,10 +24,11 @@ import json
 import sys
 from pathlib import Path
 
+from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.probe.memory import MemoryBreakdown, predict_peak
-from precsearch.probe.model import PRESETS, linear_layer_names
+from precsearch.probe.memory.peak import MemoryBreakdown, predict_peak
+from precsearch.probe.model.llama3 import PRESETS
 
 GIB = 2**30
 TARGET_ERROR = 0.03
@@ -49,7 +50,7 @@ def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=meta["layers"], dim=meta["dim"], ffn_dim=meta["ffn"],
                                               vocab_size=meta["vocab"])
     p = Precision.FP8_DELAYED if config["fp8"] else Precision.BF16
-    precisions = {n: p for n in linear_layer_names(cfg) if n != "output_layer"}
+    precisions = {n: p for n in unit_names(cfg) if n != "output_layer"}
     group = cfg.num_params() if config["groups"] == "one" else None
     m = predict_peak(cfg, precisions, seq_len=meta["seq"], micro_batch=meta["mb"], param_dtype="bf16",
                      memory=knobs_of(config), state_group_elements=group)

@@ -32,8 +32,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.diagnostics import DiagnosticsConfig, FirstBad
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig, FirstBad
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.runner import run_probe
 from precsearch.tracking.diagnostics_report import diagnostics_heatmap
 

@@ -25,7 +25,7 @@ import torch
 import precsearch
 from precsearch.backends import resolve_device
 from precsearch.config.loader import load_space
-from precsearch.export import export_trial
+from precsearch.runtime.study_export import export_trial
 from precsearch.policy import Policy
 from precsearch.backends.policy_runtime import _backend_of
 from precsearch.probe.runner import _lr_lambda, build_probe, evaluate

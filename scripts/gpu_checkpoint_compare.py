@@ -41,10 +41,10 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.hf_weights import to_hf
-from precsearch.probe.model import build_model
+from precsearch.probe.model.hf_weights import to_hf
+from precsearch.probe.model.llama3 import build_model
 from precsearch.probe.runner import run_probe
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.signals import Signals
 
 BLOCKS = ("decoder.layers.*",)
 NOISE_LIMIT = 2.0

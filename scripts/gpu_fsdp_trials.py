@@ -1,7 +1,7 @@
 """A few trials of a space whose probes span several GPUs (``probe.nproc`` > 1: FSDP2, tensor parallelism).
 
 Runs a BF16 reference, then a handful of precision policies, each as one
-distributed probe (:func:`precsearch.probe.distributed.run_distributed_probe`),
+distributed probe (:func:`precsearch.probe.parallel.distributed.run_distributed_probe`),
 and reports per GPU the measured peak memory (and the memory model's per-rank
 prediction beside it), tokens/s over both GPUs, and the loss gap against the
 BF16 reference (relative difference of the held-out loss). Prints a table and
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from precsearch.config.loader import load_space
-from precsearch.probe.distributed import run_distributed_probe
+from precsearch.probe.parallel.distributed import run_distributed_probe
 from precsearch.search.sampling import policy_from_params
 
 #: (attention, mlp) precisions tried after the BF16 reference; Hopper recipes only.

@@ -32,13 +32,13 @@ from precsearch.backends import get_backend, resolve_device
 from precsearch.config.loader import load_space
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
-from precsearch.probe.events import count_events
+from precsearch.probe.measure.events import count_events
 from precsearch.probe.runner import run_probe
 from precsearch.runtime.reference import ReferenceCache, gather_references, stress_probe
 from precsearch.search.scoring import score
 from precsearch.probe.data import load_batches
-from precsearch.probe.risk import risk_score, seed_spread
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.risk import risk_score, seed_spread
+from precsearch.probe.measure.signals import Signals
 
 RECIPES = (Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK)
 

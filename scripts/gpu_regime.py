@@ -34,7 +34,7 @@ from precsearch.config.loader import parse_space
 from precsearch.config.space import Space
 from precsearch.policy import Policy
 from precsearch.probe.data import TokenBatches, load_batches
-from precsearch.probe.events import count_events
+from precsearch.probe.measure.events import count_events
 from precsearch.probe.regime import check_regime
 from precsearch.probe.runner import run_probe
 from precsearch.search.scoring import measure_noise_floor

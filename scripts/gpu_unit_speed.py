@@ -21,7 +21,7 @@ from precsearch.policy import Policy
 from precsearch.precision import Precision
 from precsearch.probe.data import load_batches
 from precsearch.probe.runner import _forward_backward, build_probe
-from precsearch.probe.unit_timing import time_units, timed_module
+from precsearch.probe.measure.unit_timing import time_units, timed_module
 
 
 def main(space_path: str, out: str) -> int:

@@ -14,7 +14,7 @@ from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe import runner
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 
 aten = torch.ops.aten
 GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from precsearch._layers import LAYERS, UPWARD_ALLOWED, layer_of
+from precsearch._layers import BEYOND_COLUMN, LAYERS, MAY_IMPORT, UPWARD_ALLOWED, layer_of, may_import
 
 PACKAGE = Path(__file__).resolve().parents[1] / "precsearch"
 
@@ -66,6 +66,23 @@ def test_no_import_points_up_the_layers():
     assert not upward, "imports pointing up the layers:\n" + "\n".join(upward)
 
 
+def test_every_layer_has_a_may_import_column():
+    assert set(MAY_IMPORT) == {name for name, _ in LAYERS}
+
+
+def test_every_import_is_in_its_layers_may_import_column():
+    """LAYERS.md's "may import" column, not only the order: config knows no backend, export no study."""
+    outside = []
+    for importer, targets in _graph().items():
+        for target in sorted(targets):
+            a, b = LAYERS[layer_of(importer)][0], LAYERS[layer_of(target)][0]
+            if layer_of(target) > layer_of(importer) or (importer, target) in UPWARD_ALLOWED | BEYOND_COLUMN:
+                continue  # upward: test_no_import_points_up_the_layers
+            if not may_import(a, b):
+                outside.append(f"{_file(importer)} ({a}) imports {_file(target)} ({b})")
+    assert not outside, "imports outside the may-import column:\n" + "\n".join(outside)
+
+
 def test_no_import_cycle():
     graph = _graph()
     for importer, target in UPWARD_ALLOWED:  # lazy on purpose, see precsearch._layers
@@ -99,3 +116,7 @@ def test_the_checker_sees_upward_and_cyclic_imports(tmp_path):
     modules = {"precsearch.cli": module, "precsearch.errors": module, "precsearch.m": module}
     assert _imports("precsearch.m", module, modules) == {"precsearch.cli", "precsearch.errors"}
     assert layer_of("precsearch.cli") > layer_of("precsearch.errors")
+    # the column refuses what the order alone allows (export is above search, but may not import it)
+    assert layer_of("precsearch.export") > layer_of("precsearch.search")
+    assert not may_import("export", "search") and not may_import("config", "backends")
+    assert may_import("cli", "runtime") and may_import("export", "policy") and not may_import("base", "cli")

@@ -142,6 +142,13 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def unsplittable(cfg: ModelConfig, size: int) -> str | None:
+    """The first of the model's dimensions that ``size`` tensor-parallel ranks cannot split evenly (heads,
+    KV heads, FFN rows, vocabulary), or None."""
+    return next((name for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
+                 if getattr(cfg, name) % size), None)
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies (float32, ``head_dim // 2``), with Llama 3.1 scaling if set."""
     dim = cfg.head_dim

@@ -35,8 +35,11 @@ BLOCK_UNITS: dict[str, tuple[str, ...]] = {
     "mlp.linear_fc1": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.linear_fc2": ("mlp.down_proj",),
 }
-#: Units whose input RMSNorm is fused into the GEMM module (TE ``LayerNormLinear``).
+#: Units whose input RMSNorm is fused into the GEMM module (TE ``LayerNormLinear``): their input is the
+#: normalised residual stream.
 NORMED_UNITS = ("self_attention.linear_qkv", "mlp.linear_fc1")
+#: The Hugging Face projections of one block (``self_attn.q_proj`` ...), in module order.
+HF_BLOCK_PROJS: tuple[str, ...] = tuple(hf for hfs in BLOCK_UNITS.values() for hf in hfs)
 
 _HF_TO_UNIT = {hf: unit for unit, hfs in BLOCK_UNITS.items() for hf in hfs}
 _UNIT_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -47,6 +50,11 @@ def unit_names(cfg: ModelConfig) -> list[str]:
     """Every unit of a model of shape ``cfg``, in execution order (blocks, then ``output_layer``)."""
     names = [f"decoder.layers.{i}.{suffix}" for i in range(cfg.n_layers) for suffix in BLOCK_UNITS]
     return names + [OUTPUT_LAYER]
+
+
+def hf_linear_names(n_layers: int) -> list[str]:
+    """Every Linear of a Llama 3 with ``n_layers`` blocks, Hugging Face names, in module order."""
+    return [f"model.layers.{i}.{hf}" for i in range(n_layers) for hf in HF_BLOCK_PROJS] + [HF_OUTPUT_LAYER]
 
 
 def unit_of(name: str) -> str | None:

@@ -1,7 +1,7 @@
 """The contract every numeric backend keeps.
 
 A backend turns a probe model (plain ``torch.nn.Linear`` layers, see
-:mod:`precsearch.probe.model`) into one whose Linear layers compute in the
+:mod:`precsearch.probe.model.llama3`) into one whose Linear layers compute in the
 precision a policy assigns them, and switches FP8 on and off per step (for
 the BF16 warm-up).
 
@@ -133,7 +133,7 @@ class Backend(ABC):
         """Compute FP8 statistics in the following passes (or stop); default: nothing to switch.
 
         They cost extra passes over every FP8 operand, so the probe switches them
-        on only for the steps it collects (:mod:`precsearch.probe.diagnostics`).
+        on only for the steps it collects (:mod:`precsearch.probe.measure.diagnostics`).
         """
 
     def layer_stats(self, model: nn.Module) -> dict[str, dict[str, TensorStats]]:
@@ -196,7 +196,7 @@ def keep_input_norm(converted: nn.Module, original: nn.Module) -> None:
     """Give ``converted`` the RMSNorm fused into ``original``'s input (the same Parameter), if it has one.
 
     The probe's ``linear_qkv`` and ``linear_fc1`` normalise their input
-    (:class:`precsearch.probe.model.NormLinear`); a backend that swaps the GEMM
+    (:class:`precsearch.probe.model.llama3.NormLinear`); a backend that swaps the GEMM
     must keep that norm, and :meth:`WrappedLinear.norm_input` applies it.
     """
     weight = getattr(original, "layer_norm_weight", None)

@@ -35,12 +35,8 @@ import torch
 
 from precsearch.backends.base import BackendUnavailable
 from precsearch.precision import Precision
+from precsearch.precision_spec import ADA, BLACKWELL, HOPPER, SPECS, Capability
 
-Capability = tuple[int, int]
-
-ADA: Capability = (8, 9)
-HOPPER: Capability = (9, 0)
-BLACKWELL: Capability = (10, 0)
 #: TE refuses MXFP8 from this capability on (consumer Blackwell, sm_120).
 TE_MXFP8_UPPER: Capability = (12, 0)
 #: CUDA versions TE asks for: FP8 on Ada, and FP8 block scaling anywhere.
@@ -49,23 +45,6 @@ TE_BLOCK_MIN_CUDA: tuple[int, int] = (12, 9)
 
 NO_GPU_TE = "Transformer Engine needs a CUDA GPU"
 NO_GPU_TORCHAO = "torchao float8 training needs a CUDA GPU"
-
-#: Lowest compute capability of each TE recipe (the upper bound of MXFP8 is separate).
-TE_MIN_CAPABILITY: dict[Precision, Capability] = {
-    Precision.FP8_DELAYED: ADA,
-    Precision.FP8_CURRENT: ADA,
-    Precision.FP8_BLOCK: HOPPER,
-    Precision.MXFP8: BLACKWELL,
-    Precision.NVFP4: BLACKWELL,
-}
-
-_TE_LABEL = {
-    Precision.FP8_DELAYED: "FP8 delayed scaling",
-    Precision.FP8_CURRENT: "FP8 current scaling",
-    Precision.FP8_BLOCK: "FP8 block scaling",
-    Precision.MXFP8: "MXFP8",
-    Precision.NVFP4: "NVFP4",
-}
 
 #: Why torchao cannot run a precision whatever the GPU (precsearch maps only fp8_current).
 TORCHAO_NEVER: dict[Precision, str] = {
@@ -137,8 +116,8 @@ def te_reason(
         return None
     if cap is None:
         return NO_GPU_TE
-    label = _TE_LABEL[precision]
-    need = TE_MIN_CAPABILITY[precision]
+    label = SPECS[precision].label
+    need = SPECS[precision].min_capability
     if cap < need:
         return _needs(label, need, cap)
     if precision is Precision.MXFP8 and cap >= TE_MXFP8_UPPER:
@@ -180,7 +159,7 @@ def torchao_table(cap: Capability | None) -> dict[Precision, str | None]:
 
 
 #: Recipes only Blackwell's tensor cores run; elsewhere they are emulated.
-BLACKWELL_ONLY = (Precision.MXFP8, Precision.NVFP4)
+BLACKWELL_ONLY = tuple(p for p, spec in SPECS.items() if spec.min_capability == BLACKWELL)
 
 
 def emulation_note(backend: str, precisions, device: torch.device | str) -> str | None:

@@ -20,6 +20,7 @@ from precsearch.backends.te_optimizer import build_optimizer, seed_master_weight
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import NVFP4_KNOBS, Fp8Format, LayerRecipe, Precision
+from precsearch.precision_spec import SPECS
 from precsearch.backends.tensor_stats import TensorStats
 
 #: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
@@ -65,26 +66,24 @@ def make_te_recipe(recipe: LayerRecipe) -> Any:
     from transformer_engine.common import recipe as te_recipe
 
     p = recipe.precision
+    name = SPECS[p].te_recipe
+    if name is None:
+        raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
+    make = getattr(te_recipe, name)
+    if p is Precision.NVFP4:  # E2M1 data and E4M3 scales are fixed: no fp8_format
+        return make(
+            disable_rht=not recipe.nvfp4_rht,
+            disable_stochastic_rounding=not recipe.nvfp4_stochastic_rounding,
+            disable_2d_quantization=not recipe.nvfp4_2d_weights,
+        )
     if p is Precision.FP8_DELAYED:
-        return te_recipe.DelayedScaling(
+        return make(
             fp8_format=_te_format(recipe.fp8_format),
             amax_history_len=recipe.amax_history_len,
             amax_compute_algo=recipe.amax_compute_algo.value,
             margin=recipe.margin,
         )
-    if p is Precision.FP8_CURRENT:
-        return te_recipe.Float8CurrentScaling(fp8_format=_te_format(recipe.fp8_format))
-    if p is Precision.FP8_BLOCK:
-        return te_recipe.Float8BlockScaling(fp8_format=_te_format(recipe.fp8_format))
-    if p is Precision.MXFP8:
-        return te_recipe.MXFP8BlockScaling(fp8_format=_te_format(recipe.fp8_format))
-    if p is Precision.NVFP4:
-        return te_recipe.NVFP4BlockScaling(
-            disable_rht=not recipe.nvfp4_rht,
-            disable_stochastic_rounding=not recipe.nvfp4_stochastic_rounding,
-            disable_2d_quantization=not recipe.nvfp4_2d_weights,
-        )
-    raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
+    return make(fp8_format=_te_format(recipe.fp8_format))
 
 
 def fp8_metadata(unit: TEPrecisionLinear) -> dict[str, Any]:
@@ -208,7 +207,7 @@ class TEBackend(Backend):
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
         """Rebuild the probe from Transformer Engine's fused modules, each unit under its recipe, in place.
 
-        For the probe (:class:`~precsearch.probe.model.Llama3`) every unit becomes
+        For the probe (:class:`~precsearch.probe.model.llama3.Llama3`) every unit becomes
         a TE module (:mod:`precsearch.backends.te_stack`), BF16 ones included, as
         in Megatron-Core; units absent from ``recipes`` run BF16. Any other model
         (a Hugging Face Llama under :func:`precsearch.load_policy`) gets a
@@ -286,7 +285,7 @@ class TEBackend(Backend):
 
 
 def _is_probe(model: nn.Module) -> bool:
-    """The probe's layout (:class:`precsearch.probe.model.Llama3`), told by shape: backends import no probe."""
+    """The probe's layout (:class:`precsearch.probe.model.llama3.Llama3`), told by shape: backends import no probe."""
     return hasattr(model, "cfg") and hasattr(model, "decoder") and hasattr(model, "output_layer")
 
 

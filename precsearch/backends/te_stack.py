@@ -1,7 +1,7 @@
 """The probe rebuilt from Transformer Engine's fused modules, as Megatron-Core builds Llama 3.
 
 :func:`build_te_stack` swaps, in place, every module of the plain probe
-(:mod:`precsearch.probe.model`) that Megatron-Core runs on TE:
+(:mod:`precsearch.probe.model.llama3`) that Megatron-Core runs on TE:
 
 =============================  ===========================================  =====================================
 probe module                   TE module                                    precision
@@ -23,7 +23,7 @@ inside the one outer context that :meth:`~precsearch.backends.te.TEBackend.autoc
 holds while FP8 is on.
 
 **Tensor parallelism.** On a probe whose blocks were split over ranks
-(``model.tensor_parallel``, :mod:`precsearch.probe.tensor_parallel`), the GEMM
+(``model.tensor_parallel``, :mod:`precsearch.probe.parallel.tensor_parallel`), the GEMM
 modules take ``tp_group`` with ``parallel_mode`` column (q/k/v, fc1) or row
 (proj, fc2) and ``sequence_parallel``, and ``DotProductAttention`` the group's
 head split; TE runs the collectives, so the model's own hooks are reset to
@@ -331,7 +331,7 @@ def build_te_stack(model: nn.Module, recipes: Mapping[str, LayerRecipe], te_reci
     """Swap the probe's modules for TE's, in place (see the module docstring).
 
     Args:
-        model: The plain probe (:class:`precsearch.probe.model.Llama3`).
+        model: The plain probe (:class:`precsearch.probe.model.llama3.Llama3`).
         recipes: Unit name -> recipe, for every unit of the model.
         te_recipe: The TE recipe object of an FP8 recipe (shared per recipe key); None for BF16.
         fp8_weights: FP8 units keep their weights in FP8 only (``te.quantized_model_init``).

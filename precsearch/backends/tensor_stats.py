@@ -1,7 +1,7 @@
 """What the FP8 cast did to one operand: the statistics every backend reports (:meth:`Backend.layer_stats`).
 
 A type of the backend contract, so it lives with the backends; the probe's diagnostics
-(:mod:`precsearch.probe.diagnostics`) collect and read them.
+(:mod:`precsearch.probe.measure.diagnostics`) collect and read them.
 """
 
 from __future__ import annotations

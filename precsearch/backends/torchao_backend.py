@@ -71,10 +71,11 @@ from precsearch.backends.base import (
 )
 from precsearch.backends.capability import TORCHAO_NEVER, torchao_import_error, torchao_support
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
+from precsearch.precision_spec import SPECS
 
-#: precsearch precision -> torchao ``Float8LinearRecipeName`` value. torchao's ``rowwise``
-#: and ``rowwise_with_gw_hp`` have no Precision of their own yet.
-RECIPE_NAMES: dict[Precision, str] = {Precision.FP8_CURRENT: "tensorwise"}
+#: precsearch precision -> torchao ``Float8LinearRecipeName`` value (the spec's torchao column). torchao's
+#: ``rowwise`` and ``rowwise_with_gw_hp`` have no Precision of their own yet.
+RECIPE_NAMES: dict[Precision, str] = {p: spec.torchao_recipe for p, spec in SPECS.items() if spec.torchao_recipe}
 
 #: in/out features of a torchao float8 GEMM must be multiples of this.
 DIM_MULTIPLE = 16

@@ -1,5 +1,5 @@
 """A tensor-parallel group and the collectives around a split unit (Megatron's ``f``/``g`` and their
-sequence-parallel twins); what the split means is in :mod:`precsearch.probe.tensor_parallel`.
+sequence-parallel twins); what the split means is in :mod:`precsearch.probe.parallel.tensor_parallel`.
 
 It lives with the backends because both sides use it: the plain probe calls these collectives
 around its units, the ``te`` backend hands the group to Transformer Engine's modules and marks
@@ -152,9 +152,3 @@ class _Collective(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         return ctx.backward_op(grad, ctx.tp), None, None, None
 
-
-def unsplittable(cfg: Any, size: int) -> str | None:
-    """The first of the model's dimensions that ``size`` ranks cannot split evenly (heads, KV heads, FFN
-    rows, vocabulary), or None."""
-    return next((name for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size")
-                 if getattr(cfg, name) % size), None)

@@ -1,4 +1,4 @@
-"""Checks that need the whole space file, the model's layer names, or the machine.
+"""Checks that need the whole space file or the model's layer names (never the machine).
 
 Each returns nothing and raises :class:`UserError` naming the field.
 """
@@ -7,35 +7,26 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-import torch
-
-from precsearch.arch.hf_checkpoint import check_checkpoint
-from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
-from precsearch.backends.capability import gpu_capability
-from precsearch.backends.te_knobs import fp8_attention_model_problem
-from precsearch.backends.tp_group import unsplittable
+from precsearch.arch.config import unsplittable
 from precsearch.config.group_checks import check_groups
-from precsearch.config.space import FILE_SOURCES, DataSource, Space
+from precsearch.config.space import Space
 from precsearch.config.unit_checks import check_units
-from precsearch.config.values import check_values
+from precsearch.config.value_checks import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
-from precsearch.precision import LayerRecipe
 
 #: The memory knobs of ``search.memory``, each checked against the backend.
 MEMORY_KNOB_NAMES = tuple(f.name for f in fields(MemoryKnobs))
 
 
-def check_space(space: Space, *, file: str, environment: bool = True) -> None:
-    """Every cross-field check, in the order a user would fix them.
+def check_space(space: Space, *, file: str) -> None:
+    """Every cross-field check of the file, in the order a user would fix them.
 
-    With ``environment=False`` the checks that depend on this machine (data
-    files present, backend and GPU able to run each precision) are skipped, so
-    a space written for another machine can be checked here.
+    None depends on this machine, so a space written for another machine can be checked here; what this
+    machine must have (data files, checkpoint, backend and GPUs) is the CLI's preflight
+    (:mod:`precsearch.runtime.preflight`).
     """
-    checks = [check_values, _check_model, _check_warmup, check_groups, check_units, _check_nproc, _check_fidelity]
-    if environment:
-        checks += [_check_checkpoint, _check_data, _check_backend, _check_nproc_gpus]
+    checks = (check_values, _check_model, _check_warmup, check_groups, check_units, check_nproc, _check_fidelity)
     for check in checks:
         try:
             check(space)
@@ -81,76 +72,8 @@ def _check_fidelity(space: Space) -> None:
                         field="study.fidelity")
 
 
-def _check_checkpoint(space: Space) -> None:
-    """Every tensor the probe takes from ``model.init_from`` is there, with the config's shape."""
-    start = space.model.start()
-    if start is not None:
-        check_checkpoint(start.path, start.layers)
-
-
-def _check_data(space: Space) -> None:
-    data = space.data
-    # a megatron path is a prefix naming two files: its reader checks both (check_data)
-    if data.source in FILE_SOURCES and data.source is not DataSource.MEGATRON and not data.path.exists():
-        raise UserError(f"data file not found: {data.path}", field="data.path")
-    if data.tokenizer is not None and not data.tokenizer.exists():
-        raise UserError(f"tokenizer not found: {data.tokenizer}", field="data.tokenizer")
-    byte_level = data.source == DataSource.STDLIB or (data.source == DataSource.TEXT and data.tokenizer is None)
-    # (jsonl / hf_disk texts without a tokenizer are bytes too, unless they hold token ids: check_data reads them)
-    if byte_level and space.model.probe().vocab_size < 256:
-        raise UserError("byte-level data needs vocab_size >= 256", field="model.vocab_size")
-
-
-def _check_backend(space: Space) -> None:
-    try:
-        device = resolve_device(space.probe.device)
-    except BackendUnavailable as exc:
-        raise UserError(str(exc), field="probe.device") from None
-    try:
-        backend = get_backend(space.backend.value, device, needs=space.search.precisions())
-    except BackendUnavailable as exc:
-        raise UserError(str(exc), field="backend") from None
-    _check_memory_knobs(space, backend, device)
-    fields = {f"search.groups[{i}].precision": g.precision for i, g in enumerate(space.search.groups)}
-    fields |= {f"search.units[{i}].precision": u.precision for i, u in enumerate(space.search.units)}
-    fields["search.default_precision"] = space.search.default_precision
-    for field, knob in fields.items():
-        try:
-            backend.check_supported({f"{field}={p.value}": LayerRecipe(precision=p) for p in knob.options()}, device)
-        except UnsupportedRecipe as exc:
-            raise UserError(str(exc), field=field) from None
-
-
-def _check_memory_knobs(space: Space, backend, device) -> None:
-    problem = backend.memory_knob_problem(space.baseline_knobs(), device)
-    if problem:
-        raise UserError(f"{problem}; the default baseline is the standard BF16 set-up (FP32 master weights "
-                        "and moments), which needs TE FusedAdam with BF16 parameters; valid here: "
-                        "master_weights: false, moment_dtype: param (plain AdamW)", field="objectives.baseline_memory")
-    mem = space.search.memory
-    if space.probe.param_dtype == "fp32" and any(v != "fp32" for v in mem.master_dtype.options()):
-        raise UserError("master_dtype fp16 or remainders change how FP32 master copies of BF16 parameters are "
-                        "kept; with probe.param_dtype fp32 there are none; valid: fp32, or probe.param_dtype bf16",
-                        field="search.memory.master_dtype")
-    for name in MEMORY_KNOB_NAMES:
-        for value in getattr(mem, name).options():
-            knobs = MemoryKnobs(**{name: value})
-            problem = backend.memory_knob_problem(knobs, device)
-            if problem:
-                raise UserError(problem, field=f"search.memory.{name}")  # the problem names the knob and value
-    if any(v != "off" for v in mem.fp8_attention.options()):
-        problem = fp8_attention_model_problem(space.model.probe().head_dim, gpu_capability(device))
-        if problem:
-            raise UserError(f"fp8_attention: {problem}", field="search.memory.fp8_attention")
-
-
 def check_nproc(space: Space) -> None:
-    """The ``probe.nproc`` checks alone (for a probe launched on several processes)."""
-    _check_nproc(space)
-    _check_nproc_gpus(space)
-
-
-def _check_nproc(space: Space) -> None:
+    """The ``probe.nproc`` and ``probe.tp`` checks of the file alone (for a probe launched on several processes)."""
     nproc, micro_batch, tp = space.probe.nproc, space.probe.micro_batch, space.probe.tp
     _check_tp(space)
     if nproc == 1:
@@ -176,7 +99,7 @@ def _check_nproc(space: Space) -> None:
                         f"valid: the defaults, or nproc 1", field="objectives.baseline_memory")
 
 
-#: Backends that split a probe's blocks over ranks (:mod:`precsearch.probe.tensor_parallel`).
+#: Backends that split a probe's blocks over ranks (:mod:`precsearch.probe.parallel.tensor_parallel`).
 TP_BACKENDS = ("auto", "emulated", "te")
 
 
@@ -199,17 +122,3 @@ def _check_tp(space: Space) -> None:
         raise UserError(f"tp {tp} does not divide seq_len {probe.seq_len}: sequence parallelism gives each rank an "
                         f"equal share of the tokens; valid: a seq_len that {tp} divides, or "
                         f"probe.sequence_parallel: false", field="probe.seq_len")
-
-
-def _check_nproc_gpus(space: Space) -> None:
-    nproc = space.probe.nproc
-    if nproc == 1:
-        return
-    try:
-        device = resolve_device(space.probe.device)
-    except BackendUnavailable as exc:
-        raise UserError(str(exc), field="probe.device") from None
-    visible = torch.cuda.device_count() if device.type == "cuda" else None
-    if visible is not None and nproc > visible:
-        raise UserError(f"nproc {nproc} needs {nproc} GPUs (one process each) but {visible} visible; "
-                        f"valid: 1 to {visible}", field="probe.nproc")

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from precsearch.backends.registry import BACKEND_CHOICES
 from precsearch.config.damage_section import DamageSection
+from precsearch.config.data_source import FILE_SOURCES, DataSource
 from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.config.model_section import ModelSection
@@ -25,21 +26,6 @@ from precsearch.config.section import Section
 from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
-
-
-class DataSource(str, Enum):
-    STDLIB = "stdlib"  # the Python standard library's source, as bytes
-    SYNTHETIC = "synthetic"  # a seeded stream with learnable structure
-    TOKENS = "tokens"  # pre-tokenized .npy / .bin
-    TEXT = "text"  # plain text + a local tokenizer (or bytes)
-    MEGATRON = "megatron"  # a Megatron-Core indexed dataset: prefix.bin + prefix.idx
-    HF_DISK = "hf_disk"  # a Hugging Face dataset saved with save_to_disk (Arrow)
-    JSONL = "jsonl"  # JSON Lines, one document per line under `field`
-
-
-FILE_SOURCES = (DataSource.TOKENS, DataSource.TEXT, DataSource.MEGATRON, DataSource.HF_DISK, DataSource.JSONL)
-#: Sources whose documents may be texts, so a tokenizer applies.
-TOKENIZED_SOURCES = (DataSource.TEXT, DataSource.HF_DISK, DataSource.JSONL)
 
 
 class DataSection(Section):

@@ -1,5 +1,4 @@
-"""Turning a chosen trial into files training code uses."""
+"""Turning a chosen policy into files training code uses.
 
-from precsearch.export.policy_export import export_trial
-
-__all__ = ["export_trial"]
+Which trial, read from the study, is chosen in :mod:`precsearch.runtime.study_export`.
+"""

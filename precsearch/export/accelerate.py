@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.rendered import (
-    ATTN_PROJS,
-    MLP_PROJS,
+from precsearch.arch.units import HF_BLOCK_PROJS
+from precsearch.export.format_output import (
     Rendered,
     header,
     layer_table,
@@ -120,9 +119,8 @@ def _fp8_layers_expr(table: dict[str, Precision]) -> str:
         else:
             by_proj[name.rsplit(".", 1)[-1]].append(block)
     parts = []
-    for proj in ATTN_PROJS + MLP_PROJS:
+    for part, proj in (hf.split(".") for hf in HF_BLOCK_PROJS):
         if proj in by_proj:
-            part = "self_attn" if proj in ATTN_PROJS else "mlp"
             parts.append(f'    *(f"model.layers.{{i}}.{part}.{proj}" for i in {_py_blocks(by_proj[proj])}),')
     parts += [f"    {name!r}," for name in singles]
     return "FP8_LAYERS = frozenset([\n" + "\n".join(parts) + "\n])"

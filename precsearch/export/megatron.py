@@ -59,8 +59,8 @@ from typing import Any
 
 import yaml
 
-from precsearch.export.rendered import (
-    LM_HEAD,
+from precsearch.arch.units import BLOCK_UNITS, HF_OUTPUT_LAYER
+from precsearch.export.format_output import (
     Rendered,
     block_ranges,
     header,
@@ -70,31 +70,13 @@ from precsearch.errors import UserError
 from precsearch.export.memory_knobs import megatron_memory
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
+from precsearch.precision_spec import SPECS
 
-#: Megatron module under ``decoder.layers.N`` -> the Hugging Face projections it computes.
-MODULES: dict[str, tuple[str, ...]] = {
-    "self_attention.linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "self_attention.linear_proj": ("o_proj",),
-    "mlp.linear_fc1": ("gate_proj", "up_proj"),
-    "mlp.linear_fc2": ("down_proj",),
-}
-OUTPUT_LAYER = "output_layer"
-
-#: precsearch precision -> Megatron ``Fp8Recipe`` value.
-FP8_RECIPES = {
-    Precision.FP8_DELAYED: "delayed",
-    Precision.FP8_CURRENT: "tensorwise",
-    Precision.FP8_BLOCK: "blockwise",
-    Precision.MXFP8: "mxfp8",
-}
-#: Config names in the precision config file.
-CONFIG_KEYS = {
-    Precision.BF16: "bf16",
-    Precision.FP8_CURRENT: "fp8_tensorwise",
-    Precision.FP8_BLOCK: "fp8_blockwise",
-    Precision.MXFP8: "mxfp8",
-    Precision.NVFP4: "nvfp4",
-}
+#: precsearch precision -> Megatron ``Fp8Recipe`` value (NVFP4's recipe goes to ``--fp4-recipe``).
+FP8_RECIPES = {p: spec.megatron_recipe for p, spec in SPECS.items()
+               if spec.megatron_recipe and p is not Precision.NVFP4}
+#: Config names in the precision config file (delayed scaling has none: it is a global recipe only).
+CONFIG_KEYS = {p: spec.megatron_config for p, spec in SPECS.items() if spec.megatron_config}
 #: LayerRecipe switch -> the TE environment variable that turns it off (read at TE import).
 NVFP4_ENV = {
     "nvfp4_rht": "NVTE_NVFP4_DISABLE_RHT",
@@ -111,19 +93,6 @@ def megatron_name(block: int | str, module: str) -> str:
     return f"decoder.layers.{block}.{module}"
 
 
-def hf_to_megatron(name: str) -> str | None:
-    """The Megatron module computing HF layer ``name`` (``...q_proj`` -> ``...linear_qkv``), else None."""
-    if name == LM_HEAD:
-        return OUTPUT_LAYER
-    parts = name.split(".")
-    if len(parts) != 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
-        return None
-    for module, projs in MODULES.items():
-        if parts[4] in projs:
-            return megatron_name(int(parts[2]), module)
-    return None
-
-
 def megatron_table(policy: Policy, n_layers: int) -> tuple[dict[tuple[int, str], Precision], list[str]]:
     """(block, Megatron module) -> precision, and warnings (none: the policy's units are Megatron's modules).
 
@@ -131,7 +100,7 @@ def megatron_table(policy: Policy, n_layers: int) -> tuple[dict[tuple[int, str],
         PrecisionConflict: The policy gives parts of one fused module (q/k/v, gate/up) different precisions.
     """
     out = {(block, module): policy.precision_for(megatron_name(block, module), n_layers)
-           for block in range(n_layers) for module in MODULES}
+           for block in range(n_layers) for module in BLOCK_UNITS}
     return out, []
 
 
@@ -150,14 +119,14 @@ def _training_recipe(precision: Precision, fp8_format: str) -> dict[str, Any]:
     if precision is Precision.BF16:
         return {}
     if precision is Precision.NVFP4:
-        return {"fp4_quantization_recipe": "nvfp4"}
+        return {"fp4_quantization_recipe": SPECS[Precision.NVFP4].megatron_recipe}
     return {"fp8_quantization_recipe": FP8_RECIPES[precision], "fp8_format": fp8_format}
 
 
 def _edge_blocks(table: dict[tuple[int, str], Precision], n_layers: int) -> tuple[int, int]:
     """Leading and trailing blocks whose every module is BF16."""
     def all_bf16(b: int) -> bool:
-        return all(table[b, m] is Precision.BF16 for m in MODULES)
+        return all(table[b, m] is Precision.BF16 for m in BLOCK_UNITS)
 
     start = 0
     while start < n_layers and all_bf16(start):
@@ -197,7 +166,7 @@ def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: 
                                  "training_recipe": _training_recipe(p, fp8_format)})
         return key
 
-    for module in MODULES:
+    for module in BLOCK_UNITS:
         precs = {b: table[b, module] for b in blocks}
         if not precs:
             continue
@@ -258,11 +227,11 @@ def megatron_export(policy: Policy, n_layers: int,
     flags = ["--bf16"]
     config: dict[str, Any] | None = None
     glob = _global_precision(table)
-    lm_head = policy.precision_for(LM_HEAD, n_layers)
+    lm_head = policy.precision_for(HF_OUTPUT_LAYER, n_layers)
 
     if glob is not None:
         if glob is Precision.NVFP4:
-            flags += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+            flags += ["--fp4-format", "e2m1", "--fp4-recipe", SPECS[Precision.NVFP4].megatron_recipe]
         else:
             flags += ["--fp8-format", fp8_format, "--fp8-recipe", FP8_RECIPES[glob]]
         if glob is Precision.FP8_DELAYED:
@@ -374,5 +343,5 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pi
     return Rendered(files, warnings)
 
 
-__all__ = ["ARGS_FILE", "CONFIG_FILE", "MODULES", "NVFP4_ENV", "chunk_layers", "hf_to_megatron", "megatron_export",
+__all__ = ["ARGS_FILE", "CONFIG_FILE", "NVFP4_ENV", "chunk_layers", "megatron_export",
            "megatron_files", "megatron_name", "megatron_table", "nvfp4_environment"]

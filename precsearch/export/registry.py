@@ -4,7 +4,7 @@ Formats: ``policy`` (precsearch's own ``policy.yaml``), ``megatron``
 (Megatron-LM arguments and a ``--te-precision-config-file``), ``torchtitan``
 (a float8 converter TOML section) and ``accelerate`` (a Python snippet). Each
 renders ``(policy, n_layers, provenance, pipeline) -> Rendered``
-(:mod:`precsearch.export.rendered`); only Megatron takes a pipeline.
+(:mod:`precsearch.export.format_output`); only Megatron takes a pipeline.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from precsearch.errors import UserError
 from precsearch.export.accelerate import accelerate_files
 from precsearch.export.megatron import megatron_files
-from precsearch.export.rendered import Rendered
+from precsearch.export.format_output import Rendered
 from precsearch.export.torchtitan import torchtitan_files
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy

@@ -42,10 +42,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from precsearch.export.rendered import (
-    ATTN_PROJS,
-    LM_HEAD,
-    MLP_PROJS,
+from precsearch.arch.units import HF_OUTPUT_LAYER
+from precsearch.export.format_output import (
     Rendered,
     block_ranges,
     header,
@@ -55,6 +53,7 @@ from precsearch.export.rendered import (
 from precsearch.export.memory_knobs import torchtitan_memory
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
+from precsearch.precision_spec import SPECS
 
 #: Hugging Face projection -> torchtitan (v0.2) Llama 3 submodule of ``layers.{i}``.
 PROJ_NAMES = {
@@ -67,19 +66,16 @@ PROJ_NAMES = {
     "down_proj": "feed_forward.w2",
 }
 OUTPUT = "output"
-CONVERTER = "quantize.linear.float8"
-MX_CONVERTER = "quantize.linear.mx"
+CONVERTER = SPECS[Precision.FP8_CURRENT].torchtitan[0]
+MX_CONVERTER = SPECS[Precision.MXFP8].torchtitan[0]
 FILE = "torchtitan_float8.toml"
 #: Each precision a converter expresses: (converter, its section key, recipe name).
-EXPRESSIBLE = {
-    Precision.FP8_CURRENT: (CONVERTER, "float8", "tensorwise"),
-    Precision.MXFP8: (MX_CONVERTER, "mx", "mxfp8_cublas_rceil"),
-}
+EXPRESSIBLE = {p: spec.torchtitan for p, spec in SPECS.items() if spec.torchtitan}
 
 
 def tt_name(hf: str) -> str:
     """HF layer name -> torchtitan FQN (``model.layers.3.mlp.up_proj`` -> ``layers.3.feed_forward.w3``)."""
-    if hf == LM_HEAD:
+    if hf == HF_OUTPUT_LAYER:
         return OUTPUT
     block, proj = block_index(hf), hf.rsplit(".", 1)[-1]
     if block is None or proj not in PROJ_NAMES:
@@ -197,7 +193,7 @@ def _describe(names: list[str]) -> str:
         else:
             by_proj[n.rsplit(".", 1)[-1]].append(b)
     parts = [f"{p} in blocks {block_ranges(bs)}" for p, bs in sorted(
-        by_proj.items(), key=lambda kv: (ATTN_PROJS + MLP_PROJS).index(kv[0]))]
+        by_proj.items(), key=lambda kv: list(PROJ_NAMES).index(kv[0]))]
     return "; ".join(parts + other)
 
 

@@ -38,13 +38,15 @@ from precsearch.fp8.formats import (
 )
 from precsearch.fp8.nvfp4 import NVFP4_BLOCK, hadamard_matrix, nvfp4_quantize, nvfp4_stats, rht
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
+from precsearch.precision_spec import SPECS
 
 ROLES = ("input", "weight", "grad_output")
 """The tensors of a Linear layer that get quantized."""
 
-ACTIVATION_BLOCK = (1, 128)
-WEIGHT_BLOCK = (128, 128)
-MX_BLOCK = 32
+#: FP8 block scaling's tiles and MXFP8's block (:mod:`precsearch.precision_spec`).
+ACTIVATION_BLOCK = SPECS[Precision.FP8_BLOCK].activation_block
+WEIGHT_BLOCK = SPECS[Precision.FP8_BLOCK].weight_block
+MX_BLOCK = SPECS[Precision.MXFP8].activation_block[1]
 
 
 class Scaler(ABC):

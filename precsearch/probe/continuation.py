@@ -45,7 +45,7 @@ import torch
 
 from precsearch.backends.te_optimizer import compact_fp8_states
 from precsearch.fp8.scaling import Scaler
-from precsearch.probe.events import StepMonitor
+from precsearch.probe.measure.events import StepMonitor
 from precsearch.probe.result import ProbeResult
 
 _SKIP_SAID: set[Path] = set()  # folders whose skipped checkpoints were reported

@@ -5,8 +5,8 @@ at the edge of stability (too high a learning rate, too short a warm-up, too few
 amplifies any perturbation, FP8 rounding included, into percent-level loss differences within tens
 of steps (issue 28: the 8B space's BF16 reference spiked, its max attention logit reached 1012 and
 block 0's output amax went 13 -> 7296 in 40 steps). This module reads what the reference probes
-already recorded (per-step events, :mod:`precsearch.probe.events`; early-warning signals,
-:mod:`precsearch.probe.signals`) and says which signal, at which seed and step, is out of bounds.
+already recorded (per-step events, :mod:`precsearch.probe.measure.events`; early-warning signals,
+:mod:`precsearch.probe.measure.signals`) and says which signal, at which seed and step, is out of bounds.
 It runs nothing. The thresholds and why each has its value are documented beside them.
 """
 

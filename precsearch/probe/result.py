@@ -18,7 +18,7 @@ class ProbeResult:
         diverged: The probe stopped early: a non-finite loss/gradient or a loss blow-up.
         diverged_step: The step it stopped at, if it did.
         events: Unusual steps as ``{step, kind, value, baseline}`` dicts, in step order: loss
-            spikes, gradient-norm blow-ups and non-finite values (see :mod:`precsearch.probe.events`).
+            spikes, gradient-norm blow-ups and non-finite values (see :mod:`precsearch.probe.measure.events`).
         reason: Why it stopped, in words ("" if it did not).
         tokens_per_s: Training throughput over the FP8 steps (median step time).
         peak_memory_bytes: Peak training memory (of the busiest process when the probe spans several).
@@ -28,26 +28,26 @@ class ProbeResult:
         predicted_memory: The memory model's breakdown (always present).
         target_memory_bytes: Peak memory of the *target* model (``target_layers`` blocks, the
             probe's sequence length, micro-batch and policy) from the memory model, corrected by
-            this probe's own measurement when it ran on a GPU (:mod:`precsearch.probe.calibration`).
+            this probe's own measurement when it ran on a GPU (:mod:`precsearch.probe.memory.calibration`).
         target_memory_source: "calibrated" (corrected by a measurement) or "predicted".
         target_layers: Blocks of the model ``target_memory_bytes`` is for.
-        memory_calibration: The correction applied (:class:`~precsearch.probe.calibration.Calibration`).
+        memory_calibration: The correction applied (:class:`~precsearch.probe.memory.calibration.Calibration`).
         target_breakdown: The memory model's uncorrected components for the target
-            (:meth:`~precsearch.probe.memory.MemoryBreakdown.components`: weights, FP8 weight copies,
+            (:meth:`~precsearch.probe.memory.peak.MemoryBreakdown.components`: weights, FP8 weight copies,
             master weights, moments, gradients, activations, logits, step transient), bytes.
         memory_phases: On a GPU, the peak and resident bytes by step phase
-            (:class:`~precsearch.probe.phase_memory.PhaseMemory`); empty on a CPU.
+            (:class:`~precsearch.probe.memory.phases.PhaseMemory`); empty on a CPU.
         wall_s: Wall time of the whole probe, build included.
         device: Where it ran.
         layer_stats: Per-layer FP8 statistics, one ``{step, layer, role, precision, amax, scale,
             overflow, underflow, nonfinite}`` dict per FP8 layer and tensor role at each
-            collection step (see :mod:`precsearch.probe.diagnostics`).
+            collection step (see :mod:`precsearch.probe.measure.diagnostics`).
         first_bad: For a diverged probe, the first layer that went bad as ``{step, layer, tensor,
-            kind, value}`` (:class:`~precsearch.probe.diagnostics.FirstBad`), or None.
+            kind, value}`` (:class:`~precsearch.probe.measure.diagnostics.FirstBad`), or None.
         phase_s: Seconds spent per phase: build (model, conversion, optimizer), bf16_steps or
             warmup_steps and fp8_steps (the training loop), eval.
         signals: The early-warning signals of the steps this process ran
-            (:meth:`precsearch.probe.signals.Signals.to_dict`), or None.
+            (:meth:`precsearch.probe.measure.signals.Signals.to_dict`), or None.
         start_step: The first step this process ran: 0, or the step a continued run took up
             from its checkpoint (:mod:`precsearch.probe.continuation`); the per-step records
             cover the whole run from step 0 either way.

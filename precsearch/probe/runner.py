@@ -13,25 +13,26 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.arch.hf_checkpoint import CheckpointStart
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy
 from precsearch.probe import continuation
-from precsearch.probe.checkpoint_init import init_from_checkpoint
-from precsearch.probe.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
+from precsearch.probe.model.checkpoint_init import init_from_checkpoint
+from precsearch.probe.memory.calibration import Calibration, DepthMeasurement, fit_calibration, predict_target
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.diagnostics import DiagnosticsConfig, LayerWatch
-from precsearch.probe.events import StepMonitor
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.phase_memory import PhaseMemory
-from precsearch.probe.model import Llama3, ModelConfig, build_model, linear_layer_names
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
+from precsearch.probe.measure.events import StepMonitor
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.memory.phases import PhaseMemory
+from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.signal_recorder import SignalRecorder
+from precsearch.probe.measure.signal_recorder import SignalRecorder
 
 StepCallback = Callable[[int, float, float], None]
 
@@ -45,9 +46,9 @@ class Parallel:
 
     Attributes:
         split: Called on the whole, seeded model before a backend converts it (tensor parallelism
-            keeps this rank's slices here, :mod:`precsearch.probe.tensor_parallel`).
+            keeps this rank's slices here, :mod:`precsearch.probe.parallel.tensor_parallel`).
         shard: Called on the converted model before the optimizer is built (FSDP2 wraps it here,
-            see :mod:`precsearch.probe.distributed`).
+            see :mod:`precsearch.probe.parallel.distributed`).
         mean: The mean over processes of a per-process scalar (each process's loss on its rows).
         clip: After the backward: completes the gradients (sums the shares ranks hold) and clips them
             to a max norm in place; returns the whole model's gradient norm.
@@ -84,7 +85,7 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
         split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
-    recipes = policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers)
+    recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
@@ -124,10 +125,10 @@ def run_probe(
 
     ``target`` is the full model the policy is meant for (default: ``cfg``); its peak memory
     is predicted, and calibrated by this probe's measurement on a GPU
-    (:mod:`precsearch.probe.calibration`).
+    (:mod:`precsearch.probe.memory.calibration`).
 
     ``diagnostics`` sets how often per-layer FP8 statistics are collected; a
-    diverged probe names its first bad layer (:mod:`precsearch.probe.diagnostics`).
+    diverged probe names its first bad layer (:mod:`precsearch.probe.measure.diagnostics`).
 
     ``leg`` makes this probe a stretch of a longer run: continued from a checkpoint, its LR
     schedule laid over the whole run, its state saved at the end (:mod:`precsearch.probe.continuation`).
@@ -141,6 +142,48 @@ def run_probe(
         raise ValueError(f"the data is cut into {data.grad_accum} micro-batches a step, the probe asks for "
                          f"{probe.grad_accum} (probe.grad_accum)")
     start = time.perf_counter()
+    run = _prepare(cfg, probe, policy, data, backend, device, parallel, leg, init)
+    run.result.phase_s["build"] = time.perf_counter() - start
+    run.phases = PhaseMemory(device)
+    _train(run, LayerWatch(run.model, run.backend, unit_names(cfg), diagnostics, probe.steps),
+           SignalRecorder(probe.steps, diagnostics.every), on_step)
+    result = run.result
+    if not result.diverged:
+        continuation.save(leg, run.model, run.opt, run.sched, run.monitor, result)  # before the eval's FP8 forwards
+    t0 = time.perf_counter()
+    if not result.diverged:
+        result.eval_loss = parallel.mean(evaluate(run.model, run.data, run.backend, device, fp8_on=policy.uses_fp8))
+    result.phase_s["eval"] = time.perf_counter() - t0
+    # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
+    _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
+             calibrate=parallel is ONE_PROCESS, phases=run.phases)
+    return result
+
+
+@dataclass
+class _Run:
+    """One probe's training state: what :func:`_prepare` builds and each step of :func:`_train` works on."""
+
+    probe: ProbeSection
+    policy: Policy
+    device: torch.device
+    parallel: Parallel
+    backend: Backend
+    data: TokenBatches
+    model: Llama3
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    monitor: StepMonitor
+    result: ProbeResult
+    first: int
+    phases: PhaseMemory | None = None
+    step_times: list[float] = field(default_factory=list)
+
+
+def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenBatches, backend: Backend,
+             device: torch.device, parallel: Parallel, leg: continuation.Leg | None,
+             init: CheckpointStart | None) -> _Run:
+    """The model, optimizer, schedule and monitor of a probe, restored from ``leg``'s checkpoint if it has one."""
     if device.type == "cuda":
         torch.empty(0, device=device)  # initialise CUDA in this process: the reset below needs a context
         torch.cuda.reset_peak_memory_stats(device)
@@ -159,59 +202,63 @@ def run_probe(
     result = ProbeResult(device=str(device))
     monitor = StepMonitor(probe.spike_threshold, probe.grad_blowup_factor)
     first = continuation.restore(leg, model, opt, sched, monitor, result)
-    result.phase_s["build"] = time.perf_counter() - start
-    step_times: list[float] = []
-    phases = PhaseMemory(device)
-    final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
-    watch = LayerWatch(model, backend, linear_layer_names(cfg), diagnostics, probe.steps)
-    signals = SignalRecorder(probe.steps, diagnostics.every)
-    detach_signals = signals.attach(model)
-    for step in range(first, probe.steps):
-        fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
-        t0 = time.perf_counter()
-        watch.begin_step(step)
-        if signals.begin_step(step) and parallel is ONE_PROCESS:  # sharded weights are not whole here
-            signals.record_fc1_weights(model)
-        phases.mark("start")
-        loss, grad_norm = _train_step(model, opt, data, step, fp8_on, policy.clip_grad, backend, device, phases,
-                                      parallel.clip, probe.grad_accum)
-        signals.record_grad_norm(grad_norm)
-        signals.end_step()
-        loss = parallel.mean(loss)
-        sched.step()
-        phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
-        result.phase_s[phase] = result.phase_s.get(phase, 0.0) + time.perf_counter() - t0
-        if step > max(final_regime, first):  # a regime's or leg's first step pays one-off costs (allocations)
-            step_times.append(time.perf_counter() - t0)
-        result.losses.append(loss)
-        result.grad_norms.append(grad_norm)
-        result.fp8_steps.append(fp8_on)
-        watch.end_step(result.layer_stats, step)
-        result.events.extend(e.to_dict() for e in monitor.observe(step, loss, grad_norm))
-        if on_step:
-            on_step(step, loss, grad_norm)
-        if _diverged(result, probe.divergence_factor, step):
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # the weights are still the step's
-                watch.replay(step, lambda: _accumulate(model, data, step, fp8_on, backend, device,
-                                                       accum=probe.grad_accum))
-            if (bad := watch.explain(step, result.layer_stats)) is not None:
-                result.first_bad = bad.to_dict()
-                result.reason += f"; {bad.describe()}"
+    return _Run(probe, policy, device, parallel, backend, data, model, opt, sched, monitor, result, first)
+
+
+def _train(run: _Run, watch: LayerWatch, signals: SignalRecorder, on_step: StepCallback | None) -> None:
+    """The steps from ``run.first`` to ``probe.steps``, or to divergence, with diagnostics and signals attached."""
+    detach_signals = signals.attach(run.model)
+    for step in range(run.first, run.probe.steps):
+        if not _step(run, step, watch, signals, on_step):
             break
     watch.close()
     detach_signals()
-    signals.add_layer_stats(result.layer_stats)
-    result.signals = signals.signals().to_dict()
-    if not result.diverged:
-        continuation.save(leg, model, opt, sched, monitor, result)  # before the eval's FP8 forwards
+    signals.add_layer_stats(run.result.layer_stats)
+    run.result.signals = signals.signals().to_dict()
+
+
+def _step(run: _Run, step: int, watch: LayerWatch, signals: SignalRecorder, on_step: StepCallback | None) -> bool:
+    """One training step, timed and recorded; False when the probe diverged at it (its first bad layer named)."""
+    policy, result, parallel = run.policy, run.result, run.parallel
+    fp8_on = policy.uses_fp8 and step >= policy.warmup_steps
     t0 = time.perf_counter()
-    if not result.diverged:
-        result.eval_loss = parallel.mean(evaluate(model, data, backend, device, fp8_on=policy.uses_fp8))
-    result.phase_s["eval"] = time.perf_counter() - t0
-    # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
-    _measure(result, cfg, probe, policy, model, device, step_times, start, target=target,
-             calibrate=parallel is ONE_PROCESS, phases=phases)
-    return result
+    watch.begin_step(step)
+    if signals.begin_step(step) and parallel is ONE_PROCESS:  # sharded weights are not whole here
+        signals.record_fc1_weights(run.model)
+    run.phases.mark("start")
+    loss, grad_norm = _train_step(run.model, run.opt, run.data, step, fp8_on, policy.clip_grad, run.backend,
+                                  run.device, run.phases, parallel.clip, run.probe.grad_accum)
+    signals.record_grad_norm(grad_norm)
+    signals.end_step()
+    loss = parallel.mean(loss)
+    run.sched.step()
+    _time_step(run, step, fp8_on, t0)
+    result.losses.append(loss)
+    result.grad_norms.append(grad_norm)
+    result.fp8_steps.append(fp8_on)
+    watch.end_step(result.layer_stats, step)
+    result.events.extend(e.to_dict() for e in run.monitor.observe(step, loss, grad_norm))
+    if on_step:
+        on_step(step, loss, grad_norm)
+    if not _diverged(result, run.probe.divergence_factor, step):
+        return True
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # the weights are still the step's
+        watch.replay(step, lambda: _accumulate(run.model, run.data, step, fp8_on, run.backend, run.device,
+                                               accum=run.probe.grad_accum))
+    if (bad := watch.explain(step, result.layer_stats)) is not None:
+        result.first_bad = bad.to_dict()
+        result.reason += f"; {bad.describe()}"
+    return False
+
+
+def _time_step(run: _Run, step: int, fp8_on: bool, t0: float) -> None:
+    """Add the step's time to its phase, and to the throughput's steps once its regime is past its first step."""
+    policy, elapsed = run.policy, time.perf_counter() - t0
+    phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
+    run.result.phase_s[phase] = run.result.phase_s.get(phase, 0.0) + elapsed
+    final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
+    if step > max(final_regime, run.first):  # a regime's or leg's first step pays one-off costs (allocations)
+        run.step_times.append(time.perf_counter() - t0)
 
 
 def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None,
@@ -323,4 +370,4 @@ def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, 
 
 def backend_precisions(policy: Policy, cfg: ModelConfig) -> dict:
     """Layer name -> precision under ``policy`` for a model of shape ``cfg``."""
-    return {n: r.precision for n, r in policy.layer_recipes(linear_layer_names(cfg), cfg.n_layers).items()}
+    return {n: r.precision for n, r in policy.layer_recipes(unit_names(cfg), cfg.n_layers).items()}

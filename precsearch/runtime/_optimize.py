@@ -29,11 +29,11 @@ from precsearch.runtime._tell import record
 from precsearch.runtime.liveness import WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe
 from precsearch.runtime.regime_gate import gate_regime
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.stopping import deferred_signals
 from precsearch.search import promotion
-from precsearch.search.duplicates import (
+from precsearch.search.duplicate_trials import (
     MAX_DUPLICATES_IN_A_ROW,
     await_twin,
     tell_duplicate,

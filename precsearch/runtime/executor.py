@@ -82,7 +82,7 @@ class ProbeExecutor:
         give the same isolation).
         """
         if getattr(probe, "nproc", 1) > 1:
-            from precsearch.probe.distributed import run_distributed_probe
+            from precsearch.probe.parallel.distributed import run_distributed_probe
 
             return run_distributed_probe(self._space, probe, policy, label, on_step=on_step, timeout=self.timeout_s)
         self._ensure_child()

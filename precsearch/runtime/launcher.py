@@ -27,7 +27,7 @@ from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.runtime._optimize import recover_dead_trials
 from precsearch.runtime.front_update import update_front
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.session import open_run, start_guided
 from precsearch.runtime.worker import STORAGE_ENV
 from precsearch.runtime.workspace import Workspace

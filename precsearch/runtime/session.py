@@ -23,7 +23,7 @@ from precsearch.runtime.executor import ProbeExecutor
 from precsearch.runtime.liveness import WorkerId
 from precsearch.runtime.lost_stores import lost_runs
 from precsearch.runtime.reference import ReferenceCache
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.stopping import StopRequest
 from precsearch.runtime.study_store import open_study as _open_study
 from precsearch.runtime.study_store import run_ids as _run_ids

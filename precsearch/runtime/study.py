@@ -25,7 +25,7 @@ from precsearch.config.space import Space
 from precsearch.runtime._optimize import recover_dead_trials, work
 from precsearch.runtime.front_update import update_front
 from precsearch.runtime.identity import check_directory
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun, open_run, start_guided
 from precsearch.runtime.workspace import Workspace
 from precsearch.search.front import trial_rows

@@ -23,7 +23,7 @@ from precsearch.probe.data import check_data
 from precsearch.redact import redact_url
 from precsearch.runtime import stores
 from precsearch.runtime._optimize import work
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 from precsearch.runtime.session import open_run
 from precsearch.runtime.workspace import (
     DEFAULT_OUTPUT_ROOT,

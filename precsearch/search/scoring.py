@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from precsearch.config.space import ObjectivesSection
-from precsearch.probe.events import count_events
+from precsearch.probe.measure.events import count_events
 from precsearch.probe.result import ProbeResult
 
 #: Instability given to a diverged probe: far outside any sensible stability limit.

@@ -1,7 +1,7 @@
 """The sensitivity table: for each searched unit x precision, its predicted loss, memory and speed effect.
 
 * **loss** (``predicted_instability``): the estimator's score when only that
-  unit changes (:mod:`precsearch.probe.sensitivity`), clipped at 0 the way the
+  unit changes (:mod:`precsearch.probe.measure.sensitivity`), clipped at 0 the way the
   study's instability is (a lead over BF16 counts as none); ``forward`` scores
   are relative loss changes, the unit of ``instability``; ``taylor`` scores are
   diagonal-Fisher values, comparable between units but not a loss.
@@ -28,16 +28,12 @@ from precsearch.config.space import Space
 from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
+from precsearch.precision_spec import SPECS
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import ModelConfig
-from precsearch.probe.sensitivity import train_bf16, unit_scores
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import ModelConfig
+from precsearch.probe.measure.sensitivity import train_bf16, unit_scores
 
-#: Nominal FP8 GEMM rate over BF16 (dense tensor-core peak, Hopper and Blackwell); used only for the predicted
-#: speed column.
-FP8_GEMM_SPEEDUP = 2.0
-#: Nominal NVFP4 GEMM rate over BF16 (Blackwell dense peak: FP4 runs at twice FP8's rate).
-NVFP4_GEMM_SPEEDUP = 4.0
 
 
 @dataclass(frozen=True)
@@ -94,11 +90,11 @@ def memory_effect(space: Space, unit: str, precision: Precision) -> float:
 
 def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
     """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate:
-    :data:`FP8_GEMM_SPEEDUP`, :data:`NVFP4_GEMM_SPEEDUP`)."""
+    :attr:`~precsearch.precision_spec.PrecisionSpec.gemm_speedup`)."""
     if precision is Precision.BF16:
         return 0.0
     flops = {u: math.prod(unit_shape(cfg, u)) for u in unit_names(cfg)}
-    rate = NVFP4_GEMM_SPEEDUP if precision is Precision.NVFP4 else FP8_GEMM_SPEEDUP
+    rate = SPECS[precision].gemm_speedup
     return flops[unit] / sum(flops.values()) * (1.0 - 1.0 / rate)
 
 

@@ -8,7 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from precsearch.search import promotion
-from precsearch.search.duplicates import is_duplicate
+from precsearch.search.duplicate_trials import is_duplicate
 from precsearch.search.hypervolume import hypervolume
 from precsearch.search.scoring import DIRECTIONS, DIVERGED_INSTABILITY
 
@@ -41,7 +41,7 @@ def finished_count(study: optuna.Study) -> int:
 
     Trials failed because their run was interrupted or their worker died are not counted: their
     params are queued again. Promoted evaluations (longer rungs of the same policies) and duplicates
-    (:mod:`precsearch.search.duplicates`) are not counted.
+    (:mod:`precsearch.search.duplicate_trials`) are not counted.
     """
     return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
                if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t)

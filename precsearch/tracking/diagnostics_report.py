@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from precsearch.fp8.scaling import ROLES
-from precsearch.probe.diagnostics import DiagnosticsConfig, FirstBad
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig, FirstBad
 from precsearch.probe.result import ProbeResult
 from precsearch.tracking.figures import png_bytes
 

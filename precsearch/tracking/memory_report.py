@@ -6,7 +6,7 @@ Artifacts of a trial's MLflow run:
   copies, master weights, moments, gradients, activations, logits, the optimizer step's FP32
   copies) for the trial and its reference run (the baseline of ``objectives.baseline_memory``),
   in bytes, and, where the probe ran on a GPU, both probes' measured peaks and resident bytes by
-  step phase (:mod:`precsearch.probe.phase_memory`);
+  step phase (:mod:`precsearch.probe.memory.phases`);
 * ``memory/breakdown.png``: the target components as stacked bars, baseline beside trial.
 
 :func:`saving_sources` is the one-line summary ``precsearch front`` prints under each policy.

@@ -1,6 +1,6 @@
 """Early-warning signals of one trial, as MLflow metrics, a JSON artifact and a plot.
 
-What a reviewer finds on a trial's run (see :mod:`precsearch.probe.signals` and :mod:`precsearch.probe.risk`):
+What a reviewer finds on a trial's run (see :mod:`precsearch.probe.measure.signals` and :mod:`precsearch.probe.measure.risk`):
 
 * metrics ``signal_<name>`` for every measured signal of the policy, ``signal_ref_<name>`` for its BF16
   reference, ``risk_score`` and ``risk_<name>`` (each signal's excess over BF16, in units);
@@ -15,8 +15,8 @@ import json
 import math
 from pathlib import Path
 
-from precsearch.probe.risk import Risk, risk_score, seed_spread
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.risk import Risk, risk_score, seed_spread
+from precsearch.probe.measure.signals import Signals
 from precsearch.tracking.figures import png_bytes
 
 SCALARS = ("amax_growth", "kurtosis", "kurtosis_growth", "alignment", "alignment_max", "alignment_growth",
@@ -35,7 +35,7 @@ def signals_metrics(policy: Signals, reference: Signals | None,
                     spread: dict[str, float] | None = None) -> dict[str, float]:
     """``signal_*`` (and with a reference ``signal_ref_*``, ``risk_score``, ``risk_*``); NaN signals left out.
 
-    ``spread``: the BF16 seeds' spread per signal (:func:`~precsearch.probe.risk.seed_spread`).
+    ``spread``: the BF16 seeds' spread per signal (:func:`~precsearch.probe.measure.risk.seed_spread`).
     """
     metrics = _scalars(policy, "signal_")
     if reference is not None:

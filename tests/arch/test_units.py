@@ -13,7 +13,7 @@ from precsearch.arch import PRESETS
 from precsearch.arch.units import hf_names, is_normed, unit_kind, unit_names, unit_of, unit_shape
 from precsearch.policy.rules import Policy, PrecisionConflict, Rule
 from precsearch.precision import Precision as P
-from precsearch.probe.model import build_model
+from precsearch.probe.model.llama3 import build_model
 
 CFG = PRESETS["tiny"]
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from precsearch.arch.units import unit_names
 from precsearch.backends.base import Backend, UnsupportedRecipe
 from precsearch.backends.capability import (
     NO_GPU_TE,
@@ -59,7 +60,7 @@ from precsearch.fp8.scaling import ROLES
 from precsearch.policy import Policy, Rule
 from precsearch.precision import AmaxAlgo, LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 from precsearch.probe.runner import run_probe
 
 TE_BF16_RTOL = 1e-2
@@ -68,7 +69,7 @@ FP8_BELOW_BF16_DB = 6.0
 PROBE_RTOL = 0.02
 
 CFG = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64)
-NAMES = linear_layer_names(CFG)
+NAMES = unit_names(CFG)
 #: Layers given FP8 (round-robin over the case's precisions); every other Linear stays BF16.
 FP8_LAYERS = (
     "decoder.layers.0.self_attention.linear_qkv",

@@ -14,7 +14,7 @@ from precsearch.backends.emulated import EmulatedBackend, EmulatedFP8Linear
 from precsearch.fp8.nvfp4 import hadamard_matrix, rht
 from precsearch.fp8.scaling import MXScaler, NVFP4Scaler
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.model import Linear as ProbeLinear
+from precsearch.probe.model.llama3 import Linear as ProbeLinear
 
 FP8_PRECISIONS = [
     Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK, Precision.MXFP8

@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from precsearch.arch.units import unit_names
 from precsearch.backends.base import UnsupportedRecipe
 from precsearch.backends.capability import gpu_capability, te_import_error, torchao_import_error
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 
 CUDA = torch.cuda.is_available()
 CAP = gpu_capability("cuda") if CUDA else None
@@ -36,7 +37,7 @@ needs_torchao = pytest.mark.skipif(
 
 DEV = torch.device("cuda")
 CFG = ModelConfig(vocab_size=256, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64)
-NAMES = linear_layer_names(CFG)
+NAMES = unit_names(CFG)
 #: One layer per Hopper TE recipe; everything else BF16.
 MIXED = {
     "decoder.layers.0.self_attention.linear_qkv": Precision.FP8_DELAYED,

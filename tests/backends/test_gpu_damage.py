@@ -21,7 +21,7 @@ from precsearch.policy import Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")]
 CFG = ModelConfig(vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512, max_seq_len=256)

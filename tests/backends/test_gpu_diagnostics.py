@@ -15,14 +15,15 @@ import math
 import pytest
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.backends.capability import te_import_error
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, load_tokens
-from precsearch.probe.diagnostics import DiagnosticsConfig
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.measure.diagnostics import DiagnosticsConfig
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 from precsearch.probe.runner import run_probe
 
 CUDA = torch.cuda.is_available()
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_TE_ERROR is not None, reason=
 
 DEV = torch.device("cuda")
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
-NAMES = linear_layer_names(CFG)
+NAMES = unit_names(CFG)
 TARGET = "decoder.layers.1.self_attention.linear_qkv"
 
 

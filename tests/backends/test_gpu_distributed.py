@@ -17,7 +17,7 @@ from _spaces import tiny_space_dict
 from precsearch.backends import get_backend
 from precsearch.backends.capability import te_import_error
 from precsearch.config.space import Space
-from precsearch.probe.distributed import run_distributed_probe
+from precsearch.probe.parallel.distributed import run_distributed_probe
 from precsearch.probe.runner import run_probe
 from precsearch.search.sampling import policy_from_params
 from precsearch.probe.data import load_batches

@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.backends import get_backend
 from precsearch.backends.capability import te_import_error
 from precsearch.backends.te_optimizer import build_optimizer
@@ -24,8 +25,8 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.memory import max_param_elements, predict_peak
-from precsearch.probe.model import ModelConfig, linear_layer_names
+from precsearch.probe.memory.peak import max_param_elements, predict_peak
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.runner import build_probe, run_probe
 
 pytestmark = [
@@ -66,7 +67,7 @@ def _policy(memory: MemoryKnobs) -> Policy:
 
 
 def _precisions() -> dict[str, Precision]:
-    return {n: Precision.FP8_DELAYED for n in linear_layer_names(CFG) if n != "output_layer"}
+    return {n: Precision.FP8_DELAYED for n in unit_names(CFG) if n != "output_layer"}
 
 
 def _state_bytes(memory: MemoryKnobs) -> int:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from precsearch.arch.units import unit_names
 from precsearch.backends import get_backend
 from precsearch.backends.capability import te_import_error
 from precsearch.config.space import ProbeSection
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.hf_weights import to_hf
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.probe.model.hf_weights import to_hf
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 from precsearch.probe.runner import build_probe, run_probe
 
 pytestmark = [
@@ -88,10 +89,10 @@ def test_fp8_runs_only_in_the_units_the_policy_names():
     ran = {u: bool(m.linear.fp8) for m in model.modules() if hasattr(m, "units") for u in m.units}
     print(f"FP8 attention vs BF16 logits: {db:.1f} dB; fp8 ran: {ran}")
     assert FP8_MIN_SQNR_DB < db < 60
-    for name in linear_layer_names(CFG):
+    for name in unit_names(CFG):
         assert ran.get(name, False) == ("self_attention" in name), name
     assert get_backend("te", DEV).converted_layers(model) == {
-        n: Precision.FP8_CURRENT for n in linear_layer_names(CFG) if "self_attention" in n}
+        n: Precision.FP8_CURRENT for n in unit_names(CFG) if "self_attention" in n}
 
 
 def test_mlp_is_one_layernorm_mlp_when_fc1_and_fc2_share_a_recipe():

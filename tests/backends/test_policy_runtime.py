@@ -23,9 +23,9 @@ from precsearch.policy import Policy, PolicyError, PolicyRuntime, Rule, load_pol
 from precsearch.policy.file import save_policy
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.arch.units import hf_names
-from precsearch.probe.hf_weights import to_hf
-from precsearch.probe.model import ModelConfig, build_model, linear_layer_names
+from precsearch.arch.units import hf_names, unit_names
+from precsearch.probe.model.hf_weights import to_hf
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 from precsearch.probe.runner import run_probe
 
 P = Precision
@@ -80,7 +80,7 @@ def _hf_model():
 
 
 def _expected_precisions() -> dict[str, Precision]:
-    return {n: p for n in linear_layer_names(CFG) if (p := POLICY.precision_for(n, CFG.n_layers)).is_fp8}
+    return {n: p for n in unit_names(CFG) if (p := POLICY.precision_for(n, CFG.n_layers)).is_fp8}
 
 
 def _train(policy: PolicyRuntime, model: nn.Module, data: TokenBatches, hf: bool) -> list[float]:

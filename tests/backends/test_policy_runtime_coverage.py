@@ -13,7 +13,7 @@ from torch import nn
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.policy import Policy, PolicyError, PolicyRuntime, Rule
 from precsearch.precision import Precision
-from precsearch.probe.model import ModelConfig, build_model
+from precsearch.probe.model.llama3 import ModelConfig, build_model
 
 P = Precision
 CFG = ModelConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)

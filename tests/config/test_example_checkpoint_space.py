@@ -42,7 +42,7 @@ def laid_out(tmp_path) -> Path:
 
 def test_example_space_validates_against_its_checkpoint(laid_out):
     space = load_space(laid_out)
-    check_space(space, file=str(laid_out), environment=False)  # te / cuda are not on this machine
+    check_space(space, file=str(laid_out))  # te / cuda are not on this machine
     start = space.model.start()
     assert space.model.target().n_layers == 5 and space.model.probe().n_layers == 4
     assert start.layers == (0, 1, 3, 4)  # spread over 5 blocks
@@ -53,5 +53,5 @@ def test_example_space_validates_against_its_checkpoint(laid_out):
 def test_example_space_without_its_checkpoint_names_init_from(laid_out):
     shutil.rmtree(laid_out.parent.parent / "checkpoints")
     with pytest.raises(UserError) as info:
-        check_space(load_space(laid_out), file=str(laid_out), environment=False)
+        check_space(load_space(laid_out), file=str(laid_out))
     assert info.value.field == "model.init_from" and "llama3.2-1b" in str(info.value)

@@ -6,6 +6,7 @@ import pytest
 
 from precsearch.config.checks import check_space
 from precsearch.config.loader import load_space
+from precsearch.runtime.preflight import preflight
 
 SPACES = sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml"))
 
@@ -17,7 +18,9 @@ def test_shipped_space_is_valid(path):
     if space.model.init_from is not None:  # its checkpoint is the user's: test_example_checkpoint_space.py
         pytest.skip("reads a local checkpoint; tests/config/test_example_checkpoint_space.py gives it one")
     # GPU spaces name backends and devices this CPU machine lacks: check everything else.
-    check_space(space, file=str(path), environment=space.probe.device == "cpu")
+    check_space(space, file=str(path))
+    if space.probe.device == "cpu":
+        preflight(space, file=str(path))
 
 
 def test_the_real_targets_are_shipped():
@@ -26,9 +29,11 @@ def test_the_real_targets_are_shipped():
 
 
 def test_quickstart_runs_on_this_machine():
-    """The quickstart must pass the environment checks here (CPU, emulated backend)."""
+    """The quickstart must pass this machine's checks here (CPU, emulated backend)."""
     path = next(p for p in SPACES if p.name == "quickstart.yaml")
-    check_space(load_space(path), file=str(path), environment=True)
+    space = load_space(path)
+    check_space(space, file=str(path))
+    preflight(space, file=str(path))
 
 
 def test_quickstart_calls_unstable_only_outside_seed_noise():
@@ -46,5 +51,6 @@ def test_b200_spaces_validate_on_any_machine(name):
     a space naming backend te or device cuda would be refused on a CPU or, for NVFP4, on an H200."""
     path = next(p for p in SPACES if p.name == name)
     space = load_space(path)
-    check_space(space, file=str(path), environment=True)
+    check_space(space, file=str(path))
+    preflight(space, file=str(path))
     assert space.backend.value == "auto" and space.probe.device in ("auto", "cpu")

@@ -7,6 +7,7 @@ import pytest
 
 from _spaces import tiny_space_dict, write_space
 from precsearch.config.checks import check_space
+from precsearch.runtime.preflight import preflight
 from precsearch.config.loader import load_space, parse_space
 from precsearch.config.unit_space import parse_blocks, searched_units
 from precsearch.errors import UserError
@@ -75,7 +76,7 @@ def test_unit_rules_come_before_groups():
 def test_unit_errors_name_the_field(tmp_path, units, field, words):
     space = _space(units)
     with pytest.raises(UserError, match=words) as exc:
-        check_space(space, file="s.yaml", environment=False)
+        check_space(space, file="s.yaml")
     assert exc.value.field == field
 
 
@@ -91,7 +92,7 @@ def test_parse_errors_name_the_field(tmp_path):
 def test_sensitivity_needs_searched_units():
     data = tiny_space_dict(**{"search.sensitivity": {"budgets": 4}})
     with pytest.raises(UserError, match="search.units has none") as exc:
-        check_space(parse_space(data), file="s.yaml", environment=False)
+        check_space(parse_space(data), file="s.yaml")
     assert exc.value.field == "search.sensitivity"
 
 
@@ -99,9 +100,10 @@ def test_emulated_backend_takes_nvfp4_units():
     """NVFP4 is emulated (issue 19), so per-module units may choose it, with the sensitivity pass too."""
     space = _space([{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}])
     check_space(space, file="s.yaml")
+    preflight(space, file="s.yaml")
     base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
             "search.sensitivity": {}}
-    check_space(parse_space(tiny_space_dict(**base)), file="s.yaml", environment=False)
+    check_space(parse_space(tiny_space_dict(**base)), file="s.yaml")
     units = searched_units(space.search.units, 4)
     unit = units[0]
     assert unit.knob.options() == [P.BF16, P.NVFP4]
@@ -120,5 +122,5 @@ def test_sensitivity_refuses_what_it_cannot_score_or_trade():
     speed = {"search.units": [{"precision": {"choices": ["bf16", "fp8_current"]}}],
              "search.sensitivity": {"budget_on": "speed"}}
     with pytest.raises(UserError, match="enable objectives.throughput") as exc:
-        check_space(parse_space(tiny_space_dict(**speed)), file="s.yaml", environment=False)
+        check_space(parse_space(tiny_space_dict(**speed)), file="s.yaml")
     assert exc.value.field == "search.sensitivity.budget_on"

@@ -20,10 +20,10 @@ import torch
 
 from precsearch.export.accelerate import FILE, POLICY_FILE, choose_path
 from precsearch.export.registry import render
-from precsearch.export.rendered import layer_table
+from precsearch.export.format_output import layer_table
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 
 P = Precision
 N = 4

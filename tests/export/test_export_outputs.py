@@ -13,7 +13,8 @@ import pytest
 from _spaces import tiny_space_dict
 from precsearch.cli import build_parser
 from precsearch.config.loader import parse_space
-from precsearch.export.policy_export import export, write_export
+from precsearch.export.policy_export import write_export
+from precsearch.runtime.study_export import export
 from precsearch.policy import Policy
 from precsearch.runtime.workspace import Workspace
 

@@ -12,8 +12,10 @@ from precsearch.config.loader import parse_space
 from precsearch.errors import UserError
 from precsearch.export.pick import choose_trial
 from precsearch.export.registry import render
-from precsearch.export.rendered import block_ranges, hf_linear_names, layer_table
-from precsearch.export.policy_export import export, export_trial, write_export
+from precsearch.arch.units import hf_linear_names
+from precsearch.export.format_output import block_ranges, layer_table
+from precsearch.export.policy_export import write_export
+from precsearch.runtime.study_export import export, export_trial
 from precsearch.policy import Policy, Rule
 from precsearch.policy.file import load_policy_file
 from precsearch.precision import Precision

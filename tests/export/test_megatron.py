@@ -19,12 +19,11 @@ import pytest
 import yaml
 
 from _spaces import per_module_policy
+from precsearch.arch.units import BLOCK_UNITS, unit_of
 from precsearch.export.registry import render
 from precsearch.export.megatron import (
     ARGS_FILE,
     CONFIG_FILE,
-    MODULES,
-    hf_to_megatron,
     NVFP4_ENV,
     megatron_export,
     megatron_name,
@@ -137,7 +136,7 @@ def _effective(flags: list[str], config: dict | None, tmp_path: Path, n_layers: 
         recipe = mc[0].from_yaml_file(str(path)) if mc else None
     out = {}
     for b in range(n_layers):
-        for module in MODULES:
+        for module in BLOCK_UNITS:
             ctx_quantized = glob is not None and start <= b < n_layers - end
             name = megatron_name(b % (n_layers // chunks), module)
             if mc is None:
@@ -203,14 +202,14 @@ def _check_transformer_config(flags: list[str], n_layers: int, pipeline: int = 1
 
 
 def test_hf_names_map_to_megatron_modules():
-    assert hf_to_megatron("model.layers.3.self_attn.q_proj") == "decoder.layers.3.self_attention.linear_qkv"
-    assert hf_to_megatron("model.layers.3.self_attn.v_proj") == "decoder.layers.3.self_attention.linear_qkv"
-    assert hf_to_megatron("model.layers.0.self_attn.o_proj") == "decoder.layers.0.self_attention.linear_proj"
-    assert hf_to_megatron("model.layers.1.mlp.gate_proj") == "decoder.layers.1.mlp.linear_fc1"
-    assert hf_to_megatron("model.layers.1.mlp.up_proj") == "decoder.layers.1.mlp.linear_fc1"
-    assert hf_to_megatron("model.layers.12.mlp.down_proj") == "decoder.layers.12.mlp.linear_fc2"
-    assert hf_to_megatron("lm_head") == "output_layer"
-    assert hf_to_megatron("model.embed_tokens") is None
+    assert unit_of("model.layers.3.self_attn.q_proj") == "decoder.layers.3.self_attention.linear_qkv"
+    assert unit_of("model.layers.3.self_attn.v_proj") == "decoder.layers.3.self_attention.linear_qkv"
+    assert unit_of("model.layers.0.self_attn.o_proj") == "decoder.layers.0.self_attention.linear_proj"
+    assert unit_of("model.layers.1.mlp.gate_proj") == "decoder.layers.1.mlp.linear_fc1"
+    assert unit_of("model.layers.1.mlp.up_proj") == "decoder.layers.1.mlp.linear_fc1"
+    assert unit_of("model.layers.12.mlp.down_proj") == "decoder.layers.12.mlp.linear_fc2"
+    assert unit_of("lm_head") == "output_layer"
+    assert unit_of("model.embed_tokens") is None
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -250,7 +249,7 @@ def test_delayed_scaling_never_gets_first_last_flags_or_a_per_module_config():
     assert (args["--fp8-amax-history-len"], args["--fp8-amax-compute-algo"], args["--fp8-margin"]) == (
         "16", "most_recent", "1")
     assert any("refuses --first-last-layers-bf16 with --fp8-recipe delayed" in w for w in warnings)
-    assert {m["pattern"] for m in config["matchers"].values()} == {megatron_name(0, m) for m in MODULES}
+    assert {m["pattern"] for m in config["matchers"].values()} == {megatron_name(0, m) for m in BLOCK_UNITS}
     assert all(c["training_recipe"].get("fp8_quantization_recipe") != "delayed" for c in config["configs"].values())
     mc = _megatron()
     if mc is not None:  # what the warning is about: Megatron's own check

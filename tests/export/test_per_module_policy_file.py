@@ -7,7 +7,7 @@ import yaml
 
 from _spaces import per_module_policy
 from precsearch.export.registry import render
-from precsearch.export.rendered import layer_table
+from precsearch.export.format_output import layer_table
 from precsearch.policy import Policy
 
 

@@ -15,7 +15,8 @@ import random
 import pytest
 
 from precsearch.export.registry import render
-from precsearch.export.rendered import hf_linear_names, layer_table
+from precsearch.arch.units import hf_linear_names
+from precsearch.export.format_output import layer_table
 from precsearch.export.torchtitan import (
     CONVERTER,
     FILE,

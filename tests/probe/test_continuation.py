@@ -13,7 +13,7 @@ from precsearch.policy import Policy
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.continuation import Leg
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.model import PRESETS
+from precsearch.probe.model.llama3 import PRESETS
 from precsearch.probe.runner import run_probe
 
 CPU = torch.device("cpu")
@@ -103,7 +103,7 @@ def test_a_te_delayed_scaling_checkpoint_of_this_run_loads(tmp_path, monkeypatch
     """TE's delayed-scaling metadata comes back (seen on the H200: every delayed-scaling rung after the
     first failed with TE's refusal), and the opt-in does not outlive the load."""
     from precsearch.probe import continuation
-    from precsearch.probe.events import StepMonitor
+    from precsearch.probe.measure.events import StepMonitor
     from precsearch.probe.result import ProbeResult
 
     monkeypatch.delenv("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", raising=False)

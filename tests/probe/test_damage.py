@@ -16,7 +16,7 @@ from precsearch.precision import Precision
 from precsearch.probe.damage import DamageReader, gram
 from precsearch.probe.damage.update import applied_update, baseline_update
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 PROBE = ProbeSection(steps=8, micro_batch=4, seq_len=32, lr=3e-3, lr_warmup_steps=2, device="cpu")

@@ -240,7 +240,7 @@ def test_field_without_a_source_that_reads_it_is_refused(tmp_path, capsys):
 def test_readers_are_exactly_the_sources_a_space_file_accepts():
     """One list of data sources: the space file's DataSource names are the readers' keys, and its file
     sources are the ones the readers check for a path."""
-    from precsearch.config.space import FILE_SOURCES, DataSource
+    from precsearch.config.data_source import FILE_SOURCES, DataSource
     from precsearch.probe.data import sources
 
     assert set(sources.READERS) == {s.value for s in DataSource}

@@ -21,8 +21,8 @@ from precsearch.policy import Policy
 from precsearch.precision import Precision
 from precsearch.probe import runner
 from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import PRESETS, ModelConfig
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import PRESETS, ModelConfig
 from precsearch.runtime.reference import reference_key
 
 CFG = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)

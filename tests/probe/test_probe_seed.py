@@ -7,7 +7,7 @@ import torch
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.policy import Policy, Rule
 from precsearch.precision import Precision
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.runner import build_probe
 
 CFG = ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)

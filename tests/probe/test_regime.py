@@ -12,7 +12,7 @@ from precsearch.config.space import ObjectivesSection, ProbeSection, Space
 from precsearch.errors import UserError
 from precsearch.probe.regime import BLOCK_AMAX_FLOOR, MAX_ATTENTION_LOGIT, MAX_BLOCK_AMAX_GROWTH, check_regime
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.signals import Signals
 from precsearch.runtime.regime_gate import gate_regime
 
 STEPS = (0, 10, 20, 30, 39)
@@ -102,7 +102,7 @@ def test_regime_check_choices_are_validated():
 def test_a_short_probe_still_reports_its_runaway_block_from_the_recorded_history():
     """30 steps leave too few tail stat steps for amax_growth's trend fit; the whole-run growth is still read,
     for the block that grew most (not the first block, not the largest amax)."""
-    from precsearch.probe.signals import summarise
+    from precsearch.probe.measure.signals import summarise
 
     history = {"amax": {"block.0.output": {0: 40.0, 10: 50.0, 20: 60.0, 29: 80.0},
                         "block.1.output": {0: 13.0, 10: 200.0, 20: 3000.0, 29: 7296.0}}}

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from _cluster import MlflowServer, load, postgres_ctl, postgres_url, precsearch, unique_study, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.search.front import trial_rows
-from precsearch.search.duplicates import is_duplicate  # a policy proposed again runs no probe, has no MLflow run
+from precsearch.search.duplicate_trials import is_duplicate  # a policy proposed again runs no probe, has no MLflow run
 from precsearch.runtime.study import finished_count
 
 pytestmark = pytest.mark.postgres

@@ -98,9 +98,9 @@ def test_bad_rungs_are_refused_naming_the_field(tmp_path, fidelity, field, words
 def test_the_first_rung_must_be_the_probe():
     space = Space.model_validate(tiny_space_dict(**{"study.fidelity": {"rungs": [20, 40]}}))
     with pytest.raises(UserError, match=r"study.fidelity.rungs.*equal probe.steps \(12\)"):
-        check_space(space, file="space.yaml", environment=False)
+        check_space(space, file="space.yaml")
     check_space(Space.model_validate(tiny_space_dict(**{"study.fidelity": {"rungs": [12, 40]}})),
-                file="space.yaml", environment=False)
+                file="space.yaml")
 
 
 def test_checkpoints_are_spent_once_nothing_will_continue_them():

@@ -10,7 +10,7 @@ from _spaces import tiny_space_dict
 from precsearch.config.loader import parse_space
 from precsearch.config.unit_space import searched_units
 from precsearch.precision import Precision
-from precsearch.probe.memory import predict_peak
+from precsearch.probe.memory.peak import predict_peak
 from precsearch.search.sampling import policy_from_params
 from precsearch.search.sensitivity import SensitivityTable, UnitEffect, memory_basis, memory_effect, predict
 from precsearch.tracking.sensitivity_report import sensitivity_artifacts, table_csv

@@ -11,7 +11,7 @@ from _spaces import tiny_space_dict, write_space
 from mlflow.tracking import MlflowClient
 
 from precsearch.cli import main
-from precsearch.probe.diagnostics import FirstBad
+from precsearch.probe.measure.diagnostics import FirstBad
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime.workspace import Workspace
 from precsearch.tracking import Tracker

@@ -6,11 +6,12 @@ compute instead of the optimizer moments), or the MLflow artifact would lack the
 
 from __future__ import annotations
 
+from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.probe.memory import predict_peak
-from precsearch.probe.model import PRESETS, linear_layer_names
-from precsearch.probe.phase_memory import PhaseMemory
+from precsearch.probe.memory.peak import predict_peak
+from precsearch.probe.model.llama3 import PRESETS
+from precsearch.probe.memory.phases import PhaseMemory
 from precsearch.probe.result import ProbeResult
 from precsearch.search.front import format_table
 from precsearch.tracking.memory_report import breakdown, breakdown_png, saving_sources
@@ -22,7 +23,7 @@ GIB = 2**30
 
 
 def _result(memory: MemoryKnobs, fp8: bool) -> ProbeResult:
-    precisions = {n: Precision.FP8_DELAYED for n in linear_layer_names(CFG) if n != "output_layer"} if fp8 else {}
+    precisions = {n: Precision.FP8_DELAYED for n in unit_names(CFG) if n != "output_layer"} if fp8 else {}
     m = predict_peak(CFG, precisions, seq_len=4096, micro_batch=1, param_dtype="bf16", memory=memory)
     return ProbeResult(target_breakdown=m.components(), target_memory_bytes=m.total, target_layers=CFG.n_layers)
 

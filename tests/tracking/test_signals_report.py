@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from precsearch.probe.risk import risk_score
-from precsearch.probe.signals import Signals
+from precsearch.probe.measure.risk import risk_score
+from precsearch.probe.measure.signals import Signals
 from precsearch.tracking.signals_report import (
     SCALARS,
     save_signals_plot,

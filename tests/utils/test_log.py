@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from precsearch.runtime.say import say
+from precsearch.runtime.study_log import say
 
 
 class _Ctx:

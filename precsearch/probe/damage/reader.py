@@ -23,7 +23,7 @@ from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state
 from precsearch.probe.damage.states import State, reference_states, state_steps
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.model import ModelConfig
+from precsearch.probe.model.llama3 import ModelConfig
 
 
 class DamageReader:

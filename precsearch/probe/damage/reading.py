@@ -46,7 +46,8 @@ from precsearch.probe.damage import gram
 from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.update import applied_update, baseline_update
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.model import ModelConfig, linear_layer_names
+from precsearch.arch.units import unit_names
+from precsearch.probe.model.llama3 import ModelConfig
 
 #: The figures a reading reports per state (and per unit, but ``forward``, which is the whole model's).
 MEASURES = ("grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "forward")
@@ -65,7 +66,7 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
     """The gradients and held-out losses of ``policy``'s probe at ``state`` (BF16: ``Policy.bf16``)."""
     model = state_model(cfg, state, policy, backend, device, probe.seed, probe.param_dtype)
     fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
-    units = linear_layer_names(cfg)
+    units = unit_names(cfg)
     recipes = policy.layer_recipes(units, cfg.n_layers).values()
     delayed = fp8_on and any(r.precision is Precision.FP8_DELAYED for r in recipes)
     for k in range(settings.warm_batches if delayed else 0):  # fills delayed scaling's amax history

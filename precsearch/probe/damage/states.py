@@ -26,7 +26,8 @@ from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import TokenBatches
-from precsearch.probe.model import ModelConfig, linear_layer_names
+from precsearch.arch.units import unit_names
+from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.runner import _lr_lambda, _train_step, build_probe
 
 #: The reading's batches are drawn as training steps from here on: far past any probe's steps, so they are
@@ -67,7 +68,7 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
                                   weight_decay=probe.weight_decay)
     factor = _lr_lambda(probe)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    units = linear_layer_names(cfg)
+    units = unit_names(cfg)
     states = []
     for step in range(max(at) + 1):
         if step in at:

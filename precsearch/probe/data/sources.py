@@ -17,7 +17,7 @@ Sources (``data.source``):
 One module per source kind in this package, each with a ``read(TokenRequest)``; :data:`READERS`
 maps ``data.source`` names to them. A new kind (Megatron indexed datasets, Hugging Face Arrow,
 JSONL) is a new module here and one entry in :data:`READERS`, named as in
-:class:`precsearch.config.space.DataSource` (the names the space file accepts; a test keeps the two equal). :class:`~precsearch.probe.data.batches.TokenBatches`
+:class:`precsearch.config.data_source.DataSource` (the names the space file accepts; a test keeps the two equal). :class:`~precsearch.probe.data.batches.TokenBatches`
 splits a stream into a training part and a fixed held-out tail, and cuts deterministic batches.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from precsearch.config.space import FILE_SOURCES as SPACE_FILE_SOURCES
+from precsearch.config.data_source import FILE_SOURCES as SPACE_FILE_SOURCES
+from precsearch.config.data_source import PREFIX_SOURCES as SPACE_PREFIX_SOURCES, DataSource
 from precsearch.errors import DataError
 from precsearch.probe.data import hf_disk, jsonl, megatron, stdlib, synthetic, text, token_file
 from precsearch.probe.data.batches import TokenBatches
@@ -39,22 +40,22 @@ if TYPE_CHECKING:
     from precsearch.config.space import Space
 
 READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
-    "stdlib": stdlib.read,
-    "synthetic": synthetic.read,
-    "tokens": token_file.read,
-    "text": text.read,
-    "megatron": megatron.read,
-    "hf_disk": hf_disk.read,
-    "jsonl": jsonl.read,
+    DataSource.STDLIB.value: stdlib.read,
+    DataSource.SYNTHETIC.value: synthetic.read,
+    DataSource.TOKENS.value: token_file.read,
+    DataSource.TEXT.value: text.read,
+    DataSource.MEGATRON.value: megatron.read,
+    DataSource.HF_DISK.value: hf_disk.read,
+    DataSource.JSONL.value: jsonl.read,
 }
-"""``data.source`` name -> reader of that source's 1-D int64 token stream."""
+"""``data.source`` name (:class:`~precsearch.config.data_source.DataSource`) -> reader of its 1-D int64 token
+stream; what each source needs is in :data:`~precsearch.config.data_source.SOURCE_KINDS`."""
 
 SOURCES = tuple(READERS)
-#: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug);
-#: the list is the space file's (:data:`precsearch.config.space.FILE_SOURCES`), so validation and reading agree.
+#: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug),
+#: and those whose path is a prefix their reader checks: the space file's table, so validation and reading agree.
 FILE_SOURCES = tuple(source.value for source in SPACE_FILE_SOURCES)
-#: File sources whose path is a prefix naming several files: their reader checks those.
-PREFIX_SOURCES = ("megatron",)
+PREFIX_SOURCES = tuple(source.value for source in SPACE_PREFIX_SOURCES)
 #: A stream must hold at least one (input, target) pair.
 MIN_TOKENS = 2
 

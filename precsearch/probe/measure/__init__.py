@@ -1,0 +1,1 @@
+"""What a probe measures besides its loss: diagnostics, events, signals, risk, sensitivity, timing."""

@@ -1,0 +1,1 @@
+"""The probe's memory: the peak model (one process, one rank), measured phases, calibration."""

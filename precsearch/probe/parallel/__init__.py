@@ -1,0 +1,1 @@
+"""Probes over several processes: FSDP2 launch, the per-rank side, tensor parallelism."""
