@@ -1,7 +1,8 @@
 """The documentation: the MkDocs site builds with warnings as errors, and the README's links resolve.
 
 If a test here fails, a page links a file or heading that does not exist (or moved), a page is
-missing from `mkdocs.yml`'s nav, or the README lost the test command that `.ci/run` reads.
+missing from `mkdocs.yml`'s nav, the docs name a module or script that was moved or renamed, or the
+README lost the test command that `.ci/run` reads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ README = ROOT / "README.md"
 # [text](target) and ![alt](target); the target ends at whitespace or ")".
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+# A repository path named in prose, code or a command: precsearch/..., scripts/..., search_spaces/..., tests/...
+_REPO_PATH = re.compile(r"(?<![\w/.])/?((?:precsearch|scripts|search_spaces|tests)/[\w./-]*\w)")
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -69,6 +72,19 @@ def test_readme_links_resolve(site: Path):
         assert (ROOT / path).exists(), f"README.md links {target!r}: no file {path}"
         if anchor and path.startswith("docs/") and path.endswith(".md"):
             assert anchor in _anchors(site, path), f"README.md links {target!r}: no heading #{anchor}"
+
+
+def test_paths_named_in_the_docs_exist():
+    # Code spans and commands are not links, so the build does not check them: a moved module or a
+    # renamed script would leave the docs naming a file that is gone. A prefix counts (an --out prefix,
+    # `scripts/gpu_*.sh`).
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    missing = []
+    for page in pages:
+        for path in set(_REPO_PATH.findall(page.read_text())):
+            if not any(ROOT.glob(path + "*")):
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not missing, "files named in the docs do not exist:\n" + "\n".join(sorted(missing))
 
 
 def test_readme_keeps_the_ci_test_command():
