@@ -109,3 +109,26 @@ def test_a_broken_link_fails_the_build(tmp_path: Path):
     done = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-result.json" in done.stdout + done.stderr
+
+
+def _space_examples() -> list[tuple[str, str]]:
+    """Every ```yaml block of the README and the docs that is a whole space file (model: ... study:)."""
+    found = []
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"^```yaml\n(.*?)^```", page.read_text(), re.S | re.M):
+            if re.search(r"^model:", block, re.M) and re.search(r"^study:", block, re.M):
+                found.append((str(page.relative_to(ROOT)), block))
+    return found
+
+
+def test_space_examples_in_the_docs_are_valid(tmp_path: Path):
+    # A space shown to users must load and pass the checks that do not depend on this machine.
+    from precsearch.config.checks import check_space
+    from precsearch.config.loader import load_space
+
+    examples = _space_examples()
+    assert {page for page, _ in examples} >= {"README.md", "docs/space-file.md"}
+    for i, (page, block) in enumerate(examples):
+        path = tmp_path / f"example{i}.yaml"
+        path.write_text(block)
+        check_space(load_space(path), file=f"{page} example {i}", environment=False)
