@@ -24,6 +24,7 @@ from precsearch.config.section import Section
 from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.utils.names import REFUSED, name_problem
 
 
 class DataSource(str, Enum):
@@ -150,8 +151,10 @@ class Group(Section):
     @field_validator("name")
     @classmethod
     def _simple_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_]+", v):
-            raise ValueError(f"group name '{v}' may use letters, digits and '_' only")
+        # a group name is an Optuna param and an MLflow param key (precision.<name>): MLflow keys take
+        # word characters of any script, '.', '-', ' ', ':' and '/'; '_' joins words here
+        if not re.fullmatch(r"\w+", v):
+            raise ValueError(f"group name '{v}' may use letters (of any script), digits and '_' only")
         return v
 
 
@@ -305,8 +308,6 @@ class Sampler(str, Enum):
     RANDOM = "random"
 
 
-#: A study name becomes a directory (precsearch-runs/<name>) and is quoted in MLflow searches.
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class StudySection(Section):
@@ -336,11 +337,13 @@ class StudySection(Section):
     @field_validator("name")
     @classmethod
     def _usable_name(cls, v: str) -> str:
-        if not v:
-            raise ValueError("the study name is empty; e.g. my-study")
-        if not STUDY_NAME.fullmatch(v):
-            raise ValueError(f"study name {v!r} may use letters, digits, '.', '_' and '-' (at most 100, starting "
-                             f"with a letter or digit): it names a directory and is quoted in MLflow searches")
+        # the name is a folder, an MLflow experiment and a quoted MLflow search value (precsearch.utils.names)
+        problem = name_problem(v)
+        if problem == name_problem(""):
+            raise ValueError(f"the study name {problem}")
+        if problem:
+            raise ValueError(f"study name {v!r} {problem}; a name may use letters of any script, digits, spaces "
+                             f"and punctuation, not {REFUSED}")
         return v
 
     @field_validator("stale_after_s")
@@ -351,6 +354,10 @@ class StudySection(Section):
             raise ValueError(f"{v} s is not longer than heartbeat_s ({beat} s): every running trial would be "
                              f"taken for dead and run again; valid: > {beat}, e.g. {3 * beat}")
         return v
+
+
+#: MLflow's limit on an experiment name (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH).
+MAX_EXPERIMENT_NAME = 500
 
 
 class TrackingSection(Section):
@@ -364,6 +371,9 @@ class TrackingSection(Section):
     def _named(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("the experiment name is empty; leave it out to use the study name")
+        if v is not None and len(v) > MAX_EXPERIMENT_NAME:
+            raise ValueError(f"the experiment name has {len(v)} characters; MLflow takes at most "
+                             f"{MAX_EXPERIMENT_NAME}")
         return v
 
 
