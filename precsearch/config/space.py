@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -25,6 +25,7 @@ from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
 from precsearch.utils.names import REFUSED, name_problem
+from precsearch.utils.numbers import MAX_COUNT, MAX_SECONDS, MAX_SEED
 
 
 class DataSource(str, Enum):
@@ -49,10 +50,10 @@ class DataSection(Section):
     path: Path | None = None
     tokenizer: Path | None = None
     dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0, le=MAX_COUNT)
     field: str = Field("text", min_length=1, description="hf_disk: the column; jsonl: the key; holding a text "
                        "(tokenized) or a list of token ids")
-    eval_batches: int = Field(4, gt=0, description="held-out batches the loss gap is measured on")
+    eval_batches: int = Field(4, gt=0, le=MAX_COUNT, description="held-out batches the loss gap is measured on")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DataSection":
@@ -64,12 +65,12 @@ class DataSection(Section):
 class ProbeSection(Section):
     """The short training run each trial makes."""
 
-    steps: int = Field(60, gt=0)
-    micro_batch: int = Field(8, gt=0)
-    seq_len: int = Field(128, gt=1)
+    steps: int = Field(60, gt=0, le=MAX_COUNT)
+    micro_batch: int = Field(8, gt=0, le=MAX_COUNT)
+    seq_len: int = Field(128, gt=1, le=MAX_COUNT)
     lr: float = Field(3e-3, gt=0)
     schedule: Literal["constant", "cosine"] = "cosine"
-    lr_warmup_steps: int = Field(5, ge=0, description="linear LR warm-up (not the FP8 warm-up)")
+    lr_warmup_steps: int = Field(5, ge=0, le=MAX_COUNT, description="linear LR warm-up (not the FP8 warm-up)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     optimizer: Literal["adamw"] = "adamw"
     weight_decay: float = Field(0.1, ge=0)
@@ -77,14 +78,14 @@ class ProbeSection(Section):
     param_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="parameter (and AdamW state) dtype; compute is BF16 autocast either way"
     )
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the probe's initial weights and data order")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int = Field(
-        1, ge=1, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
+        1, ge=1, le=MAX_COUNT, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
         "with FSDP2 and micro_batch is the global batch, split evenly over them"
     )
     tp: int = Field(
-        1, ge=1, description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
+        1, ge=1, le=MAX_COUNT, description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
         "(Megatron's column/row split; TE tp_group); the nproc/tp groups shard with FSDP2 and split the batch"
     )
     sequence_parallel: bool = Field(
@@ -117,9 +118,9 @@ BackendName = Enum("BackendName", {name.upper(): name for name in BACKEND_CHOICE
 class LayerSelector(Section):
     """Which transformer blocks a group covers (omit for all blocks)."""
 
-    first: int | None = Field(None, ge=0)
-    last: int | None = Field(None, ge=0)
-    indices: list[int] | None = None
+    first: int | None = Field(None, ge=0, le=MAX_COUNT)
+    last: int | None = Field(None, ge=0, le=MAX_COUNT)
+    indices: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] | None = None
 
 
 
@@ -268,7 +269,7 @@ class ObjectivesSection(Section):
     stability_unit: Literal["relative", "noise"] = Field(
         "relative", description="relative: a fraction of the BF16 loss; noise: multiples of the BF16 seed spread"
     )
-    reference_seeds: int = Field(3, ge=1, description="BF16 reference seeds; their spread is the noise floor")
+    reference_seeds: int = Field(3, ge=1, le=MAX_COUNT, description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
     reading: Literal["final", "tail"] = Field(
         "final", description="final: held-out loss after training; tail: paired training loss over the run's last part"
@@ -314,21 +315,21 @@ class StudySection(Section):
     """The Optuna study."""
 
     name: str = "precsearch"
-    n_trials: int = Field(20, gt=0)
+    n_trials: int = Field(20, gt=0, le=MAX_COUNT)
     sampler: Sampler = Sampler.TPE
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the sampler's seed")
     storage: str | None = Field(None, description="Optuna storage URL (default: sqlite in the output dir)")
     heartbeat_s: int = Field(
-        10, gt=0, description="each worker records a heartbeat for its running trial this often (RDB storages)"
+        10, gt=0, le=MAX_SECONDS, description="each worker records a heartbeat for its running trial this often (RDB storages)"
     )
     stale_after_s: int | None = Field(
-        None, gt=0, description="a running trial without a heartbeat for this long is failed and retried "
+        None, gt=0, le=MAX_SECONDS, description="a running trial without a heartbeat for this long is failed and retried "
         "(default: 3 x heartbeat_s)"
     )
-    max_retries: int = Field(2, ge=0, description="how many times a trial whose worker died is run again")
-    trial_timeout_s: float | None = Field(None, gt=0, description="kill a probe that runs longer (default: no limit)")
+    max_retries: int = Field(2, ge=0, le=MAX_COUNT, description="how many times a trial whose worker died is run again")
+    trial_timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="kill a probe that runs longer (default: no limit)")
     store_retry_s: float = Field(
-        60.0, ge=0, description="keep retrying an unreachable Optuna database or MLflow server this long"
+        60.0, ge=0, le=MAX_SECONDS, description="keep retrying an unreachable Optuna database or MLflow server this long"
     )
     fidelity: FidelitySection | None = Field(
         None, description="rungs of longer probes the best policies continue to (off if unset)"
