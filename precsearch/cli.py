@@ -10,11 +10,12 @@ import warnings
 from pathlib import Path
 
 from precsearch.version import __version__
-from precsearch.cli_checks import at_least, check_fraction, check_gpus_present, check_workers
+from precsearch.cli_checks import at_least, at_most, check_fraction, check_gpus_present, check_workers
 from precsearch.errors import UserError
 from precsearch.export.pick import PICKS
 from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
+from precsearch.utils.numbers import MAX_LAYERS
 from precsearch.utils.writable import check_writable
 
 EXIT_USER_ERROR = 2
@@ -143,6 +144,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     at_least("--trial", args.trial, 0, "trial numbers start at 0")
     at_least("--n-layers", args.n_layers, 1, "the blocks of the model the files are for")
+    at_most("--n-layers", args.n_layers, MAX_LAYERS, "the blocks of the model the files are for")
     at_least("--pipeline-parallel", args.pipeline_parallel, 1, "model chunks of the Megatron run")
     check_fraction("--max-instability", args.max_instability)
     if args.output is not None:  # before the study is read: a path that cannot be written fails now

@@ -60,13 +60,15 @@ def test_gpus_without_cuda_is_refused(tmp_path, capsys, gpus):
     (["worker", "--study", "s", "--n-trials", "0"], "--n-trials", "1 or more"),
     (["export", "--trial", "-1"], "--trial", "0 or more"),
     (["export", "--trial", "0", "--n-layers", "0"], "--n-layers", "1 or more"),
+    (["export", "--trial", "0", "--n-layers", "1000000"], "--n-layers", "at most 1024"),  # hung enumerating layers
     (["export", "--trial", "0", "--format", "megatron", "--pipeline-parallel", "0"], "--pipeline-parallel",
      "1 or more"),
     (["export", "--pick", "max-memory", "--max-instability", "-0.1"], "--max-instability", ">= 0"),
     (["export", "--pick", "max-memory", "--max-instability", "nan"], "--max-instability", ">= 0"),
     (["ui", "--port", "0"], "--port", "1..65535"),
     (["ui", "--port", "70000"], "--port", "1..65535"),
-], ids=["worker_n_trials_0", "export_trial_negative", "export_n_layers_0", "pipeline_parallel_0", "max_instability_negative",
+], ids=["worker_n_trials_0", "export_trial_negative", "export_n_layers_0", "export_n_layers_million",
+        "pipeline_parallel_0", "max_instability_negative",
         "max_instability_nan", "port_0", "port_70000"])
 def test_other_commands_refuse_bad_values(tmp_path, capsys, argv, flag, fragment):
     if argv[0] != "worker":

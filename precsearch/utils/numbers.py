@@ -26,6 +26,9 @@ MAX_SECONDS = 10**7
 #: Counts (steps, batches, trials, processes, retries, tokens, blocks): a typo guard far above any real
 #: run (10**12 steps or tokens), which keeps sums such as seed + count far inside int64.
 MAX_COUNT = 10**12
+#: Transformer blocks of a model (Llama 3 405B has 126): space files and ``export --n-layers`` alike,
+#: so a typo cannot make a command enumerate a billion layer names.
+MAX_LAYERS = 1024
 
 
 def number_problem(value: Any) -> str | None:
