@@ -79,3 +79,14 @@ def test_group_names_take_letters_of_any_script(tmp_path, capsys, name, ok):
     assert (code == 0) is ok, err
     if not ok:
         assert "search.groups[0].name" in err and "any script" in err, err
+
+
+@pytest.mark.parametrize("experiment, ok", [("研究 / runs", True), ("e" * 500, True), ("e" * 501, False)],
+                         ids=["cjk_and_slash", "500_chars", "501_chars"])
+def test_experiment_name_is_refused_only_past_mlflows_limit(tmp_path, capsys, experiment, ok):
+    """An experiment is no folder and is looked up by name, not searched: only MLflow's 500 characters bound it."""
+    code = main(["validate", str(write_space(tmp_path, tiny_space_dict(tracking={"experiment": experiment})))])
+    err = capsys.readouterr().err
+    assert (code == 0) is ok, err
+    if not ok:
+        assert "tracking.experiment" in err and "at most 500" in err, err
