@@ -50,6 +50,7 @@ EXPORT_ROWS = [
     ("proc", "policy", "/proc/precsearch-test/policy.yaml", "/proc"),
     ("proc_megatron_dir", "megatron", "/proc/precsearch-test/", "/proc"),
     ("sys", "torchtitan", "/sys/precsearch.toml", "/sys"),
+    ("name_too_long", "policy", "n" * 300 + "/policy.yaml", "File name too long"),
 ]
 
 
@@ -72,8 +73,9 @@ def test_export_to_an_unwritable_path_exits_2_naming_o(study_dir, tmp_path, caps
 
 
 @pytest.mark.parametrize("rel, fragment", [("notes.txt", "is a file"), ("notes.txt/out", "is a file"),
-                                           ("/proc/precsearch-test", "/proc"), ("/sys/precsearch-test", "/sys")],
-                         ids=["is_a_file", "under_a_file", "proc", "sys"])
+                                           ("/proc/precsearch-test", "/proc"), ("/sys/precsearch-test", "/sys"),
+                                           ("n" * 300, "File name too long")],
+                         ids=["is_a_file", "under_a_file", "proc", "sys", "name_too_long"])
 @pytest.mark.parametrize("command", ["run", "worker"])
 def test_output_dir_is_checked_before_anything_else(tmp_path, capsys, command, rel, fragment):
     (tmp_path / "notes.txt").write_text("x\n")

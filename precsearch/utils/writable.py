@@ -35,6 +35,13 @@ def check_writable(path: str | Path, flag: str, *, directory: bool = False) -> N
         UserError: naming ``flag`` and what is in the way.
     """
     target = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        _check(target, str(path), flag, directory)
+    except OSError as exc:  # a name too long (ENAMETOOLONG) is raised by the very first stat
+        raise UserError(f"{path} cannot be used: {exc.strerror or exc}", field=flag) from None
+
+
+def _check(target: Path, path: str, flag: str, directory: bool) -> None:
     virtual = next((root for root in VIRTUAL_ROOTS if target == root or root in target.parents), None)
     if virtual is not None:
         raise UserError(f"{path} is under {virtual}, a kernel filesystem: nothing written there becomes a file; "
