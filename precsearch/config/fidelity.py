@@ -26,7 +26,8 @@ class FidelitySection(Section):
     """
 
     rungs: list[int] = Field(min_length=1, description="probe lengths in steps; the first equals probe.steps")
-    promote: int = Field(4, ge=1, le=MAX_COUNT, description="at most this many policies continue from one rung to the next")
+    promote: int = Field(4, ge=1, le=MAX_COUNT,
+        description="at most this many policies continue from one rung to the next")
 
     @field_validator("rungs")
     @classmethod

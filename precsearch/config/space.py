@@ -81,11 +81,13 @@ class ProbeSection(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="the probe's initial weights and data order")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int = Field(
-        1, ge=1, le=MAX_COUNT, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
+        1, ge=1, le=MAX_COUNT,
+        description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
         "with FSDP2 and micro_batch is the global batch, split evenly over them"
     )
     tp: int = Field(
-        1, ge=1, le=MAX_COUNT, description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
+        1, ge=1, le=MAX_COUNT,
+        description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
         "(Megatron's column/row split; TE tp_group); the nproc/tp groups shard with FSDP2 and split the batch"
     )
     sequence_parallel: bool = Field(
@@ -269,7 +271,8 @@ class ObjectivesSection(Section):
     stability_unit: Literal["relative", "noise"] = Field(
         "relative", description="relative: a fraction of the BF16 loss; noise: multiples of the BF16 seed spread"
     )
-    reference_seeds: int = Field(3, ge=1, le=MAX_COUNT, description="BF16 reference seeds; their spread is the noise floor")
+    reference_seeds: int = Field(3, ge=1, le=MAX_COUNT,
+        description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
     reading: Literal["final", "tail"] = Field(
         "final", description="final: held-out loss after training; tail: paired training loss over the run's last part"
@@ -320,16 +323,20 @@ class StudySection(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="the sampler's seed")
     storage: str | None = Field(None, description="Optuna storage URL (default: sqlite in the output dir)")
     heartbeat_s: int = Field(
-        10, gt=0, le=MAX_SECONDS, description="each worker records a heartbeat for its running trial this often (RDB storages)"
+        10, gt=0, le=MAX_SECONDS,
+        description="each worker records a heartbeat for its running trial this often (RDB storages)"
     )
     stale_after_s: int | None = Field(
-        None, gt=0, le=MAX_SECONDS, description="a running trial without a heartbeat for this long is failed and retried "
+        None, gt=0, le=MAX_SECONDS,
+        description="a running trial without a heartbeat for this long is failed and retried "
         "(default: 3 x heartbeat_s)"
     )
     max_retries: int = Field(2, ge=0, le=MAX_COUNT, description="how many times a trial whose worker died is run again")
-    trial_timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="kill a probe that runs longer (default: no limit)")
+    trial_timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS,
+        description="kill a probe that runs longer (default: no limit)")
     store_retry_s: float = Field(
-        60.0, ge=0, le=MAX_SECONDS, description="keep retrying an unreachable Optuna database or MLflow server this long"
+        60.0, ge=0, le=MAX_SECONDS,
+        description="keep retrying an unreachable Optuna database or MLflow server this long"
     )
     fidelity: FidelitySection | None = Field(
         None, description="rungs of longer probes the best policies continue to (off if unset)"
