@@ -10,11 +10,13 @@ import warnings
 from pathlib import Path
 
 from precsearch.version import __version__
-from precsearch.cli_checks import at_least, check_fraction, check_gpus_present, check_workers
+from precsearch.cli_checks import at_least, at_most, check_fraction, check_gpus_present, check_workers
 from precsearch.errors import UserError
 from precsearch.export.pick import PICKS
 from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
+from precsearch.utils.numbers import MAX_LAYERS
+from precsearch.utils.writable import check_writable
 
 EXIT_USER_ERROR = 2
 RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
@@ -71,6 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from precsearch.runtime.study import run_study
 
     at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
+    if args.output_dir is not None:  # before the space's data is read (the default dir is checked by run_study)
+        check_writable(args.output_dir, "--output-dir", directory=True)
     space = _load_checked_space(args.space)
     check_workers(args.workers, args.gpus is not None, space.probe.nproc)
     gpus = parse_gpus(args.gpus)
@@ -111,6 +115,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from precsearch.runtime.worker import run_worker
 
     at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
+    if args.output_dir is not None:
+        check_writable(args.output_dir, "--output-dir", directory=True)
     try:
         done = run_worker(args.study, args.storage, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
                           n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
@@ -136,8 +142,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     at_least("--trial", args.trial, 0, "trial numbers start at 0")
     at_least("--n-layers", args.n_layers, 1, "the blocks of the model the files are for")
+    at_most("--n-layers", args.n_layers, MAX_LAYERS, "the blocks of the model the files are for")
     at_least("--pipeline-parallel", args.pipeline_parallel, 1, "model chunks of the Megatron run")
     check_fraction("--max-instability", args.max_instability)
+    if args.output is not None:  # before the study is read: a path that cannot be written fails now
+        check_writable(args.output, "-o/--output", directory=args.output.endswith(("/", "\\")))
     study, ws = _open_study(args.output_dir)
     result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
                     fmt=args.format, n_layers=args.n_layers, pipeline=args.pipeline_parallel)

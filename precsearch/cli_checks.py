@@ -14,6 +14,12 @@ def at_least(flag: str, value: int | None, low: int, what: str) -> None:
         raise UserError(f"{flag} {value}: {what}; valid: {low} or more", field=flag)
 
 
+def at_most(flag: str, value: int | None, high: int, what: str) -> None:
+    """Refuse ``value`` above ``high`` (None means the flag was not given)."""
+    if value is not None and value > high:
+        raise UserError(f"{flag} {value}: {what}; valid: at most {high}", field=flag)
+
+
 def usable_cpus() -> int:
     """CPU cores this process may run on (its affinity, not the machine's count)."""
     try:

@@ -7,6 +7,8 @@ without a traceback. Everything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+
 
 class UserError(Exception):
     """Bad input: names where (file, field) and what would be valid."""
@@ -14,7 +16,9 @@ class UserError(Exception):
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
         self.file = file
         self.field = field
-        self.detail = message
+        # one line whatever the message quotes: a library's multi-line error (a tokenizer's) must not
+        # split the CLI's one-line refusal
+        self.detail = re.sub(r"\s*[\r\n]+\s*", " ", message).strip()
         super().__init__(self._format())
 
     def _format(self) -> str:

@@ -68,6 +68,18 @@ def unit_of(name: str) -> str | None:
     return None
 
 
+def layer_names(name: str) -> tuple[str, ...]:
+    """Every name a policy pattern may use for layer ``name``: the name, its unit's canonical name and the
+    unit's Hugging Face names (``lm_head`` for ``output_layer``); the one place aliases are resolved.
+
+    A name that is no precision unit (a custom model's module) answers to itself only.
+    """
+    unit = unit_of(name)
+    if unit is None:
+        return (name,)
+    return tuple(dict.fromkeys((name, unit, *hf_names(unit))))
+
+
 def hf_names(unit: str) -> tuple[str, ...]:
     """The Hugging Face module names a unit computes (``linear_qkv`` -> q, k and v projections).
 

@@ -26,7 +26,6 @@ leave that layer alone).
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import math
 import warnings
 import weakref
@@ -38,7 +37,6 @@ import torch
 from torch import nn
 
 from precsearch.backends import Backend, get_backend
-from precsearch.arch.units import unit_of
 from precsearch.policy.rules import Policy, Rule, block_index, member_rules
 from precsearch.precision import LayerRecipe, Precision
 
@@ -269,9 +267,8 @@ def _could_match(rule: Rule, name: str) -> bool:
     """Whether ``name`` is the kind of layer ``rule`` is about: a name pattern matches and, for a
     rule limited to some blocks, the name has a block index (which blocks is not asked, so a
     rule for the last block of a deeper model still counts)."""
-    unit = unit_of(name)  # a rule may name the unit (decoder.layers.3.mlp.linear_fc1) of a Hugging Face layer
-    names = (name,) if unit is None or unit == name else (name, unit)
-    if not any(fnmatch.fnmatchcase(n, pattern) for pattern in rule.modules for n in names):
+    # a rule may name a layer by its unit (decoder.layers.3.mlp.linear_fc1) or its Hugging Face names
+    if not rule.names_match(name):
         return False
     return not rule.limits_blocks or block_index(name) is not None
 

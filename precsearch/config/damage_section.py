@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from precsearch.config.section import Section
+from precsearch.utils.numbers import MAX_COUNT
 
 #: Llama 3's training batch, in tokens: the 405B model trained at 4M tokens per step in its first stage
 #: (Llama 3 paper, section 3.4.1) and the smaller models at similar sizes; 2**22 = 4,194,304.
@@ -26,7 +27,7 @@ class DamageSection(Section):
     warm_batches: int = Field(2, ge=0, le=64, description="passes before measuring, to fill delayed scaling's "
                               "amax history (not measured; only for policies with delayed units)")
     tokens_per_step: int = Field(
-        LLAMA3_TOKENS_PER_STEP, gt=0, description="the training run's tokens per optimizer step the verdict is "
+        LLAMA3_TOKENS_PER_STEP, gt=0, le=MAX_COUNT, description="the training run's tokens per optimizer step the verdict is "
         "for: the noise of a B-token batch shrinks as 1/B (default 4,194,304, Llama 3's)")
     measure: DamageMeasure = Field(
         "grad_noise", description="the figure read as instability (see precsearch.probe.damage.reading)")

@@ -10,10 +10,13 @@ longest rung, so each rung is a prefix of one and the same run.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from precsearch.config.section import Section
+from precsearch.utils.numbers import MAX_COUNT
 
 
-class FidelitySection(BaseModel):
+class FidelitySection(Section):
     """Rungs of probe length and how many policies each promotion keeps.
 
     Attributes:
@@ -22,16 +25,15 @@ class FidelitySection(BaseModel):
         promote: At most this many policies go from one rung to the next.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     rungs: list[int] = Field(min_length=1, description="probe lengths in steps; the first equals probe.steps")
-    promote: int = Field(4, ge=1, description="at most this many policies continue from one rung to the next")
+    promote: int = Field(4, ge=1, le=MAX_COUNT,
+        description="at most this many policies continue from one rung to the next")
 
     @field_validator("rungs")
     @classmethod
     def _increasing(cls, rungs: list[int]) -> list[int]:
-        if any(r <= 0 for r in rungs):
-            raise ValueError(f"rungs are step counts and must be > 0; got {rungs}")
+        if any(r <= 0 or r > MAX_COUNT for r in rungs):
+            raise ValueError(f"rungs are step counts and must be > 0 and at most {MAX_COUNT}; got {rungs}")
         if any(b <= a for a, b in zip(rungs, rungs[1:])):
             raise ValueError(f"rungs must be strictly increasing (each a longer probe); got {rungs}")
         return rungs

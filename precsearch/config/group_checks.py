@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 
 from precsearch.arch.config import ModelConfig
-from precsearch.arch.units import hf_names, unit_names
+from precsearch.arch.units import hf_names, layer_names, unit_names
 from precsearch.config.knob import Knob
 from precsearch.config.space import Group, Space
 from precsearch.errors import UserError
@@ -55,7 +55,7 @@ def _check_selector(group: Group, field: str, n_layers: int) -> None:
 
 
 def _matches(pattern: str, name: str) -> bool:
-    return any(fnmatch.fnmatchcase(n, pattern) for n in (name, *hf_names(name)))
+    return any(fnmatch.fnmatchcase(n, pattern) for n in layer_names(name))
 
 
 def _check_matches(rule: Rule, field: str, names: list[str], cfg: ModelConfig) -> None:

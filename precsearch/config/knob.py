@@ -20,6 +20,8 @@ from typing import Annotated, Any
 import optuna
 from pydantic import BeforeValidator, PlainSerializer, TypeAdapter
 
+from precsearch.utils.numbers import number_problem
+
 _RANGE_KEYS = {"low", "high", "step", "log"}
 
 
@@ -77,21 +79,48 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
+@dataclass(frozen=True)
+class KnobValues:
+    """Marks a knob field with the type of its values (read by tests that walk the space's fields)."""
+
+    value_type: Any
+    numeric: bool
+
+
 def _parser(value_type: Any, numeric: bool):
     adapter = TypeAdapter(value_type)
 
     def parse(raw: Any) -> Knob:
         if isinstance(raw, Knob):
             return raw
+        if numeric:
+            _refuse_non_numbers(_raw_values(raw))  # a bool would be read as 0 or 1
         if isinstance(raw, dict) and "choices" in raw:
-            return _parse_choices(raw, adapter)
-        if isinstance(raw, dict) and raw.keys() & _RANGE_KEYS:
+            parsed = _parse_choices(raw, adapter)
+        elif isinstance(raw, dict) and raw.keys() & _RANGE_KEYS:
             if not numeric:
                 raise ValueError("this setting takes a value or {choices: [...]}, not a range")
-            return _parse_range(raw, adapter)
-        return Knob(fixed=adapter.validate_python(raw))
+            parsed = _parse_range(raw, adapter)
+        else:
+            parsed = Knob(fixed=adapter.validate_python(raw))
+        if numeric:
+            _refuse_non_numbers(parsed.options())  # "inf" or "nan" written as a string parses to one
+        return parsed
 
     return parse
+
+
+def _raw_values(raw: Any) -> list[Any]:
+    if not isinstance(raw, dict):
+        return [raw]
+    choices = raw.get("choices")
+    return (list(choices) if isinstance(choices, list) else []) + [raw.get("low"), raw.get("high")]
+
+
+def _refuse_non_numbers(values: list[Any]) -> None:
+    for value in values:
+        if (problem := number_problem(value)) is not None:
+            raise ValueError(problem)
 
 
 def _parse_choices(raw: dict, adapter: TypeAdapter) -> Knob:
@@ -131,4 +160,5 @@ def knob(value_type: Any, *, numeric: bool = False) -> Any:
         Knob,
         BeforeValidator(_parser(value_type, numeric)),
         PlainSerializer(lambda k: k.to_data(), return_type=Any),
+        KnobValues(value_type, numeric),
     ]

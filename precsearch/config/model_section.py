@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from precsearch.arch.hf_checkpoint import CheckpointStart, LayerPick, pick_layers, read_config
 from precsearch.config.section import Section
 from precsearch.arch.config import PRESETS, ModelConfig
+from precsearch.utils.numbers import MAX_LAYERS
 
 
 class ModelSection(Section):
@@ -28,12 +29,12 @@ class ModelSection(Section):
     # from making `validate` enumerate a billion layer names
     vocab_size: int | None = Field(None, gt=0, le=2**24)
     dim: int | None = Field(None, gt=0, le=2**20)
-    n_layers: int | None = Field(None, gt=0, le=1024)
+    n_layers: int | None = Field(None, gt=0, le=MAX_LAYERS)
     n_heads: int | None = Field(None, gt=0, le=2**16)
     n_kv_heads: int | None = Field(None, gt=0, le=2**16)
     ffn_dim: int | None = Field(None, gt=0, le=2**22)
     rope_theta: float | None = Field(None, gt=0)
-    probe_layers: int | None = Field(None, gt=0, le=1024, description="layers in the probe (default: all)")
+    probe_layers: int | None = Field(None, gt=0, le=MAX_LAYERS, description="layers in the probe (default: all)")
     init_from: Path | None = Field(None, description="a local Hugging Face Llama checkpoint directory (config.json + "
                                    "safetensors): the probe starts from its weights and the target is its shape")
     probe_layer_pick: LayerPick | None = Field(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -26,6 +26,8 @@ from precsearch.config.section import Section
 from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.utils.names import REFUSED, name_problem
+from precsearch.utils.numbers import MAX_COUNT, MAX_SECONDS, MAX_SEED
 
 
 class DataSection(Section):
@@ -35,10 +37,10 @@ class DataSection(Section):
     path: Path | None = None
     tokenizer: Path | None = None
     dtype: Literal["uint16", "uint32", "int32", "int64"] = "uint16"
-    max_tokens: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, gt=0, le=MAX_COUNT)
     field: str = Field("text", min_length=1, description="hf_disk: the column; jsonl: the key; holding a text "
                        "(tokenized) or a list of token ids")
-    eval_batches: int = Field(4, gt=0, description="held-out batches the loss gap is measured on")
+    eval_batches: int = Field(4, gt=0, le=MAX_COUNT, description="held-out batches the loss gap is measured on")
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DataSection":
@@ -50,15 +52,15 @@ class DataSection(Section):
 class ProbeSection(Section):
     """The short training run each trial makes."""
 
-    steps: int = Field(60, gt=0)
-    micro_batch: int = Field(8, gt=0)
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step (gradient accumulation): "
-                            "tokens per step = micro_batch x seq_len x grad_accum; the activation peak is one "
-                            "micro-batch's")
-    seq_len: int = Field(128, gt=1)
+    steps: int = Field(60, gt=0, le=MAX_COUNT)
+    micro_batch: int = Field(8, gt=0, le=MAX_COUNT)
+    grad_accum: int = Field(1, ge=1, le=MAX_COUNT, description="micro-batches per optimizer step (gradient "
+                            "accumulation): tokens per step = micro_batch x seq_len x grad_accum; the activation "
+                            "peak is one micro-batch's")
+    seq_len: int = Field(128, gt=1, le=MAX_COUNT)
     lr: float = Field(3e-3, gt=0)
     schedule: Literal["constant", "cosine"] = "cosine"
-    lr_warmup_steps: int = Field(5, ge=0, description="linear LR warm-up (not the FP8 warm-up)")
+    lr_warmup_steps: int = Field(5, ge=0, le=MAX_COUNT, description="linear LR warm-up (not the FP8 warm-up)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     optimizer: Literal["adamw"] = "adamw"
     weight_decay: float = Field(0.1, ge=0)
@@ -66,14 +68,16 @@ class ProbeSection(Section):
     param_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="parameter (and AdamW state) dtype; compute is BF16 autocast either way"
     )
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the probe's initial weights and data order")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nproc: int = Field(
-        1, ge=1, description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
+        1, ge=1, le=MAX_COUNT,
+        description="processes per probe: one per GPU, or CPU processes; above 1 the probe is sharded "
         "with FSDP2 and micro_batch is the global batch, split evenly over them"
     )
     tp: int = Field(
-        1, ge=1, description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
+        1, ge=1, le=MAX_COUNT,
+        description="tensor-parallel size: each block's GEMMs split over tp of the nproc processes "
         "(Megatron's column/row split; TE tp_group); the nproc/tp groups shard with FSDP2 and split the batch"
     )
     sequence_parallel: bool = Field(
@@ -106,9 +110,9 @@ BackendName = Enum("BackendName", {name.upper(): name for name in BACKEND_CHOICE
 class LayerSelector(Section):
     """Which transformer blocks a group covers (omit for all blocks)."""
 
-    first: int | None = Field(None, ge=0)
-    last: int | None = Field(None, ge=0)
-    indices: list[int] | None = None
+    first: int | None = Field(None, ge=0, le=MAX_COUNT)
+    last: int | None = Field(None, ge=0, le=MAX_COUNT)
+    indices: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] | None = None
 
 
 
@@ -140,8 +144,10 @@ class Group(Section):
     @field_validator("name")
     @classmethod
     def _simple_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_]+", v):
-            raise ValueError(f"group name '{v}' may use letters, digits and '_' only")
+        # a group name is an Optuna param and an MLflow param key (precision.<name>): MLflow keys take
+        # word characters of any script, '.', '-', ' ', ':' and '/'; '_' joins words here
+        if not re.fullmatch(r"\w+", v):
+            raise ValueError(f"group name '{v}' may use letters (of any script), digits and '_' only")
         return v
 
 
@@ -255,7 +261,8 @@ class ObjectivesSection(Section):
     stability_unit: Literal["relative", "noise"] = Field(
         "relative", description="relative: a fraction of the BF16 loss; noise: multiples of the BF16 seed spread"
     )
-    reference_seeds: int = Field(3, ge=1, description="BF16 reference seeds; their spread is the noise floor")
+    reference_seeds: int = Field(3, ge=1, le=MAX_COUNT,
+        description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
     reading: Literal["final", "tail", "damage"] = Field(
         "final", description="final: held-out loss after training; tail: paired training loss over the run's last "
@@ -300,29 +307,31 @@ class Sampler(str, Enum):
     RANDOM = "random"
 
 
-#: A study name becomes a directory (precsearch-runs/<name>) and is quoted in MLflow searches.
-STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class StudySection(Section):
     """The Optuna study."""
 
     name: str = "precsearch"
-    n_trials: int = Field(20, gt=0)
+    n_trials: int = Field(20, gt=0, le=MAX_COUNT)
     sampler: Sampler = Sampler.TPE
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the sampler's seed")
     storage: str | None = Field(None, description="Optuna storage URL (default: sqlite in the output dir)")
     heartbeat_s: int = Field(
-        10, gt=0, description="each worker records a heartbeat for its running trial this often (RDB storages)"
+        10, gt=0, le=MAX_SECONDS,
+        description="each worker records a heartbeat for its running trial this often (RDB storages)"
     )
     stale_after_s: int | None = Field(
-        None, gt=0, description="a running trial without a heartbeat for this long is failed and retried "
+        None, gt=0, le=MAX_SECONDS,
+        description="a running trial without a heartbeat for this long is failed and retried "
         "(default: 3 x heartbeat_s)"
     )
-    max_retries: int = Field(2, ge=0, description="how many times a trial whose worker died is run again")
-    trial_timeout_s: float | None = Field(None, gt=0, description="kill a probe that runs longer (default: no limit)")
+    max_retries: int = Field(2, ge=0, le=MAX_COUNT, description="how many times a trial whose worker died is run again")
+    trial_timeout_s: float | None = Field(None, gt=0, le=MAX_SECONDS,
+        description="kill a probe that runs longer (default: no limit)")
     store_retry_s: float = Field(
-        60.0, ge=0, description="keep retrying an unreachable Optuna database or MLflow server this long"
+        60.0, ge=0, le=MAX_SECONDS,
+        description="keep retrying an unreachable Optuna database or MLflow server this long"
     )
     fidelity: FidelitySection | None = Field(
         None, description="rungs of longer probes the best policies continue to (off if unset)"
@@ -331,11 +340,13 @@ class StudySection(Section):
     @field_validator("name")
     @classmethod
     def _usable_name(cls, v: str) -> str:
-        if not v:
-            raise ValueError("the study name is empty; e.g. my-study")
-        if not STUDY_NAME.fullmatch(v):
-            raise ValueError(f"study name {v!r} may use letters, digits, '.', '_' and '-' (at most 100, starting "
-                             f"with a letter or digit): it names a directory and is quoted in MLflow searches")
+        # the name is a folder, an MLflow experiment and a quoted MLflow search value (precsearch.utils.names)
+        problem = name_problem(v)
+        if problem == name_problem(""):
+            raise ValueError(f"the study name {problem}")
+        if problem:
+            raise ValueError(f"study name {v!r} {problem}; a name may use letters of any script, digits, spaces "
+                             f"and punctuation, not {REFUSED}")
         return v
 
     @field_validator("stale_after_s")
@@ -346,6 +357,10 @@ class StudySection(Section):
             raise ValueError(f"{v} s is not longer than heartbeat_s ({beat} s): every running trial would be "
                              f"taken for dead and run again; valid: > {beat}, e.g. {3 * beat}")
         return v
+
+
+#: MLflow's limit on an experiment name (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH).
+MAX_EXPERIMENT_NAME = 500
 
 
 class TrackingSection(Section):
@@ -359,6 +374,9 @@ class TrackingSection(Section):
     def _named(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("the experiment name is empty; leave it out to use the study name")
+        if v is not None and len(v) > MAX_EXPERIMENT_NAME:
+            raise ValueError(f"the experiment name has {len(v)} characters; MLflow takes at most "
+                             f"{MAX_EXPERIMENT_NAME}")
         return v
 
 

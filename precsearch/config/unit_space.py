@@ -36,6 +36,7 @@ from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.config.knob import Knob, knob
 from precsearch.config.section import Section
 from precsearch.precision import Precision
+from precsearch.utils.numbers import MAX_COUNT
 
 #: Unit kinds a set may name: the four GEMMs of a block, and the output layer.
 KIND_SUFFIX: dict[str, str] = {suffix.rsplit(".", 1)[-1]: suffix for suffix in BLOCK_UNITS}
@@ -108,7 +109,7 @@ class SensitivitySection(Section):
     budget_on: Literal["memory", "speed"] = Field(
         "memory", description="memory: memory saved (objectives.memory); speed: predicted GEMM time saved "
         "(objectives.throughput)")
-    eval_batches: int = Field(4, ge=1, description="held-out batches each unit x precision is scored on")
+    eval_batches: int = Field(4, ge=1, le=MAX_COUNT, description="held-out batches each unit x precision is scored on")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,14 @@ def write_export(files: dict[str, str], output: str | Path | None) -> list[Path]
     """
     if output is None:
         return []
+    try:
+        return _write(files, output)
+    except OSError as exc:  # the CLI checked the path first (check_writable); it may have changed since
+        raise UserError(f"cannot write {exc.filename or output}: {exc.strerror or exc}",
+                        field="-o/--output") from None
+
+
+def _write(files: dict[str, str], output: str | Path) -> list[Path]:
     as_dir = str(output).endswith(("/", "\\")) or Path(output).is_dir() or len(files) > 1
     output = Path(output)
     if not as_dir:

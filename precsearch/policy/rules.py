@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
-from precsearch.arch.units import hf_names, unit_of
+from precsearch.arch.units import hf_names, layer_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
 
 _BLOCK_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -54,10 +54,15 @@ class Rule:
     def limits_blocks(self) -> bool:
         return self.first is not None or self.last is not None or self.indices is not None
 
+    def names_match(self, name: str, alias: str | None = None) -> bool:
+        """Whether a pattern matches ``name`` or, when ``alias`` is None, any name it answers to
+        (:func:`~precsearch.arch.units.layer_names`); with ``alias``, ``name`` or that one alias."""
+        names = layer_names(name) if alias is None else (name, alias)
+        return any(fnmatch.fnmatchcase(n, p) for p in self.modules for n in names)
+
     def matches(self, name: str, n_layers: int, alias: str | None = None) -> bool:
         """Whether the layer ``name`` (or its ``alias``) of a model with ``n_layers`` blocks falls under this rule."""
-        names = (name,) if alias is None else (name, alias)
-        if not any(fnmatch.fnmatchcase(n, p) for p in self.modules for n in names):
+        if not self.names_match(name, alias):
             return False
         if not self.limits_blocks:
             return True

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, cre
 from precsearch.policy.rules import FP8_ATTENTION, MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES, MemoryKnobs
 from precsearch.precision import (MAX_AMAX_HISTORY, MAX_MARGIN, NVFP4_KNOBS, AmaxAlgo, Fp8Format, LayerRecipe,
                                   Precision)
+from precsearch.utils.numbers import MAX_COUNT, number_problem
 
 
 def shown(value: Any) -> str:
@@ -41,12 +42,13 @@ def _expect(ok, what: str) -> PlainValidator:
     return PlainValidator(check)
 
 
-def _count(minimum: int, maximum: int | None = None, *, optional: bool = False) -> Any:
-    """A whole number in ``[minimum, maximum]`` (None too when ``optional``)."""
+def _count(minimum: int, maximum: int = MAX_COUNT, *, optional: bool = False) -> Any:
+    """A whole number in ``[minimum, maximum]`` (None too when ``optional``); bools are refused."""
     def ok(v: Any) -> bool:
-        return (optional and v is None) or (_is_int(v) and v >= minimum and (maximum is None or v <= maximum))
+        return (optional and v is None) or (_is_int(v) and minimum <= v <= maximum)
 
-    what = f"a whole number >= {minimum}" if maximum is None else f"a whole number from {minimum} to {maximum}"
+    what = (f"a whole number >= {minimum} (at most {maximum})" if maximum == MAX_COUNT
+            else f"a whole number from {minimum} to {maximum}")
     return Annotated[int, _expect(ok, what)]
 
 
@@ -76,8 +78,9 @@ class LayersSection(_Section):
     first: _count(0, optional=True) = None
     last: _count(0, optional=True) = None
     indices: Annotated[Any, _expect(
-        lambda v: v is None or (isinstance(v, list) and bool(v) and all(_is_int(i) and i >= 0 for i in v)),
-        "a non-empty list of block numbers >= 0 (an empty one selects no block)")] = None
+        lambda v: v is None or (isinstance(v, list) and bool(v) and all(_is_int(i) and 0 <= i <= MAX_COUNT
+                                                                         for i in v)),
+        f"a non-empty list of block numbers from 0 to {MAX_COUNT} (an empty one selects no block)")] = None
 
 
 class RuleSection(_Section):
@@ -128,8 +131,8 @@ class PolicySection(_Section):
     rules: Annotated[list[RuleSection], BeforeValidator(lambda v: _list_of_rules(v))] = ()
     recipe: RecipeSection = None
     warmup_steps: _count(0) = 0
-    clip_grad: Annotated[Any, _expect(lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                             and v > 0), "null or a number > 0")] = None
+    clip_grad: Annotated[Any, _expect(lambda v: v is None or (number_problem(v) is None and isinstance(v, (int, float))
+                                                             and v > 0), "null or a number > 0, finite")] = None
     memory: MemorySection = None
 
 

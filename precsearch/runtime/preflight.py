@@ -45,6 +45,11 @@ def _check_checkpoint(space: Space) -> None:
 
 def _check_data_files(space: Space) -> None:
     data = space.data
+    for field, path in (("data.path", data.path), ("data.tokenizer", data.tokenizer)):
+        # /dev/zero or a pipe: reading it would never end (or block), not fail
+        if path is not None and path.exists() and not (path.is_file() or path.is_dir()):
+            raise UserError(f"{path} is not a regular file or directory (a device, pipe or socket); give a "
+                            "data file", field=field)
     # a prefix path (megatron) names several files: its reader checks them (check_data)
     if data.source in FILE_SOURCES and data.source not in PREFIX_SOURCES and not data.path.exists():
         raise UserError(f"data file not found: {data.path}", field="data.path")

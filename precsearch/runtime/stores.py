@@ -136,7 +136,9 @@ def open_tracker(ws: Workspace, parent_id: str | None = None, retry_s: float = 0
 
 def make_sampler(study: StudySection, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
     """The sampler a space names, seeded (``seed_offset`` gives parallel workers different streams)."""
-    seed = study.seed + seed_offset
+    # numpy RandomState takes 0..2**32-1: a worker's offset (and a resume's trial count) must not push
+    # study.seed (at most 2**32 - 1) past it
+    seed = (study.seed + seed_offset) % 2**32
     if study.sampler is Sampler.TPE:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(4, study.n_trials // 3)),
                                           multivariate=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from precsearch.config.space import Space
 from precsearch.errors import UserError
+from precsearch.utils.names import name_problem
 
 MANIFEST = "precsearch.json"
 DEFAULT_OUTPUT_ROOT = Path("precsearch-runs")
@@ -142,9 +143,10 @@ class Workspace:
 
 def check_dir_name(name: str, field: str) -> None:
     """Refuse a study name that would not be one folder under ``precsearch-runs``."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise UserError(f"'{name}' cannot name a folder under {DEFAULT_OUTPUT_ROOT}/ (one path component, not "
-                        "'.', '..' or one with '/'); rename it or give --output-dir", field=field)
+    problem = name_problem(name)
+    if problem:
+        raise UserError(f"{name!r} cannot name a folder under {DEFAULT_OUTPUT_ROOT}/: it {problem}; rename it "
+                        "or give --output-dir", field=field)
 
 
 def refuse_in_memory(url: str, field: str) -> None:

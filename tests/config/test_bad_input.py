@@ -149,3 +149,12 @@ def test_groups_may_name_units_by_either_scheme(tmp_path, capsys):
     ]
     code, err = _run(capsys, "validate", write_space(tmp_path, data))
     assert code == 0, err
+
+
+def test_a_library_message_over_several_lines_stays_one_line(tmp_path, capsys):
+    """A directory as the tokenizer: transformers' error spans four lines, which split the refusal (issue 34)."""
+    pytest.importorskip("transformers")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "a.txt").write_text("some text\n" * 100)
+    path = write_space(tmp_path, tiny_space_dict(data={"source": "text", "path": "a.txt", "tokenizer": "tok"}))
+    _assert_user_error(*_run(capsys, "validate", path), "data.tokenizer", "cannot use tokenizer")
