@@ -126,7 +126,7 @@ def _refuse_non_numbers(values: list[Any]) -> None:
 def _parse_choices(raw: dict, adapter: TypeAdapter) -> Knob:
     extra = set(raw) - {"choices"}
     if extra:
-        raise ValueError(f"unknown key(s) {sorted(extra)} beside 'choices'")
+        raise ValueError(f"unknown key(s) {sorted(map(str, extra))} beside 'choices'")
     choices = raw["choices"]
     if not isinstance(choices, list) or not choices:
         raise ValueError("'choices' must be a non-empty list")
@@ -139,7 +139,7 @@ def _parse_choices(raw: dict, adapter: TypeAdapter) -> Knob:
 def _parse_range(raw: dict, adapter: TypeAdapter) -> Knob:
     extra = set(raw) - _RANGE_KEYS
     if extra:
-        raise ValueError(f"unknown key(s) {sorted(extra)} in a range (valid: low, high, step, log)")
+        raise ValueError(f"unknown key(s) {sorted(map(str, extra))} in a range (valid: low, high, step, log)")
     if "low" not in raw or "high" not in raw:
         raise ValueError("a range needs both 'low' and 'high'")
     low, high = adapter.validate_python(raw["low"]), adapter.validate_python(raw["high"])
