@@ -314,16 +314,23 @@ def _diverged(result: ProbeResult, factor: float, step: int) -> bool:
     return True
 
 
-@torch.no_grad()
 def evaluate(model: Llama3, data: TokenBatches, backend: Backend, device: torch.device, fp8_on: bool) -> float:
     """Mean loss over the fixed held-out batches, in the precision training ended in."""
+    losses = eval_losses(model, data, backend, device, fp8_on)
+    return sum(losses) / len(losses)
+
+
+@torch.no_grad()
+def eval_losses(model: Llama3, data: TokenBatches, backend: Backend, device: torch.device, fp8_on: bool
+                ) -> list[float]:
+    """The loss of each fixed held-out batch, with FP8 on or off."""
     model.eval()
     losses = []
     for inputs, targets in data.eval_set():
         with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
             losses.append(float(model(inputs.to(device), targets.to(device))))
     model.train()
-    return sum(losses) / len(losses)
+    return losses
 
 
 def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,

@@ -46,6 +46,7 @@ from precsearch.probe.damage import gram
 from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.update import applied_update, baseline_update
 from precsearch.probe.data import TokenBatches
+from precsearch.probe.runner import eval_losses
 from precsearch.arch.units import unit_names
 from precsearch.probe.model.llama3 import ModelConfig
 
@@ -76,7 +77,7 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
         _backward(model, backend, device, reading_batch(data, k), fp8_on)
         grads.append({u: backend.unit_weight(model, u).grad.detach().clone() for u in units})
     model.zero_grad(set_to_none=True)
-    losses = _eval_losses(model, backend, device, data, fp8_on)
+    losses = eval_losses(model, data, backend, device, fp8_on)
     del model
     return Side(grads=grads, eval_losses=losses)
 
@@ -88,16 +89,6 @@ def _backward(model, backend: Backend, device: torch.device, batch: tuple[Tensor
         loss = model(inputs, targets)
     loss.backward()
 
-
-@torch.no_grad()
-def _eval_losses(model, backend: Backend, device: torch.device, data: TokenBatches, fp8_on: bool) -> list[float]:
-    model.eval()
-    out = []
-    for inputs, targets in data.eval_set():
-        with backend.autocast(model, enabled=fp8_on), torch.autocast(device.type, dtype=torch.bfloat16):
-            out.append(float(model(inputs.to(device), targets.to(device))))
-    model.train()
-    return out
 
 
 @dataclass
