@@ -299,10 +299,13 @@ def test_ctrl_c_during_the_references_stops_within_seconds_and_the_resume_runs_t
     assert [t.user_attrs.get("interrupted") for t in study.trials if t.state is TrialState.FAIL] == [True]
     assert len([t for t in study.trials if t.state is TrialState.WAITING]) == 1
     assert not list((out / "references").glob("*.json"))  # the interrupted reference is not cached
+    # the interrupted trial never finishes under its number: the user is told where its params went
+    assert "trial 0 interrupted: marked failed, its params queued to run again" in out_text + err
 
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    resumed = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
     assert len([t for t in study.trials if t.state is TrialState.COMPLETE]) == 1
+    assert "trial 1 runs the params of trial 0 again (queued when that one was interrupted)" in resumed.stdout
 
 
 def test_second_ctrl_c_stops_at_once_and_requeues_the_trial(tmp_path):
