@@ -162,7 +162,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.runtime.workspace import Workspace
     from precsearch.tracking import ui
-    from precsearch.tracking.server import mlflow_server_command
+    from precsearch.tracking.server import QUIET_ENV, mlflow_server_command
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
@@ -171,36 +171,50 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.optuna:
         return _optuna_dashboard(ws, args.host, args.port)
     try:
-        cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
+        cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port, quiet=True)
     except ValueError as exc:
         raise UserError(str(exc), field="--host/--port") from None
     ui.check_port(args.host, args.port)
-    print(ui_banner(ws, f"http://{args.host}:{args.port}"), flush=True)
-    return ui.serve(cmd)
+    base = f"http://{args.host}:{args.port}"
+    banner = ui_banner(ws, base)
+    print(f"starting the MLflow UI for study '{ws.study_name}' at {base} ...", flush=True)
+    return ui.serve(cmd, env=QUIET_ENV, url=base, ready=lambda: print(banner, flush=True))
 
 
 def ui_banner(ws, base_url: str) -> str:
-    """Where the MLflow UI shows the study: the runs table on precsearch's views, and the front trials."""
-    from precsearch.tracking.experiment_view import experiment_url
+    """Where the MLflow UI shows the study: the runs table on precsearch's views, the front trials, the charts
+    and the front plot and page, each a URL that opens in model-training mode."""
+    from precsearch.tracking.experiment_view import artifact_url, experiment_url
 
-    experiment = _experiment_id(ws)
+    experiment, study_run = _experiment_and_study_run(ws)
     if experiment is None:
         return f"MLflow UI for study '{ws.study_name}' at {base_url} (Ctrl-C to stop); no experiment logged yet"
-    return (f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):\n"
-            f"  trials and objectives:  {experiment_url(base_url, experiment)}\n"
-            f"  front trials only:      {experiment_url(base_url, experiment, front=True)}\n"
-            f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}\n"
-            f"  front plot: run 'study-{ws.study_name}', Artifacts, front/front.png")
+    lines = [f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):",
+             f"  trials and objectives:  {experiment_url(base_url, experiment)}",
+             f"  front trials only:      {experiment_url(base_url, experiment, front=True)}",
+             f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}"]
+    if study_run is not None:
+        lines += [f"  front plot:             {artifact_url(base_url, experiment, study_run, 'front/front.png')}",
+                  f"  front table and plot:   {artifact_url(base_url, experiment, study_run, 'front/front.html')}"]
+    lines.append("  (a page opened from inside MLflow that shows Evaluations or Judges is in its GenAI mode: click "
+                 "'Model training' at the top of the sidebar once; the browser keeps it)")
+    return "\n".join(lines)
 
 
-def _experiment_id(ws) -> str | None:
+def _experiment_and_study_run(ws) -> tuple[str | None, str | None]:
+    """The study's experiment id and its study run's id (None for what is not logged yet)."""
     from mlflow.tracking import MlflowClient
 
     try:
-        found = MlflowClient(tracking_uri=ws.tracking_uri).get_experiment_by_name(ws.experiment)
+        client = MlflowClient(tracking_uri=ws.tracking_uri)
+        found = client.get_experiment_by_name(ws.experiment)
+        if found is None:
+            return None, None
+        query = f"tags.`precsearch.role` = 'study' AND tags.`precsearch.study` = '{ws.study_name}'"
+        runs = client.search_runs([found.experiment_id], query, max_results=1)
     except Exception:  # noqa: BLE001 - the banner only loses its links; the server reports store errors
-        return None
-    return found.experiment_id if found is not None else None
+        return None, None
+    return found.experiment_id, runs[0].info.run_id if runs else None
 
 
 def _optuna_dashboard(ws, host: str, port: int) -> int:

@@ -82,3 +82,16 @@ def experiment_url(base_url: str, experiment_id: str, front: bool = False, chart
     query = {"workflowType": "machine_learning", "viewStateShareKey": FRONT_KEY if front else VIEW_KEY}
     query = urlencode(query | ({"compareRunsMode": "CHART"} if charts else {}))
     return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def artifact_url(base_url: str, experiment_id: str, run_id: str, path: str) -> str:
+    """An artifact of a run in MLflow's artifact viewer, in model-training mode (``path`` as ``front/front.png``;
+    an empty path opens the run's Artifacts tab)."""
+    return f"{run_url(base_url, experiment_id, run_id, 'artifacts/' + path if path else 'artifacts')}"
+
+
+def run_url(base_url: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """A run's page (``tab``: ``artifacts/<path>``, ``model-metrics``, ...) in model-training mode: without the
+    parameter MLflow 3.17 opens it in the browser's stored mode, GenAI by default."""
+    tail = f"/{tab}" if tab else ""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{tail}?workflowType=machine_learning"
