@@ -20,18 +20,20 @@ EXIT_USER_ERROR = 2
 RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
 
 
-def _load_checked_space(path: Path):
+def _load_checked_space(path: Path, gpu: bool = True):
+    """The space at ``path``, every check passed (``gpu=False``: all but those of :func:`gpu_checks_left`)."""
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
     from precsearch.probe.data import check_data
 
     space = load_space(path)
-    check_space(space, file=str(path))
+    check_space(space, file=str(path), gpu=gpu)
     try:
         check_data(space)  # a bad data file must stop the run here, not fail every trial in its probe process
     except UserError as exc:
         raise exc.located(file=str(path)) from None
-    _print_emulation_note(space)
+    if gpu:
+        _print_emulation_note(space)
     return space
 
 
@@ -55,11 +57,20 @@ def _stopped() -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    space = _load_checked_space(args.space)
+    from precsearch.config.checks import gpu_checks_left
+    from precsearch.config.loader import load_space
+
+    left = gpu_checks_left(load_space(args.space))  # a GPU space on a CPU machine: check all else here
+    space = _load_checked_space(args.space, gpu=not left)
     cfg = space.model.probe()
     knobs = sum(1 for g in space.search.groups if not g.precision.is_fixed)
-    print(f"{args.space}: valid. Probe: {cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
+    print(f"{args.space}: valid{' on this machine (file, fields, checkpoint and data)' if left else ''}. Probe: "
+          f"{cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
           f"{len(space.search.groups)} layer groups ({knobs} searched); backend {space.backend.value}.")
+    if left:
+        print("Not checked here, no CUDA GPU on this machine: run 'precsearch validate' on the GPU machine for\n"
+              + "\n".join(f"  - {check}" for check in left))
+        return 0
     if space.backend.value == "auto":
         from precsearch.backends import get_backend, resolve_device
 

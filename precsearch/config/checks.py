@@ -26,21 +26,37 @@ from precsearch.precision import LayerRecipe
 MEMORY_KNOB_NAMES = tuple(f.name for f in fields(MemoryKnobs))
 
 
-def check_space(space: Space, *, file: str, environment: bool = True) -> None:
+def check_space(space: Space, *, file: str, environment: bool = True, gpu: bool = True) -> None:
     """Every cross-field check, in the order a user would fix them.
 
     With ``environment=False`` the checks that depend on this machine (data
     files present, backend and GPU able to run each precision) are skipped, so
-    a space written for another machine can be checked here.
+    a space written for another machine can be checked here. With ``gpu=False``
+    only the GPU's (:func:`gpu_checks_left`) are: a GPU space's checkpoint and
+    data are checked on a CPU machine before the GPU is rented.
     """
     checks = [check_values, _check_model, _check_warmup, check_groups, check_units, _check_nproc, _check_fidelity]
     if environment:
-        checks += [_check_checkpoint, _check_data, _check_backend, _check_nproc_gpus]
+        checks += [_check_checkpoint, _check_data] + ([_check_backend, _check_nproc_gpus] if gpu else [])
     for check in checks:
         try:
             check(space)
         except UserError as exc:
             raise exc.located(file=file) from None
+
+
+def gpu_checks_left(space: Space) -> list[str]:
+    """What :func:`check_space` cannot check for ``space`` on this machine because it has no CUDA GPU and the
+    space asks for one (``probe.device: cuda`` or ``backend: te``); empty when it can check everything."""
+    if torch.cuda.is_available() or (space.probe.device != "cuda" and space.backend.value != "te"):
+        return []
+    precisions = ", ".join(sorted(p.value for p in space.search.precisions()))
+    left = [f"probe.device {space.probe.device}: a CUDA GPU is visible",
+            f"backend {space.backend.value}: it runs {precisions} on that GPU (its compute capability)",
+            "search.memory and objectives.baseline_memory: the backend supports the memory knobs"]
+    if space.probe.nproc > 1:
+        left.append(f"probe.nproc {space.probe.nproc}: that many GPUs are visible")
+    return left
 
 
 def _check_model(space: Space) -> None:
