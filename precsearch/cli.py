@@ -105,10 +105,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def next_commands(output_dir: Path) -> str:
     """What to run after a study: the front, the MLflow UI, the export."""
     out = _shell_path(output_dir)
+    # the policy lands in the study's directory: written to the current one, it sat untracked in a clone
+    policy = _shell_path(Path(output_dir) / "policy.yaml")
     return ("\nNext:\n"
             f"  precsearch front --all --output-dir {out}     # every trial, feasible and pareto columns\n"
             f"  precsearch ui --output-dir {out}              # MLflow: trials, objectives, the front plot\n"
-            f"  precsearch export --output-dir {out} --pick max-memory -o policy.yaml")
+            f"  precsearch export --output-dir {out} --pick max-memory -o {policy}")
 
 
 def _shell_path(path: Path) -> str:
@@ -310,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="choose the trial: most memory saved, highest tokens/s on the Pareto front, or "
                             "lowest instability (among feasible trials)")
     p.add_argument("--max-instability", type=float, metavar="X",
-                   help="with --pick: only trials whose instability is at most X (e.g. 0.005)")
+                   help="with --pick: only trials whose instability is at most X, in the study's stability_unit "
+                        "as its stability_limit is: BF16 seed spreads for noise (e.g. 1.0), else a fraction "
+                        "of the BF16 loss (e.g. 0.005)")
     p.add_argument("--format", choices=tuple(FORMATS), default=next(iter(FORMATS)),
                    help="policy.yaml (default), Megatron-LM flags + precision config, a torchtitan TOML "
                         "section, or an Accelerate snippet")
