@@ -52,7 +52,8 @@ def column(kind: str, name: str) -> str:
 
 def view_state(param_names: list[str], search_filter: str = "", unit: str = "relative") -> dict:
     """A shared view: feasible trials first by memory saved; front and feasible flags, objectives and params as
-    columns; two large scatters (two to a row: three small ones to a row listed 3 of 13 runs in a legend)."""
+    columns; two large scatters, one to a row (MLflow's default, three small ones to a row, listed 3 of 13 runs in
+    a legend of two lines)."""
     columns = ([column("tags", t) for t in TAG_COLUMNS] + [column("metrics", m) for m in metric_columns(unit)]
                + [column("params", p) for p in param_names])
     return {
@@ -66,7 +67,7 @@ def view_state(param_names: list[str], search_filter: str = "", unit: str = "rel
         "runsHiddenMode": "SHOW_ALL",
         "compareRunSections": [{"uuid": SECTION, "name": "precsearch trade-off", "display": True,
                                 "isReordered": False, "deleted": False, "isGenerated": False,
-                                "columns": 2, "cardHeight": 560}],
+                                "columns": 1, "cardHeight": 560}],
         "compareRunCharts": [_scatter(x, y) for x, y in charts(unit)],
     }
 

@@ -96,7 +96,8 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(7.2, 5.4), dpi=110)
+    # 600 px wide: MLflow's artifact viewer, beside its Assistant panel, cut a wider front.html at the front's side
+    fig, ax = plt.subplots(figsize=(6.0, 5.0), dpi=100)
     line = limit if unit == "noise" else 100 * limit
     top = _y_top(rows, unit, line)
     seen: set[str] = set()
@@ -140,7 +141,7 @@ def _legend(ax, kinds: set[str]) -> None:
                for k, (c, m, s) in KINDS.items() if k in kinds]
     handles += [h for h in ax.get_legend_handles_labels()[0] if h.get_label().startswith("stability limit")]
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
-              ncol=min(5, len(handles)), frameon=False)
+              ncol=min(3, len(handles)), frameon=False)
 
 
 def _y_top(rows: list[dict[str, Any]], unit: str, line: float) -> float:

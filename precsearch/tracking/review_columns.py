@@ -52,8 +52,8 @@ def run_name(number: int, on_front: bool) -> str:
 def run_colour(number: int, on_front: bool) -> str:
     """A ``#rrggbb`` colour for trial ``number``: saturated and dark on the front, pale off it."""
     hue = (number * _GOLDEN) % 1.0
-    # two or three brightness levels apart: hue alone leaves twenty trials' colours too close to tell apart
-    saturation, value = (0.85, (0.85, 0.6)[number % 2]) if on_front else (0.45, (0.95, 0.75, 0.85)[number % 3])
+    # off the front, three brightness levels: pale hue alone left twenty trials' colours too close to tell apart
+    saturation, value = (0.9, 0.9) if on_front else (0.4, (0.95, 0.75, 0.85)[number % 3])
     r, g, b = colorsys.hsv_to_rgb(hue, saturation, value)
     return f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}"
 

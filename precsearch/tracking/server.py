@@ -26,7 +26,8 @@ def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *,
         port: The TCP port.
         workers: Server worker processes (MLflow's default when None).
         quiet: Without uvicorn's access log (one line per request: the UI makes hundreds, and the links
-            ``precsearch ui`` prints scrolled away); see :data:`QUIET_ENV` for the warnings.
+            ``precsearch ui`` prints scrolled away) and its start-up lines (warnings and errors stay);
+            see :data:`QUIET_ENV` for MLflow's own.
 
     Returns:
         The command, for :func:`subprocess.call` or :class:`subprocess.Popen`.
@@ -45,11 +46,13 @@ def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *,
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if quiet:
-        cmd += ["--uvicorn-opts", "--no-access-log"]
+        cmd += ["--uvicorn-opts", "--no-access-log --log-level warning"]
     return cmd
 
 
 #: The environment of a quiet server: MLflow 3.17 imports ``starlette.middleware.wsgi``, deprecated, and each
 #: uvicorn worker printed the StarletteDeprecationWarning (four per start), which a user can do nothing about.
 #: Matched by its message: a ``-W`` category must be importable before the interpreter imports starlette.
-QUIET_ENV = {"PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning"}
+#: MLflow's INFO lines (its job schedulers, a minute after the start) came after the links too.
+QUIET_ENV = {"PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning",
+             "MLFLOW_LOGGING_LEVEL": "WARNING"}

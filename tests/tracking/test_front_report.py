@@ -66,7 +66,7 @@ def test_the_legend_is_below_the_plot_inside_the_figure(figure):
     """A legend right of the axes made the PNG wider than MLflow's artifact viewer, which cut it off."""
     legend = figure.axes[0].get_legend().get_window_extent(figure.canvas.get_renderer())
     axes = figure.axes[0].get_window_extent(figure.canvas.get_renderer())
-    assert legend.y1 <= axes.y0 and figure.bbox.width <= 800
+    assert legend.y1 <= axes.y0 and figure.bbox.width <= 620
 
 
 def test_kinds_are_told_apart_and_the_limit_is_drawn_in_percent(figure):

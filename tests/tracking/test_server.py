@@ -136,7 +136,7 @@ def test_the_server_is_started_quiet():
     from precsearch.tracking.server import QUIET_ENV
 
     cmd = mlflow_server_command("sqlite:///x.db", quiet=True)
-    assert _option(cmd, "--uvicorn-opts") == "--no-access-log"
+    assert _option(cmd, "--uvicorn-opts") == "--no-access-log --log-level warning"
     assert "--uvicorn-opts" not in mlflow_server_command("sqlite:///x.db")
     env = dict(os.environ, **QUIET_ENV)
     shown = subprocess.run([sys.executable, "-c", "import mlflow.server.fastapi_app"], env=env, capture_output=True,
