@@ -204,7 +204,7 @@ def run_checks(base: str, output_dir: Path, browser: str, results: Path, prefix:
     check("chart view: model-training mode, the trade-off section", training_mode(dom)
           and "precsearch trade-off" in dom)
     named = set(re.findall(r">trial-(\d+ \(front\))<", dom))
-    check("chart view: the front trials marked '(front)' in the legend", {f"{n} (front)" for n in front} <= named,
+    check("chart view: the front trials named '(front)'", {f"{n} (front)" for n in front} <= named,
           f"marked {sorted(named)}")
     # the run list beside the charts, with each run's colour (MLflow's legend under a chart may show fewer)
     check("chart view: every trial in the run list beside the charts", set(trials) <= trial_names(dom),

@@ -5,6 +5,8 @@ and sorts the runs table by one key only. So each trial run also gets:
 
 * ``memory_saved_pct`` and ``instability_pct`` (``relative`` studies) or ``instability_spreads`` (``noise``
   studies: BF16 seed spreads, as the verdict reads it), rounded, as the terminal prints them;
+* ``tokens_per_s`` to the token and ``gap_in_noise`` to two decimals, as the terminal prints them (the
+  study keeps the full values);
 * ``feasible_first_memory_saved``: the runs table's default sort, feasible trials first, each part by
   memory saved (``memory_saved_pct``, plus 1000 for a feasible trial);
 * the run name ``trial-<n> (front)`` while the trial is on the Pareto front, and a colour
@@ -42,6 +44,9 @@ def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
         out[instability_column(unit)] = round(instability / floor, 2)
     elif unit != "noise" and math.isfinite(instability):
         out[instability_column(unit)] = round(100 * instability, 3)
+    for name, digits in (("tokens_per_s", 0), ("gap_in_noise", 2)):
+        if math.isfinite(value := metrics.get(name, math.nan)):
+            out[name] = round(value, digits)
     return out
 
 

@@ -18,6 +18,8 @@ def test_objectives_in_percent_and_seed_spreads_as_the_terminal_prints_them():
     noise = review_metrics(metrics, "noise")
     assert noise["instability_spreads"] == 0.65 and "instability_pct" not in noise  # 0.01055 / 0.0162
     assert "instability_spreads" not in review_metrics(metrics | {"noise_floor": math.nan}, "noise")
+    shown = review_metrics(metrics | {"tokens_per_s": 7423.652281, "gap_in_noise": 0.6512}, "noise")
+    assert (shown["tokens_per_s"], shown["gap_in_noise"]) == (7424, 0.65)  # were cut to "7423.65228…"
 
 
 def test_the_sort_key_puts_every_feasible_trial_before_any_unstable_one():
