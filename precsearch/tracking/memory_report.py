@@ -64,7 +64,11 @@ def _size(n: int) -> str:
 
 
 def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:
-    """Stacked bars of the target's components, baseline and trial side by side (None without a breakdown)."""
+    """Stacked bars of the target's components, baseline and trial side by side (None without a breakdown).
+
+    The components are not all alive at once (the gradients are not, at the backward), so a bar adds up
+    to more than the peak: each bar's predicted peak is drawn across it as a black line, named in the legend.
+    """
     trial, base = data["target"]["trial"], data["target"]["baseline"]
     if not trial or not base:
         return None
@@ -73,14 +77,20 @@ def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    peaks = data.get("target_peak", {})
+    scale, unit = (GIB, "GiB") if max(sum(base.values()), sum(trial.values())) >= GIB else (2**20, "MiB")
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     bottoms = [0.0, 0.0]
     for i, part in enumerate(COMPONENTS):
-        values = [base.get(part, 0) / GIB, trial.get(part, 0) / GIB]
+        values = [base.get(part, 0) / scale, trial.get(part, 0) / scale]
         ax.bar(["baseline", "trial"], values, bottom=bottoms, label=LABELS[part],
                color=plt.get_cmap("tab10")(i))
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    ax.set_ylabel("GiB (memory model, target)")
+    for x, key in enumerate(("baseline", "trial")):
+        if peaks.get(key):
+            ax.hlines(peaks[key] / scale, x - 0.42, x + 0.42, color="black", linewidth=2,
+                      label="predicted peak (not every part is alive at once)" if x == 0 else None)
+    ax.set_ylabel(f"{unit} (memory model, target)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title(f"{title} memory by component, {data['target_layers']} blocks".strip(), fontsize=9)
     ax.grid(alpha=0.3, axis="y")

@@ -94,3 +94,27 @@ def test_the_bf16_bar_is_not_labelled_fp8():
     with mock.patch.object(plt.Axes, "bar", bar):
         breakdown_png(breakdown(_result(MemoryKnobs(), fp8=True), base))
     assert "weight copies (BF16 or FP8)" in labels and not any(str(label).lower().startswith("fp8") for label in labels)
+
+
+def test_the_bars_show_each_predicted_peak_in_a_unit_that_fits():
+    """A bar stacks every component, more than the peak (the gradients are not alive at the backward):
+    without the peak drawn, the bar read as the memory the trial needs; a 40 MiB probe read as 0.040 GiB."""
+    import matplotlib.pyplot as plt
+    from unittest import mock
+
+    small = ProbeResult(target_breakdown={"weights": 3 * 2**20, "gradients": 3 * 2**20, "activations": 30 * 2**20},
+                        target_memory_bytes=33 * 2**20, target_layers=4)
+    lines, labels = [], []
+    real_hlines, real_ylabel = plt.Axes.hlines, plt.Axes.set_ylabel
+
+    def hlines(self, y, *args, **kwargs):
+        lines.append(y)
+        return real_hlines(self, y, *args, **kwargs)
+
+    def set_ylabel(self, text, *args, **kwargs):
+        labels.append(text)
+        return real_ylabel(self, text, *args, **kwargs)
+
+    with mock.patch.object(plt.Axes, "hlines", hlines), mock.patch.object(plt.Axes, "set_ylabel", set_ylabel):
+        breakdown_png(breakdown(small, small))
+    assert lines == [33.0, 33.0] and labels[0].startswith("MiB")
