@@ -22,15 +22,17 @@ EXIT_USER_ERROR = 2
 RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
 
 
-def _load_checked_space(path: Path):
+def _load_checked_space(path: Path, gpu: bool = True):
+    """The space at ``path``, every check passed (``gpu=False``: all but those of :func:`gpu_checks_left`)."""
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
     from precsearch.runtime.preflight import preflight
 
     space = load_space(path)
     check_space(space, file=str(path))
-    preflight(space, file=str(path))  # this machine: files, data, backend, GPUs
-    _print_emulation_note(space)
+    preflight(space, file=str(path), gpu=gpu)  # this machine: files, data, backend, GPUs (gpu=False: no GPU's)
+    if gpu:
+        _print_emulation_note(space)
     return space
 
 
@@ -54,11 +56,20 @@ def _stopped() -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    space = _load_checked_space(args.space)
+    from precsearch.runtime.preflight import gpu_checks_left
+    from precsearch.config.loader import load_space
+
+    left = gpu_checks_left(load_space(args.space))  # a GPU space on a CPU machine: check all else here
+    space = _load_checked_space(args.space, gpu=not left)
     cfg = space.model.probe()
     knobs = sum(1 for g in space.search.groups if not g.precision.is_fixed)
-    print(f"{args.space}: valid. Probe: {cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
+    print(f"{args.space}: valid{' on this machine (file, fields, checkpoint and data)' if left else ''}. Probe: "
+          f"{cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
           f"{len(space.search.groups)} layer groups ({knobs} searched); backend {space.backend.value}.")
+    if left:
+        print("Not checked here, no CUDA GPU on this machine: run 'precsearch validate' on the GPU machine for\n"
+              + "\n".join(f"  - {check}" for check in left))
+        return 0
     if space.backend.value == "auto":
         from precsearch.backends import get_backend, resolve_device
 
@@ -95,10 +106,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def next_commands(output_dir: Path) -> str:
     """What to run after a study: the front, the MLflow UI, the export."""
     out = _shell_path(output_dir)
+    # the policy lands in the study's directory: written to the current one, it sat untracked in a clone
+    policy = _shell_path(Path(output_dir) / "policy.yaml")
     return ("\nNext:\n"
             f"  precsearch front --all --output-dir {out}     # every trial, feasible and pareto columns\n"
             f"  precsearch ui --output-dir {out}              # MLflow: trials, objectives, the front plot\n"
-            f"  precsearch export --output-dir {out} --pick max-memory -o policy.yaml")
+            f"  precsearch export --output-dir {out} --pick max-memory -o {policy}")
 
 
 def _shell_path(path: Path) -> str:
@@ -169,7 +182,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.runtime.workspace import Workspace
     from precsearch.tracking import ui
-    from precsearch.tracking.server import mlflow_server_command
+    from precsearch.tracking.server import QUIET_ENV, mlflow_server_command
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
@@ -178,36 +191,50 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if args.optuna:
         return _optuna_dashboard(ws, args.host, args.port)
     try:
-        cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port)
+        cmd = mlflow_server_command(ws.tracking_uri, host=args.host, port=args.port, quiet=True)
     except ValueError as exc:
         raise UserError(str(exc), field="--host/--port") from None
     ui.check_port(args.host, args.port)
-    print(ui_banner(ws, f"http://{args.host}:{args.port}"), flush=True)
-    return ui.serve(cmd)
+    base = f"http://{args.host}:{args.port}"
+    banner = ui_banner(ws, base)
+    print(f"starting the MLflow UI for study '{ws.study_name}' at {base} ...", flush=True)
+    return ui.serve(cmd, env=QUIET_ENV, url=base, ready=lambda: print(banner, flush=True))
 
 
 def ui_banner(ws, base_url: str) -> str:
-    """Where the MLflow UI shows the study: the runs table on precsearch's views, and the front trials."""
-    from precsearch.tracking.experiment_view import experiment_url
+    """Where the MLflow UI shows the study: the runs table on precsearch's views, the front trials, the charts
+    and the front plot and page, each a URL that opens in model-training mode."""
+    from precsearch.tracking.experiment_view import artifact_url, experiment_url
 
-    experiment = _experiment_id(ws)
+    experiment, study_run = _experiment_and_study_run(ws)
     if experiment is None:
         return f"MLflow UI for study '{ws.study_name}' at {base_url} (Ctrl-C to stop); no experiment logged yet"
-    return (f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):\n"
-            f"  trials and objectives:  {experiment_url(base_url, experiment)}\n"
-            f"  front trials only:      {experiment_url(base_url, experiment, front=True)}\n"
-            f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}\n"
-            f"  front plot: run 'study-{ws.study_name}', Artifacts, front/front.png")
+    lines = [f"MLflow UI for study '{ws.study_name}' (Ctrl-C to stop):",
+             f"  trials and objectives:  {experiment_url(base_url, experiment)}",
+             f"  front trials only:      {experiment_url(base_url, experiment, front=True)}",
+             f"  trade-off charts:       {experiment_url(base_url, experiment, charts=True)}"]
+    if study_run is not None:
+        lines += [f"  front plot:             {artifact_url(base_url, experiment, study_run, 'front/front.png')}",
+                  f"  front table and plot:   {artifact_url(base_url, experiment, study_run, 'front/front.html')}"]
+    lines.append("  (a page opened from inside MLflow that shows Evaluations or Judges is in its GenAI mode: click "
+                 "'Model training' at the top of the sidebar once; the browser keeps it)")
+    return "\n".join(lines)
 
 
-def _experiment_id(ws) -> str | None:
+def _experiment_and_study_run(ws) -> tuple[str | None, str | None]:
+    """The study's experiment id and its study run's id (None for what is not logged yet)."""
     from mlflow.tracking import MlflowClient
 
     try:
-        found = MlflowClient(tracking_uri=ws.tracking_uri).get_experiment_by_name(ws.experiment)
+        client = MlflowClient(tracking_uri=ws.tracking_uri)
+        found = client.get_experiment_by_name(ws.experiment)
+        if found is None:
+            return None, None
+        query = f"tags.`precsearch.role` = 'study' AND tags.`precsearch.study` = '{ws.study_name}'"
+        runs = client.search_runs([found.experiment_id], query, max_results=1)
     except Exception:  # noqa: BLE001 - the banner only loses its links; the server reports store errors
-        return None
-    return found.experiment_id if found is not None else None
+        return None, None
+    return found.experiment_id, runs[0].info.run_id if runs else None
 
 
 def _optuna_dashboard(ws, host: str, port: int) -> int:
@@ -292,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="choose the trial: most memory saved, highest tokens/s on the Pareto front, or "
                             "lowest instability (among feasible trials)")
     p.add_argument("--max-instability", type=float, metavar="X",
-                   help="with --pick: only trials whose instability is at most X (e.g. 0.005)")
+                   help="with --pick: only trials whose instability is at most X, in the study's stability_unit "
+                        "as its stability_limit is: BF16 seed spreads for noise (e.g. 1.0), else a fraction "
+                        "of the BF16 loss (e.g. 0.005)")
     p.add_argument("--format", choices=tuple(FORMATS), default=next(iter(FORMATS)),
                    help="policy.yaml (default), Megatron-LM flags + precision config, a torchtitan TOML "
                         "section, or an Accelerate snippet")

@@ -35,13 +35,30 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def choose_trial(rows: list[dict[str, Any]], pick: str,
-                 max_instability: float | None = None) -> tuple[dict[str, Any], str]:
+def instability_in(row: dict[str, Any], unit: str) -> float:
+    """A trial row's instability in a space's ``stability_unit``: the relative loss gap (``relative``, a
+    fraction as ``stability_limit`` is), or BF16 seed spreads (``noise``: over the reference's noise floor)."""
+    if unit != "noise":  # relative, or damage (the fixed-state reading, already in SGD noise units)
+        return row["instability"]
+    floor = row.get("noise_floor")
+    return row["instability"] / floor if _finite(floor) and floor > 0 else math.nan
+
+
+def unit_name(unit: str) -> str:
+    """How a limit in ``unit`` reads after its number: ``<= 1.5 BF16 seed spreads``, ``<= 0.005 of the BF16 loss``."""
+    return {"noise": "BF16 seed spreads", "damage": "x SGD noise (the fixed-state reading)"}.get(unit,
+                                                                                             "of the BF16 loss")
+
+
+def choose_trial(rows: list[dict[str, Any]], pick: str, max_instability: float | None = None,
+                 unit: str = "relative") -> tuple[dict[str, Any], str]:
     """Pick one trial row by a rule; return it and a sentence saying why.
 
     Rows are :func:`precsearch.search.front.trial_rows` dicts. Only feasible,
-    non-diverged trials are candidates, further limited to ``instability <=
-    max_instability`` when that is given.
+    non-diverged trials are candidates, further limited to an instability of at
+    most ``max_instability`` in ``unit`` (the study's ``stability_unit``, the unit
+    of its ``stability_limit``: a study in seed spreads is limited in seed spreads)
+    when that is given.
 
     * ``max-memory``: the most memory saved; ties go to the lower instability.
     * ``fastest``: the highest tokens/s among the Pareto front; ties go to more memory saved.
@@ -64,19 +81,20 @@ def choose_trial(rows: list[dict[str, Any]], pick: str,
     pool = feasible if pick != "fastest" else [r for r in feasible if r.get("pareto")]
     where = "feasible trials" if pick != "fastest" else "trials on the Pareto front"
     if max_instability is not None:
-        within = [r for r in pool if r["instability"] <= max_instability]
+        within = [r for r in pool if instability_in(r, unit) <= max_instability]
         if not within:
-            best = min(pool, key=lambda r: r["instability"])
+            best = min(pool, key=lambda r: instability_in(r, unit))
             raise UserError(
-                f"none of the {len(pool)} {where} has instability <= {max_instability:g}; the lowest is "
-                f"{best['instability']:.4g} (trial {best['trial']})", field="--max-instability")
+                f"none of the {len(pool)} {where} has instability <= {max_instability:g} {unit_name(unit)}; the "
+                f"lowest is {instability_in(best, unit):.4g} (trial {best['trial']})", field="--max-instability")
         pool = within
-        where += f" with instability <= {max_instability:g}"
+        where += f" with instability <= {max_instability:g} {unit_name(unit)}"
     row = min(pool, key=PICKS[pick].key)
-    facts = (f"memory saved {100 * row['memory_saved']:.2f}%, instability {row['instability']:.4g}, "
+    facts = (f"memory saved {100 * row['memory_saved']:.2f}%, instability {instability_in(row, unit):.4g}"
+             f"{' seed spreads' if unit == 'noise' else ''}, "
              f"{row.get('tokens_per_s') or 0:.0f} tokens/s")
     reason = f"trial {row['trial']} {PICKS[pick].verb} of {len(pool)} {where} ({facts})"
     return row, reason
 
 
-__all__ = ["PICKS", "Pick", "choose_trial"]
+__all__ = ["PICKS", "Pick", "choose_trial", "instability_in", "unit_name"]

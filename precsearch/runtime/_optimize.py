@@ -168,7 +168,12 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
                               lambda: ctx.stop.requested)
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
+        say(ctx, f"trial {trial.number}: the same policy as trial {twin.number}, already scored; told its "
+                  "result, not run again and not counted")
         return False
+    if REQUEUED_FROM in trial.user_attrs:
+        say(ctx, f"trial {trial.number} runs the params of trial {trial.user_attrs[REQUEUED_FROM]} again "
+                  "(queued when that one was interrupted)")
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
@@ -254,6 +259,10 @@ def _ask_lock(ctx: StudyRun):
         yield
 
 
+#: User attribute of a queued trial: the number of the interrupted trial whose params it runs again.
+REQUEUED_FROM = "requeued_from"
+
+
 def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
     """Queue ``trial``'s params (and rung, for a promoted trial) to run again, once.
 
@@ -265,7 +274,8 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
     # a queued trial has no params yet: compare the params it is queued with
     if not any(t.system_attrs.get("fixed_params") == trial.params
                and {k: v for k, v in t.user_attrs.items() if k in keep} == attrs for t in waiting):
-        study.enqueue_trial(trial.params, user_attrs=attrs or None)
+        # REQUEUED_FROM only names the trial in the line the re-run prints; it is no part of the match above
+        study.enqueue_trial(trial.params, user_attrs=attrs | {REQUEUED_FROM: trial.number})
 
 
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> None:
@@ -278,6 +288,8 @@ def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str, reason: str) -> No
         trial.set_user_attr("interrupted", True)
         ctx.study.tell(trial, state=TrialState.FAIL)
         _requeue(ctx.study, trial)
+    say(ctx, f"trial {trial.number} interrupted: marked failed, its params queued to run again when the study "
+              "resumes")
     try:
         ctx.tracker.fail_trial(run_id, reason, "KILLED", retry=False)
     except Exception as exc:  # noqa: BLE001 - best effort, see above

@@ -29,5 +29,5 @@ def update_front(ctx: StudyRun) -> dict[str, float]:
     ctx.tracker.log_front(files)
     metrics = study_metrics(rows, finished_count(ctx.study), names)
     ctx.tracker.log_study(metrics)
-    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}))
+    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.stability_unit)
     return metrics

@@ -67,8 +67,11 @@ def check_storage(storage: optuna.storages.BaseStorage, ws: Workspace, space: Sp
 def setting_changes(stored: dict, space: Space) -> list[str]:
     """``"probe.steps: 12 -> 30"`` for each compared setting that differs between ``stored`` and ``space``."""
     old, new = _compared(_normalised(stored)), _compared(space.model_dump(mode="json"))
-    return [f"{key}: {_short(old.get(key))} -> {_short(new.get(key))}"
-            for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+    return [f"{key}: {_short(old.get(key, _ABSENT))} -> {_short(new.get(key, _ABSENT))}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key, _ABSENT) != new.get(key, _ABSENT)]
+
+
+_ABSENT = object()  # a setting on one side only (a group added or removed), told apart from a null value
 
 
 def _normalised(stored: dict) -> dict:
@@ -84,13 +87,21 @@ def _compared(data: dict) -> dict[str, Any]:
 
 
 def _flat(data: dict, prefix: str = ""):
+    """Leaf settings by dotted key; a list of sections (``search.groups``) by each item's name or index, so a
+    change shows as the one field that changed (``search.groups[mlp].precision.choices``), not as two
+    lists cut to the same first characters."""
     for key, value in data.items():
         if isinstance(value, dict) and value:
             yield from _flat(value, f"{prefix}{key}.")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, item in enumerate(value):
+                yield from _flat(item, f"{prefix}{key}[{item.get('name', i)}].")
         else:
             yield f"{prefix}{key}", value
 
 
 def _short(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -9,6 +9,8 @@ space can choose on this device, and there are GPUs for ``probe.nproc``. Each ra
 
 from __future__ import annotations
 
+import torch
+
 from precsearch.arch.hf_checkpoint import check_checkpoint
 from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
 from precsearch.backends.capability import gpu_capability
@@ -23,17 +25,35 @@ from precsearch.probe.data import check_data
 from precsearch.probe.parallel.distributed import check_gpus
 
 
-def preflight(space: Space, *, file: str) -> None:
+def preflight(space: Space, *, file: str, gpu: bool = True) -> None:
     """This machine's checks of ``space`` (read from ``file``), in the order a user would fix them.
 
     The data is read once as a probe would read it, so a bad data file stops the run here, not in
-    every trial's probe process.
+    every trial's probe process. With ``gpu=False`` the checks that need the space's GPU
+    (:func:`gpu_checks_left`) are left out: a GPU space's checkpoint and data are checked on a CPU
+    machine before the GPU is rented.
     """
-    for check in (_check_checkpoint, _check_data_files, _check_backend, check_gpus, check_data):
+    machine = (_check_backend, check_gpus) if gpu else ()
+    for check in (_check_checkpoint, _check_data_files, *machine, check_data):
         try:
             check(space)
         except UserError as exc:
             raise exc.located(file=file) from None
+
+
+def gpu_checks_left(space: Space) -> list[str]:
+    """What :func:`preflight` cannot check for ``space`` on this machine because it has no CUDA GPU and the
+    space asks for one (``probe.device: cuda`` or ``backend: te``); empty when it can check everything."""
+    if torch.cuda.is_available() or (space.probe.device != "cuda" and space.backend.value != "te"):
+        return []
+    precisions = ", ".join(sorted(p.value for p in space.search.precisions()))
+    left = [f"probe.device {space.probe.device}: a CUDA GPU is visible",
+            f"backend {space.backend.value}: it runs {precisions} on that GPU (its compute capability)",
+            "search.memory and objectives.baseline_memory: the backend supports the memory knobs"]
+    if space.probe.nproc > 1:
+        left.append(f"probe.nproc {space.probe.nproc}: that many GPUs are visible")
+    return left
+
 
 
 def _check_checkpoint(space: Space) -> None:

@@ -81,7 +81,8 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
     Args:
         trial: Trial number; exclusive with ``pick``.
         pick: ``max-memory``, ``fastest`` or ``most-stable`` (see :func:`choose_trial`).
-        max_instability: Only trials at or below this instability qualify (with ``pick``).
+        max_instability: Only trials at or below this instability qualify (with ``pick``), in the study's
+            ``stability_unit`` (BF16 seed spreads for ``noise``, a fraction of the BF16 loss otherwise).
         fmt: ``policy``, ``megatron``, ``torchtitan`` or ``accelerate``.
         n_layers: Blocks of the model the files are for (default: the study's target model).
         pipeline: Megatron only: model chunks of the run (pipeline stages x virtual stages).
@@ -92,13 +93,18 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
         raise UserError("only applies with --pick", field="--max-instability")
     if pick is not None:
         rows = trial_rows(study, study.user_attrs["objectives"])
-        row, reason = choose_trial(rows, pick, max_instability)
+        objectives = study.user_attrs.get("space", {}).get("objectives", {})
+        # a study read by the fixed-state reading scores instability in SGD noise units already
+        unit = "damage" if objectives.get("reading") == "damage" else objectives.get("stability_unit", "relative")
+        row, reason = choose_trial(rows, pick, max_instability, unit)
         trial = row["trial"]
     else:
         reason = f"trial {trial} (asked for by number)"
     policy, provenance = trial_policy(study, ws, trial)
     if pick is not None:
         provenance["chosen_by"] = {"pick": pick, "max_instability": max_instability, "reason": reason}
+        if max_instability is not None:
+            provenance["chosen_by"]["max_instability_unit"] = unit
     rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance,
                       pipeline=pipeline)
     verdict = infeasible_warning(study, trial)

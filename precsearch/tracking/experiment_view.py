@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 
+from precsearch.tracking.review_columns import MEMORY_PCT, SORT_KEY, instability_column
+
 KIND_TAG = "mlflow.experimentKind"
 KIND = "custom_model_development"
 VIEW_PREFIX = "mlflow.sharedViewState."
@@ -27,13 +29,20 @@ VIEW_KEY = "precsearch"
 FRONT_KEY = "precsearch-front"
 FRONT_FILTER = "tags.pareto = 'true'"
 
-#: Trial metrics shown as columns, in order (the objectives first).
-METRIC_COLUMNS = ("memory_saved", "instability", "tokens_per_s", "gap_in_noise")
-#: Scatter charts (x, y) of the chart view, in a section of their own.
-CHARTS = (("memory_saved", "instability"), ("memory_saved", "tokens_per_s"))
 SECTION = "precsearch-tradeoff"
-#: Trial tags shown as columns.
-TAG_COLUMNS = ("pareto", "feasible")
+#: Trial tags shown as columns, first: MLflow's Assistant panel covers the right of the table.
+TAG_COLUMNS = ("feasible", "pareto")
+
+
+def metric_columns(unit: str = "relative") -> tuple[str, ...]:
+    """Trial metrics shown as columns, in order: the objectives in percent (or seed spreads), as the terminal
+    prints them (:mod:`precsearch.tracking.review_columns`), then the noise reading."""
+    return (MEMORY_PCT, instability_column(unit), "tokens_per_s", "gap_in_noise")
+
+
+def charts(unit: str = "relative") -> tuple[tuple[str, str], ...]:
+    """Scatter charts (x, y) of the chart view, in a section of their own."""
+    return ((MEMORY_PCT, instability_column(unit)), (MEMORY_PCT, "tokens_per_s"))
 
 
 def column(kind: str, name: str) -> str:
@@ -41,13 +50,15 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def view_state(param_names: list[str], search_filter: str = "") -> dict:
-    """A shared view: runs by memory saved, objectives, front and feasible flags and params as columns."""
-    columns = ([column("metrics", m) for m in METRIC_COLUMNS] + [column("tags", t) for t in TAG_COLUMNS]
+def view_state(param_names: list[str], search_filter: str = "", unit: str = "relative") -> dict:
+    """A shared view: feasible trials first by memory saved; front and feasible flags, objectives and params as
+    columns; two large scatters, one to a row (MLflow's default, three small ones to a row, listed 3 of 13 runs in
+    a legend of two lines)."""
+    columns = ([column("tags", t) for t in TAG_COLUMNS] + [column("metrics", m) for m in metric_columns(unit)]
                + [column("params", p) for p in param_names])
     return {
         "searchFilter": search_filter,
-        "orderByKey": column("metrics", "memory_saved"),
+        "orderByKey": column("metrics", SORT_KEY),
         "orderByAsc": False,
         "startTime": "ALL",
         "lifecycleFilter": "Active",
@@ -55,8 +66,9 @@ def view_state(param_names: list[str], search_filter: str = "") -> dict:
         "columnOrder": columns,
         "runsHiddenMode": "SHOW_ALL",
         "compareRunSections": [{"uuid": SECTION, "name": "precsearch trade-off", "display": True,
-                                "isReordered": False, "deleted": False, "isGenerated": False}],
-        "compareRunCharts": [_scatter(x, y) for x, y in CHARTS],
+                                "isReordered": False, "deleted": False, "isGenerated": False,
+                                "columns": 1, "cardHeight": 560}],
+        "compareRunCharts": [_scatter(x, y) for x, y in charts(unit)],
     }
 
 
@@ -67,11 +79,11 @@ def _scatter(x: str, y: str) -> dict:
             "yaxis": {"key": y, "type": "METRIC"}}
 
 
-def experiment_tags(param_names: list[str]) -> dict[str, str]:
+def experiment_tags(param_names: list[str], unit: str = "relative") -> dict[str, str]:
     """The experiment kind and two shared views: every run, and the front trials only."""
     names = sorted(param_names)
-    return {KIND_TAG: KIND, VIEW_PREFIX + VIEW_KEY: json.dumps(view_state(names)),
-            VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER))}
+    return {KIND_TAG: KIND, VIEW_PREFIX + VIEW_KEY: json.dumps(view_state(names, unit=unit)),
+            VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER, unit))}
 
 
 def experiment_url(base_url: str, experiment_id: str, front: bool = False, charts: bool = False) -> str:
@@ -82,3 +94,16 @@ def experiment_url(base_url: str, experiment_id: str, front: bool = False, chart
     query = {"workflowType": "machine_learning", "viewStateShareKey": FRONT_KEY if front else VIEW_KEY}
     query = urlencode(query | ({"compareRunsMode": "CHART"} if charts else {}))
     return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def artifact_url(base_url: str, experiment_id: str, run_id: str, path: str) -> str:
+    """An artifact of a run in MLflow's artifact viewer, in model-training mode (``path`` as ``front/front.png``;
+    an empty path opens the run's Artifacts tab)."""
+    return f"{run_url(base_url, experiment_id, run_id, 'artifacts/' + path if path else 'artifacts')}"
+
+
+def run_url(base_url: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """A run's page (``tab``: ``artifacts/<path>``, ``model-metrics``, ...) in model-training mode: without the
+    parameter MLflow 3.17 opens it in the browser's stored mode, GenAI by default."""
+    tail = f"/{tab}" if tab else ""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{tail}?workflowType=machine_learning"

@@ -84,13 +84,22 @@ def limit_label(limit: float, unit: str) -> str:
 
 
 def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative"):
-    """The trade-off plot: every trial as a labelled point, the limit as a dashed line. Close it after use."""
+    """The trade-off plot: every trial as a labelled point, the limit as a dashed line. Close it after use.
+
+    The y axis is linear (a symlog axis spaced 0-1 evenly and squeezed 1-2, which nobody reads right). A
+    trial far above the rest (a diverged one) would flatten every other point to the floor, so the axis
+    stops at :func:`_y_top` and such a trial is drawn as a triangle on the top edge, its value in its label.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    # 600 px wide: MLflow's artifact viewer, beside its Assistant panel, cut a wider front.html at the front's side
+    fig, ax = plt.subplots(figsize=(6.0, 5.0), dpi=100)
+    line = limit if unit == "noise" else 100 * limit
+    top = _y_top(rows, unit, line)
     seen: set[str] = set()
     points: dict[tuple[float, float], list[dict[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: r["trial"]):
@@ -99,52 +108,79 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
             continue
         label = kind(r)
         color, marker, size = KINDS[label]
-        ax.plot([x], [y], linestyle="none", marker=marker, color=color, markersize=size, gid=f"trial-{r['trial']}",
-                label=None if label in seen else label)
+        off = y > top
+        ax.plot([x], [top if off else y], linestyle="none", marker="^" if off else marker, color=color,
+                markersize=size, gid=f"trial-{r['trial']}", label=None if label in seen else label, clip_on=False)
         seen.add(label)
-        points.setdefault((round(x, 6), round(y, 6)), []).append(r)
-    line = limit if unit == "noise" else 100 * limit
+        points.setdefault((round(x, 6), round(top if off else y, 6)), []).append(r)
     ax.axhline(line, color="grey", linestyle="--", linewidth=1, label=limit_label(limit, unit))
-    ax.set_yscale("symlog", linthresh=1.0)
-    ax.margins(x=0.08, y=0.12)
+    ax.set_ylim(-0.04 * top, top)
+    ax.margins(x=0.08)
     ax.set_xlabel("memory saved vs BF16 (%)")
-    ax.set_ylabel(y_label(unit))
+    ax.set_ylabel(y_label(unit) + ", linear axis")
     ax.grid(alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: list(KINDS).index(labels[i]) if labels[i] in KINDS else 9)
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))
+    _legend(ax, seen)
+    off_scale = any(y_value(r, unit) > top for r in rows)
     ax.set_title(f"memory saved vs loss instability: {len(rows)} trials, "
-                 f"{sum(1 for r in rows if r['pareto'])} on the front", fontsize=10)
-    _y_ticks(ax, unit)
+                 f"{sum(1 for r in rows if r['pareto'])} on the front"
+                 + ("\n▲ on the top edge: a trial above the axis, its value in its label" if off_scale else ""),
+                 fontsize=10)
+    if unit != "noise":
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
     fig.tight_layout()
-    _label_points(ax, points)
+    _label_points(ax, points, top, unit)
     return fig
 
 
-_TICKS = (0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+def _legend(ax, kinds: set[str]) -> None:
+    """The kinds drawn (each with its own marker, also when its first point sat on the top edge) and the limit,
+    below the plot: beside it, the PNG was wider than MLflow's artifact viewer, which cut the legend off."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], linestyle="none", marker=m, color=c, markersize=s, label=k)
+               for k, (c, m, s) in KINDS.items() if k in kinds]
+    handles += [h for h in ax.get_legend_handles_labels()[0] if h.get_label().startswith("stability limit")]
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+              ncol=min(3, len(handles)), frameon=False)
 
 
-def _y_ticks(ax, unit: str) -> None:
-    """Plain tick labels on the symlog axis (``0.5%``, ``10%``; seed spreads unsuffixed)."""
-    low, high = ax.get_ylim()
-    ticks = [t for t in _TICKS if low <= t <= high] or [low, high]
-    ax.set_yticks(ticks, [f"{t:g}" + ("" if unit == "noise" else "%") for t in ticks])
-    ax.set_ylim(low, high)
+def _y_top(rows: list[dict[str, Any]], unit: str, line: float) -> float:
+    """The top of the linear y axis: room for the limit and every trial within 5x of it, diverged ones aside."""
+    values = [y for r in rows if not r["diverged"] and math.isfinite(y := y_value(r, unit)) and y <= 5 * line]
+    return 1.12 * max([1.25 * line, *values])
 
 
-def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]]) -> None:
-    """Label each point with its trial numbers (trials on one spot share a label), avoiding earlier labels."""
+def y_text(row: dict[str, Any], unit: str) -> str:
+    """The trial's instability as the plot's axis reads it: ``0.42 seed spreads`` or ``1.055%``."""
+    y = y_value(row, unit)
+    if not math.isfinite(y):
+        return "-"
+    return f"{y:.2f} seed spreads" if unit == "noise" else f"{y:.3f}%"
+
+
+def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]], top: float, unit: str) -> None:
+    """Label each point with its trial numbers (trials on one spot share a label), avoiding earlier labels;
+    a point on the top edge stands for a value above the axis, which its label gives."""
     ax.figure.canvas.draw()  # fixes the limits, so display coordinates hold
     centres = {spot: ax.transData.transform(spot) for spot in points}
     taken = [(px - 6, py - 6, px + 6, py + 6) for px, py in centres.values()]  # the markers themselves
+    frame = ax.get_window_extent()
+    right, ceiling = ax.figure.bbox.x1 - 2, frame.y1 + 2  # a label past these is cut, or runs into the title
+
+    def free(box: tuple[float, float, float, float]) -> bool:
+        return (box[0] >= 0 and box[2] <= right and box[3] <= ceiling
+                and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken))
+
     for (x, y), members in points.items():
         text = ",".join(str(r["trial"]) for r in members)
+        if y_value(members[0], unit) > top:
+            text += f" ({y_text(members[0], unit).replace(' seed spreads', ' spreads')})"
         px, py = centres[(x, y)]
         width, height = 6.5 * len(text) + 2, 11
-        for dx, dy in ((7, 4), (7, -15), (-7 - width, 4), (-7 - width, -15), (7, 16), (7, -27), (-7 - width, 16)):
+        for dx, dy in ((7, 4), (7, -15), (-7 - width, 4), (-7 - width, -15), (7, 16), (7, -27), (-7 - width, 16),
+                       (-7 - width, -27)):
             box = (px + dx, py + dy, px + dx + width, py + dy + height)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+            if free(box):
                 break
         taken.append(box)
         ax.annotate(text, (x, y), xytext=(dx * 72 / ax.figure.dpi, dy * 72 / ax.figure.dpi),
@@ -167,9 +203,9 @@ def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, 
         y = y_value(r, unit)
         if not math.isfinite(y):
             continue
-        px, py = ax.transData.transform((100 * r["memory_saved"], y))
+        px, py = ax.transData.transform((100 * r["memory_saved"], min(y, ax.get_ylim()[1])))
         text = (f"trial {r['trial']} ({kind(r)}): memory saved {100 * r['memory_saved']:.2f}%, "
-                f"instability {100 * r['instability']:.3f}%; {r['policy']}")
+                f"instability {y_text(r, unit)}; {r['policy']}")
         areas.append((round(px), round(height - py), text))
     return areas
 
@@ -177,12 +213,14 @@ def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, 
 def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, int, str]], limit: float,
                unit: str) -> str:
     """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
-    head = ("trial", "kind", "memory saved", "instability", "loss gap", "tokens/s", "steps", "policy")
+    # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
+    head = ("trial", "kind", "memory saved", "instability (" + ("BF16 seed spreads" if unit == "noise" else
+            "% of BF16 loss") + ")", "loss gap vs BF16", "tokens/s", "steps", "policy")
     body = []
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.2f}%"
-        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", f"{100 * r['instability']:.3f}%", gap,
-                 f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
+        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", y_text(r, unit).replace(" seed spreads", ""),
+                 gap, f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png).decode()
     spots = "".join(f'<area shape="circle" coords="{x},{y},7" title="{html.escape(t)}" alt="{html.escape(t)}">'

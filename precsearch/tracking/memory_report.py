@@ -23,6 +23,12 @@ GIB = 2**30
 #: Components in stacking order (static state first, then what the step adds).
 COMPONENTS = ("weights", "fp8_weight_copies", "master_weights", "moments", "gradients", "activations", "logits",
               "step_transient")
+#: What a person reads for each component. ``fp8_weight_copies`` (its name in ``breakdown.json``) holds the
+#: weight copies saved for the backward, BF16 ones (autocast, FP32 parameters) in a BF16 run: "fp8" on the
+#: baseline's bar would be false.
+LABELS = {"weights": "weights", "fp8_weight_copies": "weight copies (BF16 or FP8)", "master_weights": "master",
+          "moments": "moments", "gradients": "gradients", "activations": "activations", "logits": "logits",
+          "step_transient": "step transient"}
 
 
 def breakdown(result: ProbeResult, reference: ProbeResult) -> dict[str, Any]:
@@ -45,15 +51,24 @@ def saving_sources(trial: dict[str, int], baseline: dict[str, int], top: int = 3
     moves = [(k, trial.get(k, 0) - baseline.get(k, 0)) for k in COMPONENTS if k in trial or k in baseline]
     floor = 0.005 * sum(baseline.values())  # moves under 0.5% of the baseline are noise in a summary
     moves = [m for m in sorted(moves, key=lambda m: -abs(m[1])) if m[1] and abs(m[1]) >= floor][:top]
-    return ", ".join(f"{k.replace('_weights', '').replace('_', ' ')} {_size(v)}" for k, v in moves)
+    return ", ".join(f"{LABELS[k].split(' (')[0]} {_size(v)}" for k, v in moves)
 
 
 def _size(n: int) -> str:
-    return f"{n / GIB:+.1f} GiB" if abs(n) >= GIB else f"{n / 2**20:+.1f} MiB"
+    """A signed size with the unit that keeps it from rounding to zero (``-0.0 MiB`` told a small model's
+    reader that nothing was saved)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale / 10 * (10 if unit == "GiB" else 1):
+            return f"{n / scale:+.1f} {unit}"
+    return f"{n:+d} B"
 
 
 def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:
-    """Stacked bars of the target's components, baseline and trial side by side (None without a breakdown)."""
+    """Stacked bars of the target's components, baseline and trial side by side (None without a breakdown).
+
+    The components are not all alive at once (the gradients are not, at the backward), so a bar adds up
+    to more than the peak: each bar's predicted peak is drawn across it as a black line, named in the legend.
+    """
     trial, base = data["target"]["trial"], data["target"]["baseline"]
     if not trial or not base:
         return None
@@ -62,14 +77,20 @@ def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    peaks = data.get("target_peak", {})
+    scale, unit = (GIB, "GiB") if max(sum(base.values()), sum(trial.values())) >= GIB else (2**20, "MiB")
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     bottoms = [0.0, 0.0]
     for i, part in enumerate(COMPONENTS):
-        values = [base.get(part, 0) / GIB, trial.get(part, 0) / GIB]
-        ax.bar(["baseline", "trial"], values, bottom=bottoms, label=part.replace("_", " "),
+        values = [base.get(part, 0) / scale, trial.get(part, 0) / scale]
+        ax.bar(["baseline", "trial"], values, bottom=bottoms, label=LABELS[part],
                color=plt.get_cmap("tab10")(i))
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    ax.set_ylabel("GiB (memory model, target)")
+    for x, key in enumerate(("baseline", "trial")):
+        if peaks.get(key):
+            ax.hlines(peaks[key] / scale, x - 0.42, x + 0.42, color="black", linewidth=2,
+                      label="predicted peak (not every part is alive at once)" if x == 0 else None)
+    ax.set_ylabel(f"{unit} (memory model, target)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title(f"{title} memory by component, {data['target_layers']} blocks".strip(), fontsize=9)
     ax.grid(alpha=0.3, axis="y")

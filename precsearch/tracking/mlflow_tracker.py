@@ -32,6 +32,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from precsearch.tracking.experiment_view import KIND, KIND_TAG, experiment_tags
+from precsearch.tracking.review_columns import review_metrics, trial_look
 
 _BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch
 
@@ -128,8 +129,7 @@ class Tracker:
             "precsearch.token": token,
             "trial_number": str(number),
             "trial_state": "RUNNING",
-            "pareto": "false",
-        }
+        } | trial_look(number, on_front=False)
 
         def create() -> str:
             found = self.raw_client.search_runs([self.experiment_id], f"tags.`precsearch.token` = '{token}'",
@@ -157,8 +157,10 @@ class Tracker:
 
     def finish_trial(self, run_id: str, metrics: dict[str, float], tags: dict[str, str],
                      artifacts: dict[str, str]) -> None:
-        """Final metrics, tags and text artifacts; closes the run as FINISHED."""
+        """Final metrics (and their display copies, :mod:`~precsearch.tracking.review_columns`), tags and text
+        artifacts; closes the run as FINISHED."""
         now = int(time.time() * 1000)
+        metrics = metrics | review_metrics(metrics, tags.get("stability_unit", "relative"))
         self.client.log_batch(
             run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
@@ -227,16 +229,19 @@ class Tracker:
         return len(runs)
 
     def set_pareto(self, run_ids: dict[int, str], front: set[int]) -> None:
-        """Tag every trial run ``pareto=true`` or ``false``; only changed tags are written."""
+        """Tag every trial run ``pareto=true`` or ``false``, named and coloured as on or off the front
+        (:func:`~precsearch.tracking.review_columns.trial_look`); only changed tags are written."""
         for number, run_id in run_ids.items():
-            want = "true" if number in front else "false"
-            if self.client.get_run(run_id).data.tags.get("pareto") != want:
-                self.client.set_tag(run_id, "pareto", want)
+            have = self.client.get_run(run_id).data.tags
+            changed = [RunTag(k, v) for k, v in trial_look(number, number in front).items() if have.get(k) != v]
+            if changed:
+                self.client.log_batch(run_id, tags=changed)
 
-    def set_view(self, param_names: list[str]) -> None:
-        """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params."""
+    def set_view(self, param_names: list[str], unit: str = "relative") -> None:
+        """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params, with
+        instability in the study's ``stability_unit``."""
         have = self.client.get_experiment(self.experiment_id).tags
-        for key, value in experiment_tags(param_names).items():
+        for key, value in experiment_tags(param_names, unit).items():
             if have.get(key) != value:
                 self.client.set_experiment_tag(self.experiment_id, key, value)
 

@@ -15,7 +15,7 @@ DEFAULT_PORT = 5000
 
 
 def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *, host: str = LOOPBACK,
-                          port: int = DEFAULT_PORT, workers: int | None = None) -> list[str]:
+                          port: int = DEFAULT_PORT, workers: int | None = None, quiet: bool = False) -> list[str]:
     """The argv that runs ``mlflow server`` on a study's store.
 
     Args:
@@ -25,6 +25,9 @@ def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *,
         host: The address to bind; loopback unless told otherwise.
         port: The TCP port.
         workers: Server worker processes (MLflow's default when None).
+        quiet: Without uvicorn's access log (one line per request: the UI makes hundreds, and the links
+            ``precsearch ui`` prints scrolled away) and its start-up lines (warnings and errors stay);
+            see :data:`QUIET_ENV` for MLflow's own.
 
     Returns:
         The command, for :func:`subprocess.call` or :class:`subprocess.Popen`.
@@ -42,4 +45,14 @@ def mlflow_server_command(backend_uri: str, artifact_dir: Path | None = None, *,
         cmd += ["--default-artifact-root", Path(artifact_dir).resolve().as_uri()]
     if workers is not None:
         cmd += ["--workers", str(workers)]
+    if quiet:
+        cmd += ["--uvicorn-opts", "--no-access-log --log-level warning"]
     return cmd
+
+
+#: The environment of a quiet server: MLflow 3.17 imports ``starlette.middleware.wsgi``, deprecated, and each
+#: uvicorn worker printed the StarletteDeprecationWarning (four per start), which a user can do nothing about.
+#: Matched by its message: a ``-W`` category must be importable before the interpreter imports starlette.
+#: MLflow's INFO lines (its job schedulers, a minute after the start) came after the links too.
+QUIET_ENV = {"PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated:UserWarning",
+             "MLFLOW_LOGGING_LEVEL": "WARNING"}

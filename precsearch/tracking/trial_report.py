@@ -20,6 +20,11 @@ from precsearch.tracking.figures import png_bytes
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "master", "weight_copies", "linear_inputs", "other_activations",
                 "logits", "step_transient", "total")
+#: The two moments of a step that can hold the peak (:class:`precsearch.probe.memory.MemoryBreakdown`), each
+#: with the components alive then; ``moments`` is ``optimizer`` less ``master``, so the rows add up.
+PHASES = (("at the start of the backward", "backward_peak",
+           ("params", "moments", "master", "weight_copies", "linear_inputs", "other_activations", "logits")),
+          ("during the optimizer step", "step_peak", ("params", "grads", "moments", "master", "step_transient")))
 
 
 def policy_table(policy: Policy, n_layers: int) -> str:
@@ -40,17 +45,39 @@ def policy_table(policy: Policy, n_layers: int) -> str:
 
 
 def memory_table(result: ProbeResult, reference: ProbeResult) -> str:
-    """The predicted memory of the probe by component, trial against BF16 reference, in MiB ("" without one)."""
+    """The predicted memory of the probe by component, trial against BF16 reference, in MiB ("" without one).
+
+    The peak is the larger of two moments of the step, so one list of every component would add up to
+    more than the peak (gradients are not alive at the backward): each moment gets its own table whose
+    rows add up to its total, and the peak is the larger total.
+    """
     mine, ref = result.predicted_memory, reference.predicted_memory
     if not mine or not ref:
         return ""
-    lines = [f"Predicted peak memory of the probe by component ({result.memory_source} peak "
-             f"{result.peak_memory_bytes / 2**20:.1f} MiB)", "",
-             "| component | trial MiB | BF16 MiB | change |", "|---|---|---|---|"]
-    for part in (p for p in MEMORY_PARTS if p in mine and p in ref):
-        change = f"{100 * (mine[part] / ref[part] - 1):+.1f}%" if ref[part] else "-"
-        lines.append(f"| {part} | {mine[part] / 2**20:.2f} | {ref[part] / 2**20:.2f} | {change} |")
+    title = (f"Predicted peak memory of the probe by component ({result.memory_source} peak "
+             f"{result.peak_memory_bytes / 2**20:.1f} MiB)")
+    if not all(key in d for d in (mine, ref) for _, key, _ in PHASES):  # a breakdown without its two moments
+        return "\n".join([title, ""] + _memory_rows(mine, ref, [p for p in MEMORY_PARTS if p in mine and p in ref]))
+    lines = [title, "", "The peak is the larger of two moments of a training step; each table's rows add up "
+             "to its total."]
+    for name, key, parts in PHASES:
+        peak = "the peak" if mine[key] >= mine["total"] else "not the peak"
+        lines += ["", f"**{name[0].upper()}{name[1:]}** (trial: {peak})", ""]
+        lines += _memory_rows(_with_moments(mine), _with_moments(ref), [*parts, key])
     return "\n".join(lines) + "\n"
+
+
+def _with_moments(memory: dict[str, int]) -> dict[str, int]:
+    return memory | {"moments": memory.get("optimizer", 0) - memory.get("master", 0)}
+
+
+def _memory_rows(mine: dict[str, int], ref: dict[str, int], parts: list[str]) -> list[str]:
+    lines = ["| component | trial MiB | BF16 MiB | change |", "|---|---|---|---|"]
+    for part in parts:
+        change = f"{100 * (mine[part] / ref[part] - 1):+.1f}%" if ref[part] else "-"
+        label = f"**{part.replace('_peak', '')} total**" if part.endswith("_peak") else part
+        lines.append(f"| {label} | {mine[part] / 2**20:.2f} | {ref[part] / 2**20:.2f} | {change} |")
+    return lines
 
 
 def loss_curves(result: ProbeResult, reference: ProbeResult, title: str = "") -> bytes:

@@ -6,7 +6,11 @@ no traceback reaches the user.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
+import yaml
 
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
@@ -95,7 +99,25 @@ def test_blackwell_recipes_validate_emulated_with_a_note(tmp_path, capsys):
 
 def test_gpu_backend_not_available_here(tmp_path, capsys):
     path = write_space(tmp_path, tiny_space_dict(backend="te"))
-    _assert_user_error(*_run(capsys, "validate", path), "backend", "te")
+    _assert_user_error(*_run(capsys, "run", path, "--output-dir", tmp_path / "out"), "backend", "te")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a GPU space on a machine without a GPU")
+def test_validate_checks_a_gpu_space_on_a_cpu_and_lists_what_needs_the_gpu(tmp_path, capsys):
+    """``validate`` refused every H100/H200 space on a CPU ("no CUDA GPU"), so a user could not check one
+    before renting the GPU: it checks the file, fields and data, and names the checks the GPU must run."""
+    space = Path(__file__).resolve().parents[2] / "search_spaces" / "llama3_70b_h200x2.yaml"
+    assert main(["validate", str(space)]) == 0
+    out = capsys.readouterr().out
+    assert "valid on this machine (file, fields, checkpoint and data)" in out
+    assert "Not checked here, no CUDA GPU on this machine" in out
+    assert "- backend te: it runs bf16, fp8_block, fp8_current, fp8_delayed on that GPU" in out
+    assert "- probe.nproc 2: that many GPUs are visible" in out
+    data = yaml.safe_load(space.read_text())
+    data["probe"]["steps"] = 2  # a field error is still found on the CPU
+    _assert_user_error(*_run(capsys, "validate", write_space(tmp_path, data)), "probe.lr_warmup_steps")
+    data = tiny_space_dict(backend="te", data={"source": "tokens", "path": "nope.npy"})
+    _assert_user_error(*_run(capsys, "validate", write_space(tmp_path, data)), "data.path", "nope.npy")
 
 
 def test_missing_data_file(tmp_path, capsys):

@@ -82,6 +82,23 @@ def test_setting_changes_name_each_compared_setting_with_old_and_new_values():
     assert setting_changes(old, new) == ["probe.steps: 12 -> 30"]
 
 
+def test_a_changed_group_is_named_down_to_the_field_that_differs():
+    """Both sides of a changed ``search.groups`` were cut to the same first 57 characters, so the user could
+    not see what changed; each group's field is compared on its own, and a group on one side is absent."""
+    groups = tiny_space_dict()["search"]["groups"]
+    old = Space.model_validate(tiny_space_dict()).model_dump(mode="json")
+    changed = [dict(g) for g in groups]
+    changed[-1] = changed[-1] | {"precision": {"choices": ["bf16", "fp8_current"]}}
+    name = changed[-1]["name"]
+    changes = setting_changes(old, Space.model_validate(tiny_space_dict(**{"search.groups": changed})))
+    assert len(changes) == 1 and changes[0].startswith(f"search.groups[{name}].precision.choices: "), changes
+    before, after = changes[0].split(": ", 1)[1].split(" -> ")
+    assert "fp8_current" in after and "fp8_current" not in before and "fp8_block" in before
+    fewer = Space.model_validate(tiny_space_dict(**{"search.groups": groups[:-1]}))
+    assert all(c.endswith("-> (absent)") and c.startswith(f"search.groups[{name}].")
+               for c in setting_changes(old, fewer)), setting_changes(old, fewer)
+
+
 def test_a_study_file_without_its_manifest_still_refuses_another_study(finished, tmp_path, capsys):
     out = tmp_path / "copy"
     out.mkdir()

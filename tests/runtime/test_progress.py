@@ -29,7 +29,8 @@ def test_next_commands_name_front_ui_and_export():
     text = next_commands(Path("/tmp/some dir"))
     assert "precsearch front --all --output-dir '/tmp/some dir'" in text
     assert "precsearch ui --output-dir '/tmp/some dir'" in text
-    assert "precsearch export --output-dir '/tmp/some dir' --pick max-memory" in text
+    # the policy goes under the study's directory, not into the current one (untracked in a clone)
+    assert "precsearch export --output-dir '/tmp/some dir' --pick max-memory -o '/tmp/some dir/policy.yaml'" in text
 
 
 def _row(trial, memory, instability, feasible=True, pareto=False):

@@ -80,6 +80,12 @@ def test_pareto_tags_match_the_front(finished_study):
     _, runs = _runs(finished_study)
     tagged = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("pareto") == "true"}
     assert tagged == front
+    # the chart legend and the table mark the front by name, and no two trials share a colour
+    trials = [r for r in runs if r.data.tags.get("precsearch.role") == "trial"]
+    assert {r.info.run_name for r in trials} == {f"trial-{r.data.tags['trial_number']}"
+                                                 + (" (front)" if int(r.data.tags["trial_number"]) in front else "")
+                                                 for r in trials}
+    assert len({r.data.tags["mlflow.runColor"] for r in trials}) == len(trials)
 
 
 def test_pareto_filter_lists_the_front_trials(finished_study):
@@ -100,13 +106,21 @@ def test_experiment_opens_in_model_training_mode_on_the_study_view(finished_stud
     assert tags["mlflow.experimentKind"] == "custom_model_development"  # not GenAI mode
     view = json.loads(tags[VIEW_PREFIX + VIEW_KEY])
     params = set(_study(finished_study).trials[0].params)
-    assert {"metrics.`memory_saved`", "metrics.`instability`", "metrics.`tokens_per_s`", "metrics.`gap_in_noise`",
-            "tags.`pareto`", "tags.`feasible`"} <= set(view["selectedColumns"])
+    # the flags first (MLflow's Assistant panel covers the right), then the objectives in percent
+    assert view["selectedColumns"][:6] == ["tags.`feasible`", "tags.`pareto`", "metrics.`memory_saved_pct`",
+                                           "metrics.`instability_pct`", "metrics.`tokens_per_s`",
+                                           "metrics.`gap_in_noise`"]
     assert {f"params.`{p}`" for p in params} <= set(view["selectedColumns"])
-    assert view["orderByKey"] == "metrics.`memory_saved`" and view["orderByAsc"] is False
+    # feasible trials first, by memory saved
+    assert view["orderByKey"] == "metrics.`feasible_first_memory_saved`" and view["orderByAsc"] is False
     assert json.loads(tags[VIEW_PREFIX + FRONT_KEY])["searchFilter"] == FRONT_FILTER
     axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"]]
-    assert ("memory_saved", "instability") in axes  # the chart view opens on the trade-off
+    assert ("memory_saved_pct", "instability_pct") in axes  # the chart view opens on the trade-off
+    _, runs = _runs(finished_study)
+    for run in (r for r in runs if r.data.tags.get("precsearch.role") == "trial"):
+        m = run.data.metrics
+        assert m["memory_saved_pct"] == round(100 * m["memory_saved"], 2)
+        assert m["feasible_first_memory_saved"] == m["memory_saved_pct"] + (1000 if m["feasible"] else 0)
 
 
 def test_study_run_carries_study_metrics(finished_study):
@@ -299,10 +313,13 @@ def test_ctrl_c_during_the_references_stops_within_seconds_and_the_resume_runs_t
     assert [t.user_attrs.get("interrupted") for t in study.trials if t.state is TrialState.FAIL] == [True]
     assert len([t for t in study.trials if t.state is TrialState.WAITING]) == 1
     assert not list((out / "references").glob("*.json"))  # the interrupted reference is not cached
+    # the interrupted trial never finishes under its number: the user is told where its params went
+    assert "trial 0 interrupted: marked failed, its params queued to run again" in out_text + err
 
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    resumed = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
     assert len([t for t in study.trials if t.state is TrialState.COMPLETE]) == 1
+    assert "trial 1 runs the params of trial 0 again (queued when that one was interrupted)" in resumed.stdout
 
 
 def test_second_ctrl_c_stops_at_once_and_requeues_the_trial(tmp_path):

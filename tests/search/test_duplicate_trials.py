@@ -32,7 +32,7 @@ def _trial_runs(out: Path) -> list:
     return [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("precsearch.role") == "trial"]
 
 
-def test_duplicates_do_not_count_and_a_resume_with_more_trials_gets_new_policies(tmp_path):
+def test_duplicates_do_not_count_and_a_resume_with_more_trials_gets_new_policies(tmp_path, capsys):
     """cpu_smoke's random sampler (seed 1) proposes trial 0's policy again as its third point."""
     space = write_space(tmp_path, tiny_space_dict(**QUICK | {"study.n_trials": 4, "study.seed": 1}))
     out = tmp_path / "out"
@@ -43,6 +43,10 @@ def test_duplicates_do_not_count_and_a_resume_with_more_trials_gets_new_policies
     for t in duplicates:
         twin = next(s for s in study.trials if s.number == t.user_attrs["duplicate_of"])
         assert t.params == twin.params and t.values == twin.values and "duplicate_of" not in twin.user_attrs
+    # a duplicate has no run and no row: without its line it would vanish from what the user reads
+    printed = capsys.readouterr().out
+    for t in duplicates:
+        assert f"trial {t.number}: the same policy as trial {t.user_attrs['duplicate_of']}, already scored" in printed
     assert finished_count(study) == len(_distinct(study)) == 4
     assert len(_trial_runs(out)) == 4  # no MLflow run for a duplicate
     assert len(trial_rows(study, study.user_attrs["objectives"])) == 4  # nor a row in the front

@@ -31,7 +31,7 @@ def figure():
 def test_every_trial_is_labelled_and_coincident_trials_share_a_label(figure):
     # the old plot numbered only the front's points
     texts = [t.get_text() for t in figure.axes[0].texts]
-    labelled = {int(n) for text in texts for n in text.split(",")}
+    labelled = {int(n) for text in texts for n in text.split(" (")[0].split(",")}
     assert labelled == {r["trial"] for r in ROWS}
     assert "0,2" in texts  # trials 0 and 2 scored the same: one label, both numbers
 
@@ -46,7 +46,27 @@ def test_nothing_is_clipped(figure):
             artist
     ax = figure.axes[0]
     low, high = ax.get_ylim()
-    assert all(low < 100 * r["instability"] < high for r in ROWS)
+    drawn = {line.get_gid(): line.get_ydata()[0] for line in ax.lines if line.get_gid()}
+    assert len(drawn) == len(ROWS) and all(low <= y <= high for y in drawn.values())
+
+
+def test_the_y_axis_is_linear_and_a_trial_above_it_is_on_the_top_edge_with_its_value(figure):
+    """The symlog axis spaced 0-1 evenly and squeezed 1-2 with no note; linear, the diverged trial's 100%
+    would flatten the others, so it sits on the top edge as a triangle, its value in its label."""
+    ax = figure.axes[0]
+    assert ax.get_yscale() == "linear"
+    diverged = next(line for line in ax.lines if line.get_gid() == "trial-5")
+    assert diverged.get_ydata()[0] == pytest.approx(ax.get_ylim()[1]) and diverged.get_marker() == "^"
+    assert "5 (100.000%)" in [t.get_text() for t in ax.texts]
+    assert ax.get_ylim()[1] < 10  # the 3% trial and the 1% limit keep the axis, not the 100%
+    assert "linear" in ax.get_ylabel()
+
+
+def test_the_legend_is_below_the_plot_inside_the_figure(figure):
+    """A legend right of the axes made the PNG wider than MLflow's artifact viewer, which cut it off."""
+    legend = figure.axes[0].get_legend().get_window_extent(figure.canvas.get_renderer())
+    axes = figure.axes[0].get_window_extent(figure.canvas.get_renderer())
+    assert legend.y1 <= axes.y0 and figure.bbox.width <= 620
 
 
 def test_kinds_are_told_apart_and_the_limit_is_drawn_in_percent(figure):
@@ -80,3 +100,13 @@ def test_html_page_has_no_script_and_a_hover_text_per_trial(tmp_path):
     assert paths[3].stat().st_size < 500_000
     assert all(p.stat().st_size > 0 for p in paths)
     assert math.isfinite(len(page))
+
+
+def test_the_page_table_gives_instability_in_the_plot_unit(tmp_path):
+    """The page's table gave instability in % while its plot (noise unit) used seed spreads."""
+    page = write_front(ROWS, tmp_path, 2.0, unit="noise")[3].read_text()
+    assert "<th>instability (BF16 seed spreads)</th>" in page
+    assert "<td>0.40</td>" in page  # trial 3: 0.004 over a 0.01 noise floor
+    assert "instability 0.40 seed spreads" in page  # its hover text too
+    relative = write_front(ROWS, tmp_path, 0.01)[3].read_text()
+    assert "<th>instability (% of BF16 loss)</th>" in relative and "<td>0.400%</td>" in relative

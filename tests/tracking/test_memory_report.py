@@ -37,7 +37,7 @@ def test_the_saving_is_credited_to_the_moments_and_master_not_to_fp8():
     line = saving_sources(data["target"]["trial"], data["target"]["baseline"], top=5)
     assert line.startswith("moments -") and "master -" in line
     assert "step transient +" in line  # FusedAdam's FP32 copies of the FP8 moments, during the step
-    assert "fp8 weight copies +" in line  # FP8 compute costs memory: its weight copies
+    assert "weight copies +" in line and "fp8 weight" not in line  # FP8 compute costs memory: its weight copies
 
 
 def test_breakdown_png_is_a_png_and_none_without_a_breakdown():
@@ -66,3 +66,56 @@ def test_small_models_are_summarised_in_mib_and_noise_is_left_out():
     base = {"moments": 3 * 2**20, "weights": 200 * 2**20, "activations": 100 * 2**20}
     trial = {"moments": 1 * 2**20, "weights": 200 * 2**20, "activations": 99.9 * 2**20}
     assert saving_sources(trial, base) == "moments -2.0 MiB"  # 0.1 MiB of activations is under 0.5% of 303 MiB
+
+
+def test_a_small_saving_is_never_shown_as_zero():
+    """``[saved from: activations -0.0 MiB]`` under a 1.77% saving read as "saved from nothing"."""
+    base = {"weights": 3 * 2**20, "activations": 4 * 2**20}
+    trial = {"weights": 3 * 2**20, "activations": 4 * 2**20 - 40 * 2**10}
+    line = saving_sources(trial, base)
+    assert line == "activations -40.0 KiB", line
+    assert saving_sources({"moments": 3 * GIB}, {"moments": 5 * GIB}) == "moments -2.0 GiB"
+    assert saving_sources({"moments": 0}, {"moments": 300 * 2**20}) == "moments -300.0 MiB"
+
+
+def test_the_bf16_bar_is_not_labelled_fp8():
+    """The baseline's weight copies are BF16 autocast copies; a legend entry "fp8 weight copies" on its bar
+    told the reader the BF16 run held FP8 copies."""
+    import matplotlib.pyplot as plt
+    from unittest import mock
+
+    base = _result(MemoryKnobs(), fp8=False)
+    labels = []
+    real_bar = plt.Axes.bar
+
+    def bar(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real_bar(self, *args, **kwargs)
+
+    with mock.patch.object(plt.Axes, "bar", bar):
+        breakdown_png(breakdown(_result(MemoryKnobs(), fp8=True), base))
+    assert "weight copies (BF16 or FP8)" in labels and not any(str(label).lower().startswith("fp8") for label in labels)
+
+
+def test_the_bars_show_each_predicted_peak_in_a_unit_that_fits():
+    """A bar stacks every component, more than the peak (the gradients are not alive at the backward):
+    without the peak drawn, the bar read as the memory the trial needs; a 40 MiB probe read as 0.040 GiB."""
+    import matplotlib.pyplot as plt
+    from unittest import mock
+
+    small = ProbeResult(target_breakdown={"weights": 3 * 2**20, "gradients": 3 * 2**20, "activations": 30 * 2**20},
+                        target_memory_bytes=33 * 2**20, target_layers=4)
+    lines, labels = [], []
+    real_hlines, real_ylabel = plt.Axes.hlines, plt.Axes.set_ylabel
+
+    def hlines(self, y, *args, **kwargs):
+        lines.append(y)
+        return real_hlines(self, y, *args, **kwargs)
+
+    def set_ylabel(self, text, *args, **kwargs):
+        labels.append(text)
+        return real_ylabel(self, text, *args, **kwargs)
+
+    with mock.patch.object(plt.Axes, "hlines", hlines), mock.patch.object(plt.Axes, "set_ylabel", set_ylabel):
+        breakdown_png(breakdown(small, small))
+    assert lines == [33.0, 33.0] and labels[0].startswith("MiB")

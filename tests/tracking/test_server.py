@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def study_dir(tmp_path) -> Path:
 @pytest.mark.parametrize(("extra", "host"), [([], "127.0.0.1"), (["--host", "0.0.0.0"], "0.0.0.0")])
 def test_ui_binds_loopback_unless_told_otherwise(study_dir, monkeypatch, capsys, extra, host):
     started = []
-    monkeypatch.setattr(ui, "serve", lambda cmd: started.append(cmd) or 0)
+    monkeypatch.setattr(ui, "serve", lambda cmd, ready, **kw: started.append(cmd) or ready() or 0)
     assert main(["ui", "--output-dir", str(study_dir), *extra]) == 0
     (cmd,) = started
     assert _option(cmd, "--host") == host
@@ -114,15 +115,55 @@ def _group_alive(pgid: int) -> list[int]:
     return [pid for pid, f in _stats().items() if int(f[2]) == pgid and f[0] not in ("Z", "X")]
 
 
+def test_the_banner_links_every_view_and_the_front_plot_as_urls_in_model_training_mode(tmp_path):
+    """The front plot was a path to click through ("run 'study-x', Artifacts, ..."), and a page opened without
+    ``workflowType=machine_learning`` shows MLflow 3.17's GenAI mode."""
+    from precsearch.cli import ui_banner
+    from precsearch.tracking.mlflow_tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "s", tmp_path / "art", "s")
+    ws = Workspace(tmp_path, "s", "sqlite:///o.db", uri, "s")
+    urls = [line.split()[-1] for line in ui_banner(ws, "http://127.0.0.1:5000").splitlines() if "http://" in line]
+    assert len(urls) == 5 and all("workflowType=machine_learning" in u for u in urls), urls
+    assert urls[3] == (f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id}/runs/{tracker.parent_id}"
+                       "/artifacts/front/front.png?workflowType=machine_learning")
+    assert urls[4].endswith("/artifacts/front/front.html?workflowType=machine_learning")
+
+
+def test_the_server_is_started_quiet():
+    """uvicorn logged one line per request (810 in a review) and four Starlette warnings per start."""
+    from precsearch.tracking.server import QUIET_ENV
+
+    cmd = mlflow_server_command("sqlite:///x.db", quiet=True)
+    assert _option(cmd, "--uvicorn-opts") == "--no-access-log --log-level warning"
+    assert "--uvicorn-opts" not in mlflow_server_command("sqlite:///x.db")
+    env = dict(os.environ, **QUIET_ENV)
+    shown = subprocess.run([sys.executable, "-c", "import mlflow.server.fastapi_app"], env=env, capture_output=True,
+                           text=True, timeout=300).stderr
+    assert "Warning" not in shown and "Invalid -W option" not in shown, shown
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stopped_ui_leaves_no_server_process_behind(study_dir, signum):
-    """SIGTERM to ``precsearch ui`` used to leave ``mlflow server`` and its workers serving the port."""
+def test_a_stopped_ui_leaves_no_server_process_behind(study_dir, signum, tmp_path):
+    """SIGTERM to ``precsearch ui`` used to leave ``mlflow server`` and its workers serving the port. While it
+    runs, requests write no access-log lines and the start no Starlette warnings, and the links come after the
+    server's start-up lines (the study here has no experiment: the one-line banner)."""
     port = free_port()
+    log = (tmp_path / "ui.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "precsearch", "ui", "--output-dir", str(study_dir), "--port",
-                             str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                             str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=log,
+                            stderr=subprocess.STDOUT)
     try:
         assert wait_until_up(f"http://{LOOPBACK}:{port}", 120, proc), "the UI did not come up"
+        for _ in range(3):
+            urllib.request.urlopen(f"http://{LOOPBACK}:{port}/health", timeout=10).read()
+        deadline = time.monotonic() + 30
+        while "(Ctrl-C to stop)" not in (tmp_path / "ui.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        text = (tmp_path / "ui.log").read_text()
+        assert "GET /health" not in text and "StarletteDeprecationWarning" not in text, text
+        assert text.rstrip().splitlines()[-1].endswith("no experiment logged yet"), text
         (server,) = [pid for pid, f in _stats().items() if int(f[1]) == proc.pid]
         assert len(_group_alive(server)) >= 2  # mlflow server and the workers it started
         proc.send_signal(signum)
