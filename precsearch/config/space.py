@@ -285,6 +285,16 @@ class ObjectivesSection(Section):
             data = {**data, "stability_limit": NOISE_LIMIT}
         return data
 
+    @property
+    def instability_unit(self) -> str:
+        """What instability is measured in: ``damage`` (the fixed-state reading, SGD noise) or ``stability_unit``."""
+        return "damage" if self.reading == "damage" else self.stability_unit
+
+    @property
+    def instability_limit(self) -> float:
+        """The stability limit in :attr:`instability_unit`."""
+        return self.damage.limit if self.reading == "damage" else self.stability_limit
+
     @model_validator(mode="after")
     def _at_least_two(self) -> "ObjectivesSection":
         if sum([self.memory, self.instability, self.throughput]) < 2:

@@ -43,7 +43,7 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     # next run marks interrupted (and its MLflow run KILLED); the other order would leave a
     # COMPLETE trial whose MLflow run never finished.
     predicted = guided.predicted_metrics(ctx.sensitivity, trial.params)
-    reading = SearchReading(s, verdict(s), stability_metrics(s), predicted, objectives.stability_unit, rung,
+    reading = SearchReading(s, verdict(s), stability_metrics(s), predicted, objectives.instability_unit, rung,
                             str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")))
     log_trial(ctx.tracker, run_id, trial, policy, ctx.cfg.n_layers, result, stressed, references.paired,
               references.seeds, reading)

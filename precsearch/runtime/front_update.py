@@ -24,10 +24,10 @@ def update_front(ctx: StudyRun) -> dict[str, float]:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
     ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
-    files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.stability_limit,
-                        ctx.space.objectives.stability_unit)
+    files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.instability_limit,
+                        ctx.space.objectives.instability_unit)
     ctx.tracker.log_front(files)
     metrics = study_metrics(rows, finished_count(ctx.study), names)
     ctx.tracker.log_study(metrics)
-    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.stability_unit)
+    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.instability_unit)
     return metrics

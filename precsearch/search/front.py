@@ -60,6 +60,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "loss_gap": score["loss_gap"],
         "noise_floor": score.get("noise_floor", math.nan),
         "gap_in_noise": score.get("gap_in_noise", math.nan),
+        "reading": score.get("reading", "final"),
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
         "diverged": score["diverged"],
@@ -79,11 +80,13 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
-        noise = "-" if r["diverged"] else noise_text(r["noise_floor"], r["gap_in_noise"])
+        damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in SGD noise
+        noise = "-" if r["diverged"] or damage else noise_text(r["noise_floor"], r["gap_in_noise"])
+        instab = f"{r['instability']:7.3g}x" if damage else f"{100 * r['instability']:7.3f}%"
         marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
         # where the saving comes from, last: one row per line, the columns before it unchanged
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
-        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {100 * r['instability']:7.3f}%  "
+        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {instab:>8}  "
                      f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
     return "\n".join(lines)

@@ -71,15 +71,20 @@ def y_value(row: dict[str, Any], unit: str) -> float:
     if unit == "noise":
         floor = row.get("noise_floor") or math.nan
         return row["instability"] / floor if floor > 0 else math.nan
+    if unit == "damage":  # the fixed-state reading: already in SGD noise units
+        return row["instability"]
     return 100 * row["instability"]
 
 
 def y_label(unit: str) -> str:
-    return ("instability (BF16 seed spreads)" if unit == "noise"
-            else "instability: loss gap vs BF16 (% of BF16 loss)")
+    return {"noise": "instability (BF16 seed spreads)",
+            "damage": "instability: fixed-state damage (x SGD noise)"}.get(
+        unit, "instability: loss gap vs BF16 (% of BF16 loss)")
 
 
 def limit_label(limit: float, unit: str) -> str:
+    if unit == "damage":
+        return f"stability limit {limit:g} x SGD noise"
     return f"stability limit {limit:g} seed spreads" if unit == "noise" else f"stability limit {100 * limit:g}%"
 
 
@@ -98,7 +103,7 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
 
     # 600 px wide: MLflow's artifact viewer, beside its Assistant panel, cut a wider front.html at the front's side
     fig, ax = plt.subplots(figsize=(6.0, 5.0), dpi=100)
-    line = limit if unit == "noise" else 100 * limit
+    line = limit if unit in ("noise", "damage") else 100 * limit
     top = _y_top(rows, unit, line)
     seen: set[str] = set()
     points: dict[tuple[float, float], list[dict[str, Any]]] = {}
@@ -125,7 +130,7 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
                  f"{sum(1 for r in rows if r['pareto'])} on the front"
                  + ("\n▲ on the top edge: a trial above the axis, its value in its label" if off_scale else ""),
                  fontsize=10)
-    if unit != "noise":
+    if unit not in ("noise", "damage"):
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
     fig.tight_layout()
     _label_points(ax, points, top, unit)
@@ -155,6 +160,8 @@ def y_text(row: dict[str, Any], unit: str) -> str:
     y = y_value(row, unit)
     if not math.isfinite(y):
         return "-"
+    if unit == "damage":
+        return f"{y:.3g} x SGD noise"
     return f"{y:.2f} seed spreads" if unit == "noise" else f"{y:.3f}%"
 
 

@@ -4,7 +4,8 @@ MLflow shows a metric as its raw float, cut to the column's width (``0.05030341â
 and sorts the runs table by one key only. So each trial run also gets:
 
 * ``memory_saved_pct`` and ``instability_pct`` (``relative`` studies) or ``instability_spreads`` (``noise``
-  studies: BF16 seed spreads, as the verdict reads it), rounded, as the terminal prints them;
+  studies: BF16 seed spreads, as the verdict reads it) or ``instability_sgd_noise`` (a study read by the
+  fixed-state reading), rounded, as the terminal prints them;
 * ``tokens_per_s`` to the token and ``gap_in_noise`` to two decimals, as the terminal prints them (the
   study keeps the full values);
 * ``feasible_first_memory_saved``: the runs table's default sort, feasible trials first, each part by
@@ -28,7 +29,7 @@ _GOLDEN = 0.618033988749895  # hue step: consecutive trials land far apart on th
 
 def instability_column(unit: str) -> str:
     """The display metric of instability in the study's ``stability_unit``."""
-    return "instability_spreads" if unit == "noise" else "instability_pct"
+    return {"noise": "instability_spreads", "damage": "instability_sgd_noise"}.get(unit, "instability_pct")
 
 
 def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
@@ -42,6 +43,8 @@ def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
     instability, floor = metrics.get("instability", math.nan), metrics.get("noise_floor", math.nan)
     if unit == "noise" and math.isfinite(instability) and math.isfinite(floor) and floor > 0:
         out[instability_column(unit)] = round(instability / floor, 2)
+    elif unit == "damage" and math.isfinite(instability):  # the fixed-state reading, in SGD noise already
+        out[instability_column(unit)] = float(f"{instability:.3g}")
     elif unit != "noise" and math.isfinite(instability):
         out[instability_column(unit)] = round(100 * instability, 3)
     for name, digits in (("tokens_per_s", 0), ("gap_in_noise", 2)):
