@@ -25,7 +25,7 @@ from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
-from precsearch.runtime._tell import record
+from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.liveness import WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe
 from precsearch.runtime.say import say
@@ -54,8 +54,11 @@ from precsearch.utils.retry import with_retry
 def recover_dead_trials(ctx: StudyRun) -> None:
     """RUNNING trials whose worker process on this host is gone: fail, close their MLflow run, queue again.
 
-    Trials of live workers, or of workers on other hosts, are left to the heartbeats.
+    Trials of live workers, or of workers on other hosts, are left to the heartbeats. First, the MLflow
+    records that a dead worker journalled but did not finish are written (before their runs would be
+    closed as orphans).
     """
+    replay_pending(ctx)
     for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial_worker(t)
         if worker is not None and not worker.is_dead():
@@ -84,7 +87,12 @@ def work(ctx: StudyRun, target: int) -> None:
     try:
         _work(ctx, target)
     finally:
-        ctx.status.close()
+        try:
+            if ctx.recorder is not None:  # the told trials' records first (also on the first Ctrl-C)
+                ctx.recorder.close()
+        finally:
+            ctx.recorder = None
+            ctx.status.close()
 
 
 def _work(ctx: StudyRun, target: int) -> None:

@@ -1,4 +1,8 @@
-"""After every told trial: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics."""
+"""After told trials: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics.
+
+:func:`update_front` runs on the recorder thread once its queue is empty (and at study end);
+:func:`front_counts` gives the terminal's counts at once, from Optuna alone.
+"""
 
 from __future__ import annotations
 
@@ -31,3 +35,9 @@ def update_front(ctx: StudyRun) -> dict[str, float]:
     ctx.tracker.log_study(metrics)
     ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}))
     return metrics
+
+
+def front_counts(ctx: StudyRun) -> dict[str, float]:
+    """The study's metrics (trials finished, feasible, front size...) from Optuna, writing nothing."""
+    names = objective_names(ctx.space.objectives)
+    return study_metrics(trial_rows(ctx.study, names), finished_count(ctx.study), names)

@@ -21,6 +21,7 @@ from precsearch.runtime import progress as terminal
 from precsearch.runtime import stores
 from precsearch.runtime.executor import ProbeExecutor
 from precsearch.runtime.liveness import WorkerId
+from precsearch.runtime.recorder import Recorder
 from precsearch.runtime.lost_stores import lost_runs
 from precsearch.runtime.reference import ReferenceCache
 from precsearch.runtime.say import say
@@ -52,6 +53,7 @@ class StudyRun:
     status: terminal.StudyStatus | None = None
     lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
     sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
+    recorder: Recorder | None = None  # writes told trials to MLflow off the probe loop (runtime/recorder.py)
 
 
 
