@@ -27,7 +27,7 @@ from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.liveness import WorkerId, trial_worker
-from precsearch.runtime.reference import References, gather_references, stress_probe
+from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
 from precsearch.runtime.say import say
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.stopping import deferred_signals
@@ -83,7 +83,8 @@ def work(ctx: StudyRun, target: int) -> None:
     While the trials still needed are all running elsewhere, wait: one of them may go stale
     (its worker died) and need running again. The same holds for a rung still being decided.
     """
-    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress)
+    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress,
+                                      _eta(ctx))
     try:
         _work(ctx, target)
     finally:
@@ -93,6 +94,13 @@ def work(ctx: StudyRun, target: int) -> None:
         finally:
             ctx.recorder = None
             ctx.status.close()
+
+
+def _eta(ctx: StudyRun) -> terminal.Eta:
+    """The estimator of the time left: a trial's probe steps, and the BF16 reference steps not cached yet."""
+    stressed = stress_probe(ctx.space)
+    trial_steps = ctx.space.probe.steps + (stressed.steps if stressed is not None else 0)
+    return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device))
 
 
 def _work(ctx: StudyRun, target: int) -> None:
@@ -303,7 +311,7 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
             told.append(True)
             say(ctx, terminal.reference_notice(policy.clip_grad, ctx.space.objectives.reference_seeds, rung,
                                                 stress_probe(ctx.space) is not None))
-        return _probe(ctx, reference, label, probe, leg=leg)
+        return _probe(ctx, reference, label, probe, leg=leg, kind="reference")
 
     return gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
 
@@ -321,10 +329,11 @@ def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
 
 
 def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None,
-           trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
+           trial: int | None = None, leg: Leg | None = None, kind: str = "trial") -> ProbeResult:
     """Run one probe of ``policy`` in the probe process; ``probe`` overrides the space's probe section
-    (another seed, a stress lr, a rung's steps), ``leg`` continues a run. Raises ProbeFailed / ProbeCrashed
-    when it produced no result."""
+    (another seed, a stress lr, a rung's steps), ``leg`` continues a run; ``kind`` (``trial``,
+    ``reference``) is what the ETA times it as. Raises ProbeFailed / ProbeCrashed when it produced no
+    result."""
     probe = probe or ctx.space.probe
     steps = terminal.probe_bar(probe.steps, label, ctx.progress)
 
@@ -334,9 +343,13 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
         if ctx.status is not None:
             ctx.status.tick()
 
+    start = time.monotonic()
     try:
-        return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
+        result = ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
     finally:
         steps.close()
+    if ctx.status is not None:
+        ctx.status.eta.probe_done(kind, len(result.losses), time.monotonic() - start)
+    return result
 
 

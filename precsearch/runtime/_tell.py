@@ -88,7 +88,10 @@ def recorder_of(ctx: StudyRun) -> Recorder:
         retry_s = ctx.space.study.store_retry_s
         ctx.recorder = Recorder(lambda job: write_record(ctx, job),
                                 lambda: with_retry(lambda: update_front(ctx), "updating the front", budget_s=retry_s),
-                                ctx.workspace.output_dir, inline=journal.synchronous())
+                                ctx.workspace.output_dir, inline=journal.synchronous(),
+                                abandon=lambda job, exc: ctx.tracker.fail_trial(
+                                    job.run_id, f"its MLflow record could not be written ({type(exc).__name__}: "
+                                    f"{exc}); the next run writes it again", retry=False))
     return ctx.recorder
 
 

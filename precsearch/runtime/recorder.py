@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 SYNC_ENV = "PRECSEARCH_SYNC_RECORD"
-#: For the fault tests only: ``<point>`` at which the recorder SIGKILLs its own process, or raises
-#: (``raise:<point>``); points are ``before_write``, ``after_steps``, ``after_finish``.
+#: For the fault tests only: ``<point>`` at which the recorder SIGKILLs its own process, raises
+#: (``raise:<point>``) or waits 3 s (``slow:<point>``); points are ``before_write``, ``after_steps``,
+#: ``after_finish``. Nothing sets it otherwise.
 FAULT_ENV = "PRECSEARCH_RECORD_FAULT"
 _DIR = "pending_records"
 
@@ -116,6 +117,10 @@ def fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if spec == f"raise:{point}":
         raise RuntimeError(f"injected recorder fault at {point}")
+    if spec == f"slow:{point}":
+        import time
+
+        time.sleep(3.0)
 
 
 class Recorder:
@@ -124,14 +129,18 @@ class Recorder:
     Args:
         write: Writes one job's MLflow record and closes its run FINISHED (raises on failure).
         after: Runs once the queue is empty after one or more writes (the front update).
+        abandon: Closes the run of a job whose write raised (FAILED; best effort), so that it is not
+            left RUNNING while the journal waits for the next run to write it again.
         output_dir: The study's directory, for the journal.
         depth: Jobs that may wait; :meth:`submit` blocks beyond (the probe loop waits for its records).
         inline: Record on the caller's thread, as before (``PRECSEARCH_SYNC_RECORD``).
     """
 
     def __init__(self, write: Callable[[RecordJob], None], after: Callable[[], None], output_dir: Path,
-                 depth: int = 2, inline: bool = False):
+                 depth: int = 2, inline: bool = False,
+                 abandon: Callable[[RecordJob, BaseException], None] | None = None):
         self._write, self._after, self._output_dir = write, after, Path(output_dir)
+        self._abandon = abandon or (lambda job, exc: None)
         self.inline = inline
         self.error: BaseException | None = None
         self._queue: queue.Queue[RecordJob | None] = queue.Queue(maxsize=depth)
@@ -140,7 +149,9 @@ class Recorder:
 
     def submit(self, job: RecordJob) -> None:
         """Record ``job`` (journalled already); raises the error that stopped an earlier record."""
-        self._raise_error()
+        if self.error is not None:
+            self._close_run(job, self.error)
+            raise self.error
         if self.inline:
             self._record(job)
             self._after()
@@ -158,6 +169,8 @@ class Recorder:
                 self._put(None)
             while self._thread.is_alive():
                 self._thread.join(timeout=0.2)  # short joins: Ctrl-C stays deliverable
+        if self.error is not None:  # a job put while the thread was giving up
+            self._close_waiting(self.error)
         self._raise_error()
 
     def _put(self, item: RecordJob | None) -> None:
@@ -174,20 +187,54 @@ class Recorder:
             raise self.error
 
     def _loop(self) -> None:
+        unfronted = False  # jobs written since the last front update
         while True:
             job = self._queue.get()
-            if job is None:
-                return
+            if job is not None:
+                try:
+                    self._record(job)
+                except BaseException as exc:  # noqa: BLE001 - handed to the worker's thread at its next submit/close
+                    self._give_up(job, exc)
+                    return
+                unfronted = True
             try:
-                self._record(job)
-                if self._queue.empty():
+                if unfronted and self._queue.empty():
                     self._after()
-            except BaseException as exc:  # noqa: BLE001 - handed to the worker's thread at its next submit/close
+                    unfronted = False
+            except BaseException as exc:  # noqa: BLE001 - as above
                 self.error = exc
                 return
+            if job is None:
+                return
+
+    def _give_up(self, job: RecordJob, exc: BaseException) -> None:
+        """Stop recording: close ``job``'s run and those still queued (their entries stay for the next run)."""
+        self.error = exc
+        self._close_run(job, exc)
+        self._close_waiting(exc)
+
+    def _close_waiting(self, exc: BaseException) -> None:
+        while True:
+            try:
+                waiting = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if waiting is not None:
+                self._close_run(waiting, exc)
+
+    def _close_run(self, job: RecordJob, exc: BaseException) -> None:
+        try:
+            self._abandon(job, exc)
+        except Exception:  # noqa: BLE001 - the store may be what failed; the journal keeps the job
+            pass
 
     def _record(self, job: RecordJob) -> None:
         fault("before_write")
-        self._write(job)
+        try:
+            self._write(job)
+        except BaseException as exc:
+            if self.inline:
+                self._give_up(job, exc)
+            raise
         fault("after_finish")
         drop_entry(self._output_dir, job.run_id)
