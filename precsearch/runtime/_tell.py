@@ -13,6 +13,7 @@ import json
 
 import optuna
 import yaml
+from filelock import FileLock
 from optuna.trial import TrialState
 
 from precsearch.policy import Policy
@@ -101,6 +102,11 @@ def replay_pending(ctx: StudyRun) -> int:
     Entries of live workers are theirs; an entry whose trial Optuna does not hold COMPLETE (a kill
     before the tell) is dropped, the trial being failed and queued again by the usual recovery.
     """
+    with FileLock(ctx.workspace.output_dir / "pending_records.lock"):  # two workers starting at once
+        return _replay(ctx)
+
+
+def _replay(ctx: StudyRun) -> int:
     done = 0
     for job in journal.pending(ctx.workspace.output_dir):
         worker = WorkerId.from_dict(job.worker)
