@@ -10,6 +10,7 @@ trial (:func:`replay_pending`).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import optuna
 import yaml
@@ -71,11 +72,12 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     retry_s = ctx.space.study.store_retry_s
     with_retry(lambda: ctx.study.tell(trial, objective_values(s, ctx.space.objectives)), "recording the trial",
                budget_s=retry_s)
+    summary = with_retry(lambda: front_counts(ctx), "reading the study", budget_s=retry_s)
+    job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {100 * s.instability:.3f}% [{verdict(s)}]  {policy_summary(trial.params)}")
     if ctx.status is not None:
-        summary = with_retry(lambda: front_counts(ctx), "reading the study", budget_s=retry_s)
         line = ctx.status.trial_done(int(summary["trials_finished"]), int(summary["trials_feasible"]),
                                      int(summary["front_size"]))
         if not ctx.progress:  # no status bar to update: print the line
@@ -88,7 +90,8 @@ def recorder_of(ctx: StudyRun) -> Recorder:
     if ctx.recorder is None:
         retry_s = ctx.space.study.store_retry_s
         ctx.recorder = Recorder(lambda job: write_record(ctx, job),
-                                lambda: with_retry(lambda: update_front(ctx), "updating the front", budget_s=retry_s),
+                                lambda: with_retry(lambda: update_front(ctx, log_metrics=False), "updating the front",
+                                                   budget_s=retry_s),
                                 ctx.workspace.output_dir, inline=journal.synchronous(),
                                 abandon=lambda job, exc: ctx.tracker.fail_trial(
                                     job.run_id, f"its MLflow record could not be written ({type(exc).__name__}: "
@@ -145,6 +148,8 @@ def write_record(ctx: StudyRun, job: RecordJob) -> None:
     references = References(seeds=[ProbeResult.from_dict(r) for r in job.references["seeds"]],
                             stress=ProbeResult.from_dict(stress) if stress else None)
     s = _score(ctx, result, references, stressed)
+    if job.study_metrics:  # the study's progress, one step per trial (the front files follow per burst)
+        ctx.tracker.log_study(job.study_metrics)
     ctx.tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms}
                           | ({"stress_train_loss": stressed.losses} if stressed else {}))
     journal.fault("after_steps")

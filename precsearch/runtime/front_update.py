@@ -16,8 +16,9 @@ from precsearch.search.summary import finished_count, study_metrics
 from precsearch.tracking.front_report import write_front
 
 
-def update_front(ctx: StudyRun) -> dict[str, float]:
-    """Tag the front, write and log its files, the study's metrics and views; returns the metrics."""
+def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
+    """Tag the front, write and log its files, the study's metrics (unless not ``log_metrics``: the
+    recorder logs each trial's) and views; returns the metrics."""
     names = objective_names(ctx.space.objectives)
     rows = trial_rows(ctx.study, names)
     front = {r["trial"] for r in rows if r["pareto"]}
@@ -32,7 +33,8 @@ def update_front(ctx: StudyRun) -> dict[str, float]:
                         ctx.space.objectives.stability_unit)
     ctx.tracker.log_front(files)
     metrics = study_metrics(rows, finished_count(ctx.study), names)
-    ctx.tracker.log_study(metrics)
+    if log_metrics:
+        ctx.tracker.log_study(metrics)
     ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}))
     return metrics
 

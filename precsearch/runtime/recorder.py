@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class RecordJob:
         references: The BF16 references it was scored against (``seeds``, ``stress``), as
             :meth:`ProbeResult.to_dict` data.
         worker: The worker process (``WorkerId.to_dict``) that owns the entry while it lives.
+        study_metrics: The study's metrics right after this trial's tell, logged on the study run at
+            its step even when one front update covers several trials.
     """
 
     trial: int
@@ -62,13 +64,15 @@ class RecordJob:
     rung: int
     references: dict[str, Any]
     worker: dict[str, Any]
+    study_metrics: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RecordJob":
-        return cls(**{k: data[k] for k in ("trial", "trial_id", "run_id", "rung", "references", "worker")})
+        return cls(**{k: data[k] for k in ("trial", "trial_id", "run_id", "rung", "references", "worker")},
+                   study_metrics=data.get("study_metrics", {}))
 
 
 def journal_dir(output_dir: Path) -> Path:
@@ -167,8 +171,12 @@ class Recorder:
             self._closed = True
             if self.error is None:
                 self._put(None)
-            while self._thread.is_alive():
-                self._thread.join(timeout=0.2)  # short joins: Ctrl-C stays deliverable
+            try:
+                while self._thread.is_alive():
+                    self._thread.join(timeout=0.2)  # short joins: Ctrl-C stays deliverable
+            except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: leave the rest to the journal
+                _exit_without_finalizing()
+                raise
         if self.error is not None:  # a job put while the thread was giving up
             self._close_waiting(self.error)
         self._raise_error()
@@ -238,3 +246,25 @@ class Recorder:
             raise
         fault("after_finish")
         drop_entry(self._output_dir, job.run_id)
+
+
+def _exit_without_finalizing(status: int = 130) -> None:
+    """At exit, end the process without the interpreter's finalization while a record may be in flight.
+
+    A daemon thread frozen mid-call at interpreter shutdown can hold a lock (the tracking store's
+    connection pool) that finalization then waits for: once in three runs of the two-Ctrl-C test the
+    process printed its resume hint and never exited. The record is in the journal either way; only
+    the stdio buffers need flushing.
+    """
+    import atexit
+    import sys
+
+    def hard_exit() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+    atexit.register(hard_exit)
