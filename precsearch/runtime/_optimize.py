@@ -26,6 +26,7 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
+from precsearch.runtime.executor import ProbeInterrupted
 from precsearch.runtime.liveness import WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
 from precsearch.runtime.say import say
@@ -87,6 +88,13 @@ def work(ctx: StudyRun, target: int) -> None:
                                       _eta(ctx))
     try:
         _work(ctx, target)
+    except KeyboardInterrupt as exc:
+        if ctx.recorder is not None and not isinstance(exc, ProbeInterrupted):
+            # a second Ctrl-C or SIGTERM: stop at once; the journal keeps what is not recorded yet
+            # (waiting could also wait on a store write the interrupt cut short, holding its lock)
+            ctx.recorder.abandon()
+            ctx.recorder = None
+        raise
     finally:
         try:
             if ctx.recorder is not None:  # the told trials' records first (also on the first Ctrl-C)

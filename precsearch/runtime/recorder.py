@@ -181,6 +181,12 @@ class Recorder:
             self._close_waiting(self.error)
         self._raise_error()
 
+    def abandon(self) -> None:
+        """Stop without waiting (a second Ctrl-C, SIGTERM): queued and in-flight records stay journalled."""
+        self._closed = True
+        if self._thread is not None and self._thread.is_alive():
+            _exit_without_finalizing()
+
     def _put(self, item: RecordJob | None) -> None:
         while True:
             self._raise_error()
