@@ -9,6 +9,14 @@ probe steps (issue 13), fixed overhead per trial <= 10%.
 
     python scripts/bench_probe.py search_spaces/llama3_8b_h100.yaml --trials 16 --json out.json
     python scripts/bench_probe.py --smoke --json /tmp/bench_probe.json   # CPU, tiny space, < 3 minutes
+
+``--compare`` runs the same study twice back to back, BEFORE (``PRECSEARCH_SYNC_RECORD=1``: each
+trial's MLflow record and front update inline on the probe loop, as before the recorder thread; on
+CPU also torch's old default of one thread per core) and AFTER (the defaults), and prints the two
+breakdowns side by side with trials per GPU-hour (3600 x trials / the process's wall time):
+
+    python scripts/bench_probe.py search_spaces/llama3_8b_h100.yaml --trials 16 --compare \
+        --json scripts/results/<date>_h200_bench_probe_compare.json
 """
 
 from __future__ import annotations
@@ -83,12 +91,13 @@ def time_startup(cuda: bool) -> dict[str, float]:
     return {"process_s": wall, **inner, "interpreter_s": wall - inner["imports_s"] - inner["cuda_init_s"]}
 
 
-def run_study_process(space_path: Path, n_trials: int, out_dir: Path) -> tuple[float, float]:
+def run_study_process(space_path: Path, n_trials: int, out_dir: Path,
+                      env: dict[str, str] | None = None) -> tuple[float, float]:
     """``precsearch run`` in a subprocess; its start and end (epoch seconds). Raises with its log on failure."""
     cmd = [sys.executable, "-m", "precsearch", "run", str(space_path), "--n-trials", str(n_trials),
            "--output-dir", str(out_dir), "--no-progress"]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     t1 = time.time()
     (out_dir / "bench_study.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -163,8 +172,9 @@ def overhead_at(totals: dict[str, float], n_run: int, n_target: int) -> float:
     return 1 - (per_trial["warm-up steps"] + per_trial["measured steps"]) / sum(per_trial.values())
 
 
-def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.device) -> dict[str, Any]:
-    """Run the study, time a start-up-only process, and split the mean trial's wall time."""
+def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.device,
+                    env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the study (in ``env``), time a start-up-only process, and split the mean trial's wall time."""
     work.mkdir(parents=True, exist_ok=True)
     space_path = work / "space.yaml"
     space_path.write_text(yaml.safe_dump(space_data, sort_keys=False))
@@ -173,7 +183,7 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
     out_dir.mkdir(parents=True)
     startup = time_startup(device.type == "cuda")
     print(f"done: start-up process {startup['process_s']:.1f}s", file=sys.stderr, flush=True)
-    t0, t1 = run_study_process(space_path, n_trials, out_dir)
+    t0, t1 = run_study_process(space_path, n_trials, out_dir, env)
     print(f"done: {n_trials}-trial study {t1 - t0:.1f}s", file=sys.stderr, flush=True)
     runs = trial_runs(out_dir)
     totals = breakdown(t0, t1, runs, reference_walls(out_dir), startup)
@@ -183,6 +193,7 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
     after_startup = (t1 - t0) - sum(v for k, v in totals.items() if k.startswith("startup"))
     step_s = totals["warm-up steps"] + totals["measured steps"]
     return {"process_wall_s": t1 - t0, "n_trials": len(runs), "trial_s": trial_s, "per_trial_s": per_trial,
+            "trials_per_gpu_hour": 3600 * len(runs) / (t1 - t0),
             "after_startup_s": after_startup, "steps_share_after_startup": step_s / after_startup,
             "steps_and_reference_share_after_startup": (step_s + totals["BF16 reference"]) / after_startup,
             "fixed_overhead_share": 1 - steps / trial_s, "startup_process": startup,
@@ -213,6 +224,42 @@ def print_breakdown(b: dict[str, Any]) -> None:
           f"{100 * b['fixed_overhead_share_at_study_n_trials']:.1f}%")
 
 
+# ---------------------------------------------------------------- before / after
+
+def variant_env(variant: str, device: torch.device) -> dict[str, str]:
+    """The environment of the BEFORE (inline records; CPU: a thread per core) or AFTER (defaults) study."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PRECSEARCH_SYNC_RECORD", "PRECSEARCH_CPU_THREADS")}
+    if variant == "before":
+        env["PRECSEARCH_SYNC_RECORD"] = "1"
+        if device.type == "cpu" and "OMP_NUM_THREADS" not in env:
+            env["PRECSEARCH_CPU_THREADS"] = str(len(os.sched_getaffinity(0)))  # torch's own default
+    return env
+
+
+def compare(space_data: dict, n_trials: int, work: Path, device: torch.device) -> dict[str, Any]:
+    """The study BEFORE and AFTER, back to back in this one call, and the ratios of the two."""
+    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device))
+            for v in ("before", "after")}
+    before, after = runs["before"], runs["after"]
+    return runs | {"trials_per_gpu_hour_ratio": after["trials_per_gpu_hour"] / before["trials_per_gpu_hour"],
+                   "trial_s_ratio": after["trial_s"] / before["trial_s"]}
+
+
+def print_compare(c: dict[str, Any]) -> None:
+    """The two breakdowns side by side."""
+    before, after = c["before"], c["after"]
+    print(f"\n[compare] {before['n_trials']}-trial study, BEFORE (inline records) vs AFTER (recorder thread)")
+    print(f"{'component':46s} {'before s/trial':>15} {'after s/trial':>14}")
+    for name in before["per_trial_s"]:
+        print(f"{name:46s} {before['per_trial_s'][name]:15.2f} {after['per_trial_s'][name]:14.2f}")
+    print(f"{'wall time per trial':46s} {before['trial_s']:15.2f} {after['trial_s']:14.2f}")
+    for key, label in (("steps_share_after_startup", "probe steps, share after start-up"),
+                       ("steps_and_reference_share_after_startup", "  with the BF16 references")):
+        print(f"{label:46s} {100 * before[key]:14.1f}% {100 * after[key]:13.1f}%")
+    print(f"{'trials per GPU-hour':46s} {before['trials_per_gpu_hour']:15.0f} {after['trials_per_gpu_hour']:14.0f}"
+          f"   x{c['trials_per_gpu_hour_ratio']:.2f}  (target >= 1.6x)")
+
+
 # ---------------------------------------------------------------- main
 
 def meta(args: argparse.Namespace, space: Space, device: torch.device) -> dict[str, Any]:
@@ -221,7 +268,8 @@ def meta(args: argparse.Namespace, space: Space, device: torch.device) -> dict[s
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {platform.machine()}",
             "torch": torch.__version__, "transformer_engine": te_version(), "python": platform.python_version(),
             "settings": {"space": "smoke" if args.smoke else str(args.space), "steps": space.probe.steps,
-                         "n_trials": args.trials,
+                         "n_trials": args.trials, "compare": args.compare,
+                         "load_average_at_start": os.getloadavg()[0],
                          "probe": space.probe.model_dump(mode="json"), "backend": space.backend.value}}
 
 
@@ -232,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=2, help="trials of the timed study")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU space with the emulated backend")
     ap.add_argument("--workdir", type=Path, help="where the study's files go (default: a temp dir)")
+    ap.add_argument("--compare", action="store_true",
+                    help="run the study BEFORE (PRECSEARCH_SYNC_RECORD=1) and AFTER, side by side")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -242,9 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(space.probe.device)
     report: dict[str, Any] = {"meta": meta(args, space, device)}
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_probe_"))
-    report["trial_breakdown"] = trial_breakdown(data, args.trials, work, device)
+    if args.compare:
+        report["compare"] = compare(data, args.trials, work, device)
+    else:
+        report["trial_breakdown"] = trial_breakdown(data, args.trials, work, device)
     print(f"\n{report['meta']['device']}, torch {torch.__version__}, TE {report['meta']['transformer_engine']}")
-    print_breakdown(report["trial_breakdown"])
+    for b in [report["compare"]["before"], report["compare"]["after"]] if args.compare \
+            else [report["trial_breakdown"]]:
+        print_breakdown(b)
+    if args.compare:
+        print_compare(report["compare"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
     return 0

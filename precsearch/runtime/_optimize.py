@@ -25,9 +25,10 @@ from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
-from precsearch.runtime._tell import record
+from precsearch.runtime._tell import record, replay_pending
+from precsearch.runtime.executor import ProbeInterrupted
 from precsearch.runtime.liveness import WorkerId, trial_worker
-from precsearch.runtime.reference import References, gather_references, stress_probe
+from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
 from precsearch.runtime.regime_gate import gate_regime
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
@@ -55,8 +56,11 @@ from precsearch.utils.retry import with_retry
 def recover_dead_trials(ctx: StudyRun) -> None:
     """RUNNING trials whose worker process on this host is gone: fail, close their MLflow run, queue again.
 
-    Trials of live workers, or of workers on other hosts, are left to the heartbeats.
+    Trials of live workers, or of workers on other hosts, are left to the heartbeats. First, the MLflow
+    records that a dead worker journalled but did not finish are written (before their runs would be
+    closed as orphans).
     """
+    replay_pending(ctx)
     for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial_worker(t)
         if worker is not None and not worker.is_dead():
@@ -81,11 +85,31 @@ def work(ctx: StudyRun, target: int) -> None:
     While the trials still needed are all running elsewhere, wait: one of them may go stale
     (its worker died) and need running again. The same holds for a rung still being decided.
     """
-    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress)
+    ctx.status = terminal.StudyStatus(ctx.space.study.name, target, finished_count(ctx.study), ctx.progress,
+                                      _eta(ctx))
     try:
         _work(ctx, target)
+    except KeyboardInterrupt as exc:
+        if ctx.recorder is not None and not isinstance(exc, ProbeInterrupted):
+            # a second Ctrl-C or SIGTERM: stop at once; the journal keeps what is not recorded yet
+            # (waiting could also wait on a store write the interrupt cut short, holding its lock)
+            ctx.recorder.abandon()
+            ctx.recorder = None
+        raise
     finally:
-        ctx.status.close()
+        try:
+            if ctx.recorder is not None:  # the told trials' records first (also on the first Ctrl-C)
+                ctx.recorder.close()
+        finally:
+            ctx.recorder = None
+            ctx.status.close()
+
+
+def _eta(ctx: StudyRun) -> terminal.Eta:
+    """The estimator of the time left: a trial's probe steps, and the BF16 reference steps not cached yet."""
+    stressed = stress_probe(ctx.space)
+    trial_steps = ctx.space.probe.steps + (stressed.steps if stressed is not None else 0)
+    return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device))
 
 
 def _work(ctx: StudyRun, target: int) -> None:
@@ -308,7 +332,7 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
             told.append(True)
             say(ctx, terminal.reference_notice(policy.clip_grad, ctx.space.objectives.reference_seeds, rung,
                                                 stress_probe(ctx.space) is not None))
-        return _probe(ctx, reference, label, probe, leg=leg)
+        return _probe(ctx, reference, label, probe, leg=leg, kind="reference")
 
     references = gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
     if (policy.clip_grad, rung) not in ctx.regime_checked:  # once per distinct set of references
@@ -331,10 +355,11 @@ def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,
 
 
 def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None = None,
-           trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
+           trial: int | None = None, leg: Leg | None = None, kind: str = "trial") -> ProbeResult:
     """Run one probe of ``policy`` in the probe process; ``probe`` overrides the space's probe section
-    (another seed, a stress lr, a rung's steps), ``leg`` continues a run. Raises ProbeFailed / ProbeCrashed
-    when it produced no result."""
+    (another seed, a stress lr, a rung's steps), ``leg`` continues a run; ``kind`` (``trial``,
+    ``reference``) is what the ETA times it as. Raises ProbeFailed / ProbeCrashed when it produced no
+    result."""
     probe = probe or ctx.space.probe
     steps = terminal.probe_bar(probe.steps, label, ctx.progress)
 
@@ -344,9 +369,13 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
         if ctx.status is not None:
             ctx.status.tick()
 
+    start = time.monotonic()
     try:
-        return ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
+        result = ctx.executor.run(probe, policy, label, on_step, trial=trial, leg=leg)
     finally:
         steps.close()
+    if ctx.status is not None:
+        ctx.status.eta.probe_done(kind, len(result.losses), time.monotonic() - start)
+    return result
 
 

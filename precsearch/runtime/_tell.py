@@ -1,21 +1,33 @@
-"""Telling a trial: its score, MLflow run (metrics, tags, artifacts) and Optuna values, then the front.
+"""Telling a trial: its score and Optuna values (on the worker's thread), then its MLflow record and the front.
 
 The tell half of the loop in :mod:`precsearch.runtime._optimize` (as optuna keeps ``study/_tell.py``).
+:func:`record` tells Optuna and hands the MLflow record to the worker's
+:class:`~precsearch.runtime.recorder.Recorder`, which calls :func:`write_record` while the next
+probe trains; a record that a crash interrupted is written again from the journal and the Optuna
+trial (:func:`replay_pending`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
+from filelock import FileLock
+from optuna.trial import TrialState
 
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
-from precsearch.runtime.front_update import update_front
+from precsearch.runtime import recorder as journal
+from precsearch.runtime.front_update import front_counts, update_front
+from precsearch.runtime.liveness import WorkerId
+from precsearch.runtime.recorder import RecordJob, Recorder
 from precsearch.runtime.reference import References
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, promotion
 from precsearch.search.front import policy_summary
 from precsearch.search.scoring import (
+    Score,
     constraint_value,
     instability_text,
     objective_values,
@@ -23,33 +35,37 @@ from precsearch.search.scoring import (
     stability_metrics,
     verdict,
 )
+from precsearch.tracking.memory_report import breakdown, saving_sources
 from precsearch.tracking.trial_record import SearchReading, log_trial
 from precsearch.utils.retry import with_retry
 
 
 def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, result: ProbeResult,
-            references: References, stressed: ProbeResult | None, rung: int) -> None:
-    objectives = ctx.space.objectives
-    s = score(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
-              stress=(stressed, references.stress) if stressed else None)
+           references: References, stressed: ProbeResult | None, rung: int) -> None:
+    """Score the trial, journal its record, tell Optuna, and hand the MLflow record to ``ctx.recorder``."""
+    s = _score(ctx, result, references, stressed)
     for key, value in (("score", s.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
                        ("reason", result.reason), ("probe_result", result.to_dict())):
         trial.set_user_attr(key, value)
     if stressed:
         trial.set_user_attr("stress_result", stressed.to_dict())
+    # kept for `precsearch front`, which reads Optuna only; the breakdown's files are the recorder's
+    trial.set_user_attr("memory_sources", _memory_sources(result, references.paired))
     trial.set_constraint("stability", constraint_value(s))
-    # MLflow first, Optuna second: a kill in between leaves the trial RUNNING in Optuna, which the
-    # next run marks interrupted (and its MLflow run KILLED); the other order would leave a
-    # COMPLETE trial whose MLflow run never finished.
-    predicted = guided.predicted_metrics(ctx.sensitivity, trial.params)
-    reading = SearchReading(s, verdict(s), stability_metrics(s), predicted, objectives.instability_unit, rung,
-                            str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")))
-    log_trial(ctx.tracker, run_id, trial, policy, ctx.cfg.n_layers, result, stressed, references.paired,
-              references.seeds, reading)
+    job = RecordJob(trial=trial.number, trial_id=trial._trial_id, run_id=run_id, rung=rung,
+                    references={"seeds": [r.to_dict() for r in references.seeds],
+                                "stress": references.stress.to_dict() if references.stress else None},
+                    worker=ctx.worker.to_dict())
+    # Journal first, Optuna second: a kill in between leaves the trial RUNNING in Optuna, which the
+    # next run marks interrupted (its MLflow run KILLED, the entry dropped); after the tell, the
+    # entry lets the next run write the MLflow record this run could not.
+    journal.write_entry(ctx.workspace.output_dir, job)
     retry_s = ctx.space.study.store_retry_s
-    with_retry(lambda: ctx.study.tell(trial, objective_values(s, objectives)), "recording the trial", budget_s=retry_s)
-    summary = with_retry(lambda: update_front(ctx), "updating the front", budget_s=retry_s)
+    with_retry(lambda: ctx.study.tell(trial, objective_values(s, ctx.space.objectives)), "recording the trial",
+               budget_s=retry_s)
+    summary = with_retry(lambda: front_counts(ctx), "reading the study", budget_s=retry_s)
+    job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {instability_text(s)} [{verdict(s)}]  {policy_summary(trial.params)}")
@@ -58,3 +74,75 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
                                      int(summary["front_size"]))
         if not ctx.progress:  # no status bar to update: print the line
             say(ctx, line)
+    recorder_of(ctx).submit(job)
+
+
+def recorder_of(ctx: StudyRun) -> Recorder:
+    """The worker's recorder, made on first use (inline with ``PRECSEARCH_SYNC_RECORD``)."""
+    if ctx.recorder is None:
+        retry_s = ctx.space.study.store_retry_s
+        ctx.recorder = Recorder(lambda job: write_record(ctx, job),
+                                lambda: with_retry(lambda: update_front(ctx, log_metrics=False), "updating the front",
+                                                   budget_s=retry_s),
+                                ctx.workspace.output_dir, inline=journal.synchronous(),
+                                abandon=lambda job, exc: ctx.tracker.fail_trial(
+                                    job.run_id, f"its MLflow record could not be written ({type(exc).__name__}: "
+                                    f"{exc}); the next run writes it again", retry=False))
+    return ctx.recorder
+
+
+def replay_pending(ctx: StudyRun) -> int:
+    """Write the MLflow records that dead workers journalled but did not finish; returns how many.
+
+    Entries of live workers are theirs; an entry whose trial Optuna does not hold COMPLETE (a kill
+    before the tell) is dropped, the trial being failed and queued again by the usual recovery.
+    """
+    with FileLock(ctx.workspace.output_dir / "pending_records.lock"):  # two workers starting at once
+        return _replay(ctx)
+
+
+def _replay(ctx: StudyRun) -> int:
+    done = 0
+    for job in journal.pending(ctx.workspace.output_dir):
+        worker = WorkerId.from_dict(job.worker)
+        if worker is not None and worker != ctx.worker and not worker.is_dead():
+            continue
+        trial = ctx.study._storage.get_trial(job.trial_id)
+        if trial.state is TrialState.COMPLETE and job.run_id not in ctx.lost_runs:
+            if ctx.tracker.client.get_run(job.run_id).info.status != "FINISHED":
+                write_record(ctx, job)
+                done += 1
+                say(ctx, f"trial {job.trial}: its MLflow record, cut short by an earlier run, written again")
+        journal.drop_entry(ctx.workspace.output_dir, job.run_id)
+    return done
+
+
+def _score(ctx: StudyRun, result: ProbeResult, references: References, stressed: ProbeResult | None) -> Score:
+    objectives = ctx.space.objectives
+    return score(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
+                 stress=(stressed, references.stress) if stressed else None)
+
+
+def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:
+    data = breakdown(result, reference)
+    return saving_sources(data["target"]["trial"], data["target"]["baseline"])
+
+
+def write_record(ctx: StudyRun, job: RecordJob) -> None:
+    """A told trial's MLflow record, from the Optuna trial and ``job``; closes its run FINISHED."""
+    trial = ctx.study._storage.get_trial(job.trial_id)
+    run_id, rung, objectives = job.run_id, job.rung, ctx.space.objectives
+    policy = Policy.from_dict(trial.user_attrs["policy"])
+    result = ProbeResult.from_dict(trial.user_attrs["probe_result"])
+    stressed = ProbeResult.from_dict(trial.user_attrs["stress_result"]) if "stress_result" in trial.user_attrs \
+        else None
+    stress = job.references.get("stress")
+    references = References(seeds=[ProbeResult.from_dict(r) for r in job.references["seeds"]],
+                            stress=ProbeResult.from_dict(stress) if stress else None)
+    s = _score(ctx, result, references, stressed)
+    if job.study_metrics:  # the study's progress, one step per trial (the front files follow per burst)
+        ctx.tracker.log_study(job.study_metrics)
+    reading = SearchReading(s, verdict(s), stability_metrics(s), guided.predicted_metrics(ctx.sensitivity, trial.params),
+                            objectives.instability_unit, rung, str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")))
+    log_trial(ctx.tracker, run_id, trial, policy, ctx.cfg.n_layers, result, stressed, references.paired,
+              references.seeds, reading, after_steps=lambda: journal.fault("after_steps"))

@@ -1,4 +1,8 @@
-"""After every told trial: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics."""
+"""After told trials: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics.
+
+:func:`update_front` runs on the recorder thread once its queue is empty (and at study end);
+:func:`front_counts` gives the terminal's counts at once, from Optuna alone.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from precsearch.search.summary import finished_count, study_metrics
 from precsearch.tracking.front_report import write_front
 
 
-def update_front(ctx: StudyRun) -> dict[str, float]:
-    """Tag the front, write and log its files, the study's metrics and views; returns the metrics."""
+def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
+    """Tag the front, write and log its files, the study's metrics (unless not ``log_metrics``: the
+    recorder logs each trial's) and views; returns the metrics."""
     names = objective_names(ctx.space.objectives)
     rows = trial_rows(ctx.study, names)
     front = {r["trial"] for r in rows if r["pareto"]}
@@ -28,6 +33,13 @@ def update_front(ctx: StudyRun) -> dict[str, float]:
                         ctx.space.objectives.instability_unit)
     ctx.tracker.log_front(files)
     metrics = study_metrics(rows, finished_count(ctx.study), names)
-    ctx.tracker.log_study(metrics)
+    if log_metrics:
+        ctx.tracker.log_study(metrics)
     ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.instability_unit)
     return metrics
+
+
+def front_counts(ctx: StudyRun) -> dict[str, float]:
+    """The study's metrics (trials finished, feasible, front size...) from Optuna, writing nothing."""
+    names = objective_names(ctx.space.objectives)
+    return study_metrics(trial_rows(ctx.study, names), finished_count(ctx.study), names)

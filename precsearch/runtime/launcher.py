@@ -35,6 +35,7 @@ from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count
 from precsearch.tracking.local_server import LocalTrackingServer
+from precsearch.utils.cpu_threads import THREADS_ENV, choose_threads
 from precsearch.utils.processes import dying_with_parent
 
 
@@ -60,7 +61,7 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
             ws.tracking_uri)
         try:
             with server as tracking_uri:
-                procs = [_start_worker(ws, tracking_uri, target, i, gpu) for i, gpu in enumerate(slices)]
+                procs = [_start_worker(ws, tracking_uri, target, i, gpu, len(slices)) for i, gpu in enumerate(slices)]
                 codes = _watch(ctx, procs, target, progress)
         except KeyboardInterrupt:
             ctx.tracker.close("KILLED")
@@ -78,10 +79,12 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
 
 
 def _start_worker(ws: Workspace, tracking_uri: str, target: int, index: int,
-                  gpus: list[int] | None) -> subprocess.Popen:
+                  gpus: list[int] | None, workers: int = 1) -> subprocess.Popen:
     env = os.environ | {STORAGE_ENV: ws.storage_url, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    elif (threads := choose_threads(processes=workers)) is not None:  # CPU workers share the free cores
+        env[THREADS_ENV] = str(threads)
     cmd = [sys.executable, "-m", "precsearch", "worker", "--study", ws.study_name, "--output-dir",
            str(ws.output_dir), "--n-trials", str(target), "--name", f"w{index}", "--no-progress"]
     return subprocess.Popen(dying_with_parent(cmd), env=env, start_new_session=True)

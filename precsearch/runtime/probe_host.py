@@ -24,6 +24,7 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
 from precsearch.probe.result import ProbeResult
+from precsearch.utils.cpu_threads import choose_threads
 
 FAULTS_ENV = "PRECSEARCH_FAULTS"
 FAULT_KINDS = ("raise", "oom", "nan", "kill", "segv")
@@ -35,6 +36,8 @@ class ProbeHost:
     def __init__(self, space: Space):
         self.space = space
         self.device = resolve_device(space.probe.device)
+        if self.device.type == "cpu" and (threads := choose_threads()) is not None:
+            torch.set_num_threads(threads)  # the cores free now, not every core (utils/cpu_threads.py)
         self.backend = get_backend(space.backend.value, self.device, needs=space.search.precisions())
         self.data = load_batches(space)
         self.cfg = space.model.probe()

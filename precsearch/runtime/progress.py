@@ -1,9 +1,8 @@
 """What the terminal shows while a study runs: one status line for the study, probe bars under it.
 
 The status line says which trial runs, how many of ``n_trials`` finished, how many were
-feasible, the front's size, the time so far and an estimate of the time left (the mean time per
-trial finished in this run, times the trials left; unknown until one finished). Without progress
-bars (``--no-progress``, parallel workers) the same line is printed after each trial.
+feasible, the front's size, the time so far and an estimate of the time left (:class:`Eta`).
+Without progress bars (``--no-progress``, parallel workers) the same line is printed after each trial.
 """
 
 from __future__ import annotations
@@ -23,16 +22,63 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+class Eta:
+    """The time a study has left, from what each kind of probe cost so far in this run.
+
+    A mean time per trial counts the BF16 references run before and between trials as trial time,
+    and then multiplies them by every trial left: the quickstart's estimate read 49 min after trial
+    0 (six reference probes ran first), then 1 h 17 min, for 27 min really left. Here each kind of
+    probe (``trial``, ``reference``) has its own seconds per step; the time outside probes (asking,
+    recording, start-up) is spread per trial. The estimate is the steps each kind has left times its
+    rate, plus that per-trial time for the trials left.
+
+    Args:
+        trial_steps: Steps one trial's probes run (with the stress probe, if any).
+        reference_steps: Steps of the BF16 reference probes not cached yet, for the whole study
+            (an estimate: a clipping value the sampler never picks runs none).
+        clock: Seconds, monotonic (a fake one in tests).
+    """
+
+    def __init__(self, trial_steps: int, reference_steps: int = 0, clock=time.monotonic):
+        self.trial_steps, self.reference_steps, self.clock = trial_steps, reference_steps, clock
+        self.start = clock()
+        self._seconds: dict[str, float] = {}
+        self._steps: dict[str, int] = {}
+        self.trials_done = 0
+
+    def probe_done(self, kind: str, steps: int, seconds: float) -> None:
+        """A probe of ``kind`` ran ``steps`` steps in ``seconds``."""
+        self._seconds[kind] = self._seconds.get(kind, 0.0) + seconds
+        self._steps[kind] = self._steps.get(kind, 0) + steps
+        if kind == "reference":
+            self.reference_steps = max(0, self.reference_steps - steps)
+
+    def trial_done(self) -> None:
+        self.trials_done += 1
+
+    def left_s(self, trials_left: int) -> float | None:
+        """Seconds left for ``trials_left`` trials and the references still to run; None before any probe."""
+        rates = {k: self._seconds[k] / self._steps[k] for k in self._steps if self._steps[k] > 0}
+        if not rates:
+            return None
+        trial_rate = rates.get("trial", rates.get("reference"))
+        reference_rate = rates.get("reference", trial_rate)
+        outside = self.clock() - self.start - sum(self._seconds.values())
+        per_trial = outside / self.trials_done if self.trials_done else 0.0
+        references = reference_rate * self.reference_steps if trials_left else 0.0
+        return trials_left * (trial_rate * self.trial_steps + per_trial) + references
+
+
 def status_line(name: str, total: int, finished: int, feasible: int, front: int, elapsed_s: float,
-                finished_here: int, running: int | None = None) -> str:
-    """The study's one-line status; ``finished_here`` (trials this run finished) drives the ETA."""
+                eta_s: float | None, running: int | None = None) -> str:
+    """The study's one-line status; ``eta_s`` (:meth:`Eta.left_s`) None while nothing has been timed."""
     left = max(total - finished, 0)
     if left == 0:
         eta = "done"
-    elif finished_here > 0:
-        eta = f"ETA {duration(elapsed_s / finished_here * left)}"
+    elif eta_s is not None:
+        eta = f"ETA {duration(eta_s)}"
     else:
-        eta = "ETA after the first trial"
+        eta = "ETA after the first probe"
     now = f"trial {running} running; " if running is not None and left else ""
     return (f"study {name}: {now}{finished} of {total} trials finished, {feasible} feasible, front {front} | "
             f"elapsed {duration(elapsed_s)}, {eta}")
@@ -41,17 +87,19 @@ def status_line(name: str, total: int, finished: int, feasible: int, front: int,
 class StudyStatus:
     """The status line of one process's run of a study (a tqdm line above the probe bars)."""
 
-    def __init__(self, name: str, total: int, finished: int, bars: bool):
+    def __init__(self, name: str, total: int, finished: int, bars: bool, eta: Eta | None = None):
         self.name, self.total, self.bars = name, total, bars
-        self.start, self.first_finished = time.monotonic(), finished
+        self.start = time.monotonic()
         self.finished, self.feasible, self.front = finished, 0, 0
         self.running: int | None = None
+        self.eta = eta or Eta(trial_steps=0)
         self._line = tqdm(total=0, bar_format="{desc}", position=0, leave=True, disable=not bars)
         self.refresh()
 
     def line(self) -> str:
         return status_line(self.name, self.total, self.finished, self.feasible, self.front,
-                           time.monotonic() - self.start, self.finished - self.first_finished, self.running)
+                           time.monotonic() - self.start, self.eta.left_s(max(self.total - self.finished, 0)),
+                           self.running)
 
     def refresh(self) -> None:
         self._line.set_description_str(self.line())
@@ -69,6 +117,7 @@ class StudyStatus:
     def trial_done(self, finished: int, feasible: int, front: int) -> str:
         """Record the study's counts after a trial; returns the new line."""
         self.finished, self.feasible, self.front, self.running = finished, feasible, front, None
+        self.eta.trial_done()
         self.refresh()
         return self.line()
 

@@ -205,3 +205,22 @@ def _rung_reference(space: Space, cache: ReferenceCache, device: torch.device, c
         result = cache.get(key, lambda p=leg_probe, lg=leg: run(p, f"{label}, {rung} steps", lg))
         previous = cache.checkpoint(key)
     return result
+
+
+def uncached_steps(space: Space, cache: ReferenceCache, device: torch.device) -> int:
+    """Steps of the BF16 reference probes the study may still run (the ETA's share of references).
+
+    Every clipping value the space offers (a range: its two ends), every seed and the stress probe,
+    at the first rung with ``study.fidelity``; those already in ``cache`` count nothing.
+    """
+    members = seed_probes(space) + ([stressed] if (stressed := stress_probe(space)) is not None else [])
+    fidelity = space.study.fidelity
+    steps = 0
+    for clip_grad in space.search.clip_grad.options():
+        for probe in members:
+            if fidelity is not None and probe is not stressed:
+                probe = probe.model_copy(update={"steps": fidelity.rungs[0]})
+            horizon = fidelity.horizon if fidelity is not None and probe is not stressed else None
+            if not (cache.directory / f"{reference_key(space, clip_grad, device, probe, horizon)}.json").exists():
+                steps += probe.steps
+    return steps

@@ -21,6 +21,7 @@ from precsearch.runtime import progress as terminal
 from precsearch.runtime import stores
 from precsearch.runtime.executor import ProbeExecutor
 from precsearch.runtime.liveness import WorkerId
+from precsearch.runtime.recorder import Recorder
 from precsearch.runtime.lost_stores import lost_runs
 from precsearch.runtime.reference import ReferenceCache
 from precsearch.runtime.study_log import say
@@ -53,6 +54,7 @@ class StudyRun:
     lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
     sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
     regime_checked: set = field(default_factory=set)  # (clip_grad, rung) whose references had the regime check
+    recorder: Recorder | None = None  # writes told trials to MLflow off the probe loop (runtime/recorder.py)
 
 
 

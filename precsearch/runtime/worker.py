@@ -23,6 +23,7 @@ from precsearch.probe.data import check_data
 from precsearch.redact import redact_url
 from precsearch.runtime import stores
 from precsearch.runtime._optimize import work
+from precsearch.runtime._tell import replay_pending
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import open_run
 from precsearch.runtime.workspace import (
@@ -75,6 +76,7 @@ def run_worker(study_name: str, storage_url: str | None, *, tracking_uri: str | 
                   sampler_offset=offset) as ctx:
         say(ctx, f"joined study '{study_name}' at {redact_url(url)} "
                  f"({finished_count(ctx.study)} of {target} trials finished)")
+        replay_pending(ctx)  # records a dead worker of this directory told Optuna but did not finish
         work(ctx, target)
         done = finished_count(ctx.study)
         if ctx.stop.requested:

@@ -9,6 +9,7 @@ attribute.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +54,13 @@ class SearchReading:
 
 def log_trial(tracker: Any, run_id: str, trial: Any, policy: Policy, n_layers: int, result: ProbeResult,
               stressed: ProbeResult | None, paired: ProbeResult, seeds: list[ProbeResult],
-              reading: SearchReading) -> None:
+              reading: SearchReading, after_steps: Callable[[], None] = lambda: None) -> None:
     """Log the trial's steps, plots and memory breakdown on ``run_id``, then finish the run with its
-    metrics, tags and artifacts."""
+    metrics, tags and artifacts. ``after_steps`` is called once the per-step metrics are logged (the
+    fault tests stop a record there)."""
     tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms}
                       | ({"stress_train_loss": stressed.losses} if stressed else {}))
+    after_steps()
     if (heatmap := diagnostics_heatmap(result)) is not None:
         tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
     tracker.log_bytes(run_id, loss_curves(result, paired, f"trial {trial.number}:"), "loss_curves.png")

@@ -5,18 +5,79 @@ from __future__ import annotations
 from pathlib import Path
 
 from precsearch.cli import main, next_commands
-from precsearch.runtime.progress import duration, reference_notice, status_line
+from precsearch.runtime.progress import Eta, duration, reference_notice, status_line
 from precsearch.search.summary import study_metrics
 
 
 def test_status_line_counts_and_eta():
-    line = status_line("qs", 12, 4, 3, 2, 120.0, 4, running=4)
+    line = status_line("qs", 12, 4, 3, 2, 120.0, 240.0, running=4)
     assert line == "study qs: trial 4 running; 4 of 12 trials finished, 3 feasible, front 2 | elapsed 2m00s, ETA 4m00s"
-    # trials finished by an earlier run do not speed up the estimate
-    assert "ETA 8m00s" in status_line("qs", 12, 8, 3, 2, 120.0, 1)
-    assert status_line("qs", 12, 0, 0, 0, 5.0, 0).endswith("ETA after the first trial")
-    assert status_line("qs", 12, 12, 5, 3, 3700.0, 12).endswith("elapsed 1h01m, done")
+    assert status_line("qs", 12, 0, 0, 0, 5.0, None).endswith("ETA after the first probe")
+    assert status_line("qs", 12, 12, 5, 3, 3700.0, 0.0).endswith("elapsed 1h01m, done")
     assert duration(59.4) == "59s" and duration(61) == "1m01s"
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _quickstart(eta: Eta, clock: _Clock, trial_s_per_step) -> list[tuple[int, float | None, float]]:
+    """The quickstart's shape: 12 trials of 60 steps, 3 BF16 seeds per clipping value (2 values: trials 0
+    and 1 each run theirs first) at 1 s/step, 3 s per trial outside probes. Returns (trial, ETA, start)."""
+    seen = []
+    for trial in range(12):
+        if trial < 2:
+            for _ in range(3):
+                clock.now += 60.0
+                eta.probe_done("reference", 60, 60.0)
+        seconds = 60 * trial_s_per_step(trial)
+        clock.now += seconds
+        eta.probe_done("trial", 60, seconds)
+        clock.now += 3.0
+        eta.trial_done()
+        seen.append((trial, eta.left_s(11 - trial), clock.now))
+    return seen
+
+
+def test_eta_counts_the_references_still_to_run_and_holds_within_30_percent_from_trial_2():
+    """A mean time per trial counts the six reference probes as trial time: the quickstart's ETA swung
+    from 49 min to 1 h 17 min for 27 min left. Each probe kind timed apart must stay close to the truth,
+    with trial step times that vary +-25%."""
+    import random
+
+    rng = random.Random(0)
+    times = [1.5 * rng.uniform(0.75, 1.25) for _ in range(12)]
+    clock = _Clock()
+    eta = Eta(trial_steps=60, reference_steps=6 * 60, clock=clock)
+    seen = _quickstart(eta, clock, lambda t: times[t])
+    end = seen[-1][2]
+    for trial, estimate, at in seen[2:-1]:
+        real = end - at
+        assert abs(estimate - real) <= 0.3 * real, (trial, estimate, real)
+    # the estimate of the old kind (elapsed / trials finished x trials left) misses by more than 2x here
+    trial0, _, at0 = seen[0]
+    naive = (at0 - 1000.0) / 1 * 11
+    assert naive > 2 * (end - at0)
+    # and ours, after trial 0, counts the second clipping value's 3 references still to run
+    assert abs(seen[0][1] - (end - at0)) <= 0.3 * (end - at0)
+
+
+def test_eta_before_any_probe_is_unknown_and_a_reference_uses_up_its_steps():
+    """An ETA shown before anything was timed would be invented; one that kept counting references run
+    already would stay high until the end."""
+    clock = _Clock()
+    eta = Eta(trial_steps=10, reference_steps=20, clock=clock)
+    assert eta.left_s(5) is None
+    clock.now += 20.0
+    eta.probe_done("reference", 10, 20.0)
+    assert eta.reference_steps == 10
+    # no trial timed yet: trials are estimated at the reference's 2 s/step; 10 reference steps left
+    assert eta.left_s(5) == 5 * 10 * 2.0 + 10 * 2.0
+    assert eta.left_s(0) == 0.0
 
 
 def test_reference_notice_says_why():

@@ -291,16 +291,18 @@ def _start_and_interrupt(tmp_path, presses: int):
 def test_ctrl_c_during_the_references_stops_within_seconds_and_the_resume_runs_the_trial(tmp_path):
     """One SIGINT while the BF16 reference runs: out in seconds (not after the references and a trial),
     nothing left RUNNING, the trial queued again, no half reference cached; the same command resumes it."""
-    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 1, "probe.steps": 200,
+    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 1, "probe.steps": 400,
                                                      "objectives.reference_seeds": 1}))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while trials_in_state(out, "RUNNING") < 1 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(2.0)  # inside the 200-step reference probe
+    # the reference's lock exists from when it starts: a fixed sleep after the trial opened raced the
+    # reference on an idle machine, where the probes take both cores and 200 steps end within 2 s
+    while not list((out / "references").glob("*.lock")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.5)  # inside the 400-step reference probe
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out_text, err = proc.communicate(timeout=120)
