@@ -26,7 +26,8 @@ def check_space(space: Space, *, file: str) -> None:
     machine must have (data files, checkpoint, backend and GPUs) is the CLI's preflight
     (:mod:`precsearch.runtime.preflight`).
     """
-    checks = (check_values, _check_model, _check_warmup, check_groups, check_units, check_nproc, _check_fidelity)
+    checks = (check_values, _check_model, _check_warmup, check_groups, check_units, check_nproc, _check_fidelity,
+              _check_damage)
     for check in checks:
         try:
             check(space)
@@ -56,6 +57,13 @@ def _check_warmup(space: Space) -> None:
         )
     if min(space.search.warmup_steps.options()) < 0:
         raise UserError("warm-up steps must be >= 0", field="search.warmup_steps")
+
+
+def _check_damage(space: Space) -> None:
+    """The fixed-state reading runs in a one-process probe's process; a sharded probe has no whole model to read."""
+    if space.objectives.reading == "damage" and space.probe.nproc > 1:
+        raise UserError(f"reading 'damage' reads one-process probes; probe.nproc is {space.probe.nproc}; valid: "
+                        "probe.nproc 1, or reading final or tail", field="objectives.reading")
 
 
 def _check_fidelity(space: Space) -> None:

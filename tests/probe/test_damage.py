@@ -177,3 +177,17 @@ def test_damage_states_are_fractions():
     with pytest.raises(ValueError, match=r"fractions of probe.steps"):
         DamageSection(states=[0.5, 1.5])
     assert math.isclose(DamageSection().tokens_per_step, 2**22)
+
+
+def test_a_sharded_probe_cannot_be_read(tmp_path):
+    """The reading runs beside a one-process probe: with probe.nproc 2 the space is refused naming the field,
+    else every trial would read 'not read' and be called unstable."""
+    from _spaces import tiny_space_dict
+
+    from precsearch.config.checks import check_space
+    from precsearch.config.loader import parse_space
+    from precsearch.errors import UserError
+
+    space = parse_space(tiny_space_dict(**{"objectives.reading": "damage", "probe.nproc": 2, "probe.micro_batch": 4}))
+    with pytest.raises(UserError, match=r"objectives.reading.*nproc"):
+        check_space(space, file="space.yaml")
