@@ -164,7 +164,9 @@ def test_a_policy_that_diverges_at_a_longer_rung_is_recorded_there_and_not_promo
 def test_a_run_killed_mid_rung_resumes_the_rung_from_the_saved_state(tmp_path):
     """SIGKILL while a promoted trial runs, re-run: it is queued again with its rung and source, and the
     retry continues the source's checkpoint (start_step 12, the source's 12 losses first), not step 0."""
-    space = _space(tmp_path, [12, 150], 1, **{"study.n_trials": 3, "objectives.reference_seeds": 1})
+    # a 600-step rung: at 150 steps an idle machine, whose probes take both cores, finished the promoted
+    # trial (its reference leg and its own) inside the 3 s the kill waits
+    space = _space(tmp_path, [12, 600], 1, **{"study.n_trials": 3, "objectives.reference_seeds": 1})
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -189,10 +191,10 @@ def test_a_run_killed_mid_rung_resumes_the_rung_from_the_saved_state(tmp_path):
     done = _promoted(study)
     assert len(interrupted) == 1 and len(done) == 1
     assert (done[0].user_attrs[PROMOTED_FROM], done[0].user_attrs[FIDELITY]) == (
-        interrupted[0].user_attrs[PROMOTED_FROM], 150)
+        interrupted[0].user_attrs[PROMOTED_FROM], 600)
     source = _by_number(study)[done[0].user_attrs[PROMOTED_FROM]]
     result = done[0].user_attrs["probe_result"]
-    assert result["start_step"] == 12 and len(result["losses"]) == 150
+    assert result["start_step"] == 12 and len(result["losses"]) == 600
     assert result["losses"][:12] == source.user_attrs["probe_result"]["losses"]
 
 
