@@ -246,6 +246,12 @@ class StressSection(Section):
         return self
 
 
+def instability_unit(reading: str, stability_unit: str) -> str:
+    """What a study's instability is measured in: ``damage`` (the fixed-state reading, in SGD noise) for reading
+    ``damage``, else its ``stability_unit`` (read from a stored study's space too, whatever its version)."""
+    return "damage" if reading == "damage" else stability_unit
+
+
 class ObjectivesSection(Section):
     """What a trial is scored on."""
 
@@ -287,8 +293,8 @@ class ObjectivesSection(Section):
 
     @property
     def instability_unit(self) -> str:
-        """What instability is measured in: ``damage`` (the fixed-state reading, SGD noise) or ``stability_unit``."""
-        return "damage" if self.reading == "damage" else self.stability_unit
+        """What instability is measured in (:func:`instability_unit`)."""
+        return instability_unit(self.reading, self.stability_unit)
 
     @property
     def instability_limit(self) -> float:

@@ -15,7 +15,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from precsearch.config.space import ModelSection
+from precsearch.config.space import ModelSection, instability_unit
 from precsearch.errors import UserError
 from precsearch.export.pick import choose_trial
 from precsearch.export.registry import render
@@ -94,8 +94,7 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
     if pick is not None:
         rows = trial_rows(study, study.user_attrs["objectives"])
         objectives = study.user_attrs.get("space", {}).get("objectives", {})
-        # a study read by the fixed-state reading scores instability in SGD noise units already
-        unit = "damage" if objectives.get("reading") == "damage" else objectives.get("stability_unit", "relative")
+        unit = instability_unit(objectives.get("reading", "final"), objectives.get("stability_unit", "relative"))
         row, reason = choose_trial(rows, pick, max_instability, unit)
         trial = row["trial"]
     else:
