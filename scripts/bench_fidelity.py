@@ -47,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fidelity_judge beside this file, however it is loaded
 import fidelity_judge  # noqa: E402
+import planted_damage  # noqa: E402
 
 from precsearch.backends import get_backend
 from precsearch.config.loader import load_space
@@ -184,15 +185,20 @@ def judge_cases(clip: float | None) -> dict[str, Case]:
     planted = ["fp8_delayed, every unit incl. output_layer", "fp8_delayed, amax history 1",
                "fp8_delayed E4M3 grads, amax history 1"]
     out = {name: every[name] for name in benign + planted}
-    out |= {"nvfp4, blocks (emulated)": nvfp4(),
-            "nvfp4 without SR, RHT and 2D weights (emulated)": nvfp4(nvfp4_stochastic_rounding=False,
-                                                                     nvfp4_rht=False, nvfp4_2d_weights=False)}
     memory = memory_cases(fp8(Precision.FP8_DELAYED))
     out |= {name: memory[name] for name in ("fp8_delayed, FP8 moments + param remainders",
                                             "fp8_delayed, FP16 master weights")}
     # BF16 parameters updated in place by AdamW, no master copy: updates below BF16's quantum are lost
     out["fp8_delayed, BF16 weights without a master copy"] = Case(fp8(Precision.FP8_DELAYED), param_dtype="bf16",
                                                                   baseline_memory=STANDARD)
+    # damage of a known, graded severity: the blocks' GEMM operands at fewer mantissa bits (planted_damage)
+    for bits in (0, 1, 2, 3):
+        out[f"planted: blocks' GEMMs at {bits} mantissa bits"] = Case(fp8(Precision.FP8_CURRENT),
+                                                                     backend=f"{planted_damage.PREFIX}{bits}")
+    # last: emulated NVFP4 runs take minutes each, so a call with a deadline does the others first
+    out |= {"nvfp4, blocks (emulated)": nvfp4(),
+            "nvfp4 without SR, RHT and 2D weights (emulated)": nvfp4(nvfp4_stochastic_rounding=False,
+                                                                     nvfp4_rht=False, nvfp4_2d_weights=False)}
     return out
 
 
@@ -364,7 +370,7 @@ def _init_worker(args) -> None:
 def _run_job(job: Job) -> list[dict]:
     """Run one job in this process; rungs as dicts (signals kept for the first rung only, no layer stats)."""
     w = _WORKER
-    backend = w["backend"] if job.case.backend is None else get_backend(job.case.backend, w["device"])
+    backend = w["backend"] if job.case.backend is None else planted_damage.backend(job.case.backend, w["device"])
     results = run_in_rungs(w["cfg"], w["base"], job.policy, job.case, job.seed, w["rungs"], w["data"],
                            backend, w["device"], w["work"] / job.key)
     return [r.to_dict() | {"layer_stats": [], "signals": r.signals if i == 0 else None}
@@ -455,8 +461,9 @@ def run(args) -> dict:
     corpus_dir.mkdir(parents=True, exist_ok=True)
     args.corpus = pretokenize(corpus_dir, args.tokens)
     chosen = judge_cases(args.clip) if args.judge else cases(args.clip)
-    if args.smoke and args.judge:  # the control path of the judge: one benign, two planted (CPU: no memory knobs)
+    if args.smoke and args.judge:  # the control path of the judge: one benign, three planted (CPU: no memory knobs)
         chosen = {k: chosen[k] for k in ("fp8_delayed, blocks", "fp8_delayed, amax history 1",
+                                         "planted: blocks' GEMMs at 0 mantissa bits",
                                          "nvfp4 without SR, RHT and 2D weights (emulated)")}
     elif args.smoke:  # the control, one FP8 policy, one fragile one with its own reference
         chosen = dict(list(chosen.items())[:2] + list(chosen.items())[-1:])
@@ -511,7 +518,7 @@ def damage_readings(args, chosen: dict[str, Case]) -> dict[str, dict]:
         for name, case in todo.items():
             key = case.reference_key() + (case.backend,)
             if key not in readers:
-                backend = get_backend(case.backend or backend_name, device)
+                backend = planted_damage.backend(case.backend or backend_name, device)
                 readers[key] = DamageReader(cfg, case.probe(base, last, last, 0), data, backend, device, settings,
                                             baseline=case.baseline_memory)
             began = time.perf_counter()

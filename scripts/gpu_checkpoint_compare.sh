@@ -8,7 +8,7 @@
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_checkpoint_compare_out
 source "$(dirname "$0")/gpu_env.sh"
-nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv -l 30 > "$OUT/gpu_util.log" &
+gpu_util_log "$OUT/gpu_util.log" 30
 SMI=$!
 python3 scripts/gpu_checkpoint_compare.py --deadline-s "${CC_DEADLINE:-370}" --pick "${CC_PICK:-spread}" \
     ${CC_PROBE_LAYERS:+--probe-layers $CC_PROBE_LAYERS} \

@@ -10,7 +10,7 @@ source "$(dirname "$0")/gpu_env.sh"
 CACHE=/tmp/fidelity_runs
 mkdir -p "$CACHE"
 [ -f .fidcache/fidelity_runs.tar.gz ] && tar xzf .fidcache/fidelity_runs.tar.gz -C "$CACHE"
-nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv -l 30 > "$OUT/gpu_util.log" &
+gpu_util_log "$OUT/gpu_util.log" 30
 timeout -k 10 "${FID_TIMEOUT:-560}" python3 scripts/bench_fidelity.py --rungs ${RUNGS:-50 200 2000} \
     --seeds "${SEEDS:-2}" --layers "${LAYERS:-4}" --dim "${DIM:-512}" --seq-len "${SEQ:-512}" \
     --micro-batch "${MB:-8}" --jobs "${JOBS:-8}" --deadline "${FID_DEADLINE:-500}" --cache "$CACHE" \

@@ -9,7 +9,7 @@ set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_judge_out
 source "$(dirname "$0")/gpu_env.sh"
 STAGES="${STAGES:-tests cost judge}"
-nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv -l 20 > "$OUT/gpu_util.log" &
+gpu_util_log "$OUT/gpu_util.log" 20
 if [[ " $STAGES " == *" tests "* ]]; then
     timeout 150 python3 -m pytest -q -s tests/backends/test_gpu_damage.py 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
 fi
