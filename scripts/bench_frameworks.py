@@ -1,0 +1,216 @@
+"""The exported policy where users train it: Megatron-Core, torchtitan (torchao) and Accelerate, on one GPU.
+
+For each policy of :data:`frameworks_plan.POLICIES` (BF16, uniform FP8 current, attention current + MLP
+delayed, BF16 first/last blocks, BF16 moments with the precision-aware optimizer, MXFP8) and each framework,
+precsearch's own export code writes the files, then a fresh process (``scripts/frameworks_runs.py``, one per
+run, ``--run-timeout`` each) trains with them:
+
+* Megatron-Core: ``GPTModel`` with ``get_gpt_layer_with_transformer_engine_spec()``, the exported flags as
+  ``TransformerConfig`` fields, the YAML as ``quant_recipe`` (``RecipeConfig.from_yaml_file``), Megatron's
+  DDP and ``get_megatron_optimizer`` with the optimizer flags as ``OptimizerConfig`` fields;
+* torchtitan: torchtitan when it imports, else torchao's ``convert_to_float8_training`` with the exported
+  ``filter_fqns`` under torchtitan's substring rule, on a Hugging Face ``LlamaForCausalLM``;
+* Accelerate: the exported ``accelerate_fp8.py`` executed as written, with our model, optimizer, dataloader.
+
+Each row beside the framework's own BF16 row (tokens/s, peak GiB, loss after the last step) and beside
+precsearch's memory model for the same shape, with the per-module check: every module's precision in its
+latest forward against the policy's. ``--memory-breakdown`` adds the probe and Megatron at each policy of
+``--breakdown-policies``, with the peak inside each phase of the steady steps. ``--smoke`` (no GPU needed)
+does everything but the training: exports, config fields, filters, matchers, predictions.
+
+    python scripts/bench_frameworks.py --json $OUT/bench_frameworks.json
+    python scripts/bench_frameworks.py --smoke --json /tmp/frameworks_smoke.json
+    python scripts/bench_frameworks.py --layers 32 --frameworks megatron --policies bf16 fp8_current \\
+        --memory-breakdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import frameworks_plan as plan  # noqa: E402
+
+BASELINE = "bf16"
+WORKER = Path(__file__).resolve().parent / "frameworks_runs.py"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Shape, what to run, limits and output of one bench call."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = plan.Shape()
+    for field, default in plan.shape_dict(defaults).items():
+        ap.add_argument(f"--{field.replace('_', '-')}", type=int, default=default)
+    ap.add_argument("--frameworks", nargs="+", choices=list(plan.FRAMEWORKS), default=list(plan.FRAMEWORKS))
+    ap.add_argument("--policies", nargs="+", choices=list(plan.POLICIES), default=list(plan.POLICIES))
+    ap.add_argument("--memory-breakdown", action="store_true", help="also the probe and Megatron, phase by phase")
+    ap.add_argument("--breakdown-policies", nargs="+", choices=list(plan.POLICIES), default=["bf16", "fp8_current"])
+    ap.add_argument("--smoke", action="store_true", help="no training: exports, configs, filters, matchers")
+    ap.add_argument("--run-timeout", type=float, default=120.0, help="seconds per framework run")
+    ap.add_argument("--deadline", type=float, default=420.0, help="seconds for the whole bench; later runs skipped")
+    ap.add_argument("--json", type=Path, help="default: scripts/results/<date>_<gpu|cpu>_bench_frameworks.json")
+    args = ap.parse_args(argv)
+    try:
+        args.shape = plan.Shape(**{f: getattr(args, f) for f in plan.shape_dict(defaults)})
+    except ValueError as exc:
+        ap.error(str(exc))
+    return args
+
+
+def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(framework, policy) in run order: each framework's BF16 first; the breakdown's probe and Megatron last."""
+    out = [(fw, p) for fw in args.frameworks for p in dict.fromkeys([BASELINE, *args.policies])]
+    if args.memory_breakdown:
+        out += [(fw, p) for p in args.breakdown_policies for fw in ("probe", "megatron")
+                if (fw, p) not in out]
+    return out
+
+
+def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path) -> dict[str, Any]:
+    """Export the policy for the framework and check the files on the CPU: the row's static part."""
+    policy = plan.POLICIES[policy_name]
+    row: dict[str, Any] = {"framework": framework, "policy": policy_name,
+                           "predicted_gib": plan.predicted_peak_gib(policy, shape, framework)}
+    export_dir = workdir / f"{framework}__{policy_name}".replace("+", "_")
+    row["export_dir"] = str(export_dir)
+    fmt = "megatron" if framework == "probe" else framework
+    files, row["export_warnings"] = plan.export_files(fmt, policy, shape.layers, export_dir)
+    row["files"] = sorted(files)
+    if fmt == "megatron":
+        mplan = plan.megatron_plan(policy, shape.layers)
+        row["config"] = {k: mplan[k] for k in ("transformer", "optimizer", "ddp", "quant_recipe")}
+        row["files_check"] = plan.check_modules(plan.megatron_decided(files, shape.layers),
+                                                plan.megatron_expected(policy, shape.layers))
+    elif fmt == "torchtitan":
+        tplan = plan.titan_plan(files)
+        row["config"] = tplan
+        decided = {n: plan.P.FP8_CURRENT.value if tplan["converters"] == [plan.CONVERTER]
+                   and plan.titan_converts(n, tplan["filter_fqns"]) else
+                   plan.P.MXFP8.value if tplan["converters"] and plan.titan_converts(n, tplan["filter_fqns"])
+                   else plan.P.BF16.value for n in plan.hf_expected(policy, shape.layers)}
+        row["files_check"] = plan.check_modules(decided, plan.hf_expected(policy, shape.layers))
+    else:
+        row["config"] = plan.accelerate_plan(files)
+    return row
+
+
+def run_one(row: dict[str, Any], shape: plan.Shape, timeout: float) -> dict[str, Any]:
+    """Train in a fresh process; its result, or the row's ``error`` (timeout, crash, exception)."""
+    spec = {"framework": row["framework"], "policy": row["policy"], "shape": plan.shape_dict(shape),
+            "export_dir": row["export_dir"]}
+    spec_path = Path(row["export_dir"]) / "_spec.json"
+    out_path = Path(row["export_dir"]) / "_result.json"
+    spec_path.write_text(json.dumps(spec))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, str(WORKER), str(spec_path), str(out_path)], timeout=timeout,
+                              capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0}
+    result = json.loads(out_path.read_text()) if out_path.exists() else {
+        "error": f"worker exited {proc.returncode} without a result: {proc.stderr.strip()[-400:]}"}
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def relative(rows: list[dict[str, Any]]) -> None:
+    """Each row's speed and peak against its framework's BF16 row, and its peak against the prediction."""
+    base = {r["framework"]: r for r in rows if r["policy"] == BASELINE and "peak_gib" in r}
+    for r in rows:
+        b = base.get(r["framework"])
+        if "peak_gib" not in r:
+            continue
+        r["peak_vs_predicted"] = r["peak_gib"] / r["predicted_gib"] - 1
+        if b is not None:
+            r["speedup_vs_bf16"] = r["tokens_per_s"] / b["tokens_per_s"]
+            r["peak_vs_bf16"] = r["peak_gib"] / b["peak_gib"] - 1
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and not math.isnan(value) else "-"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a text table (an error row shows its error)."""
+    lines = [f"{'framework':11s} {'policy':25s} {'tok/s':>7} {'x bf16':>6} {'peak':>6} {'pred':>6} {'vs pred':>7} "
+             f"{'loss':>7} {'modules':>8} {'files':>6}"]
+    for r in rows:
+        files = r.get("files_check")
+        files_s = f"{files['ok']}/{files['modules']}" if files else "-"
+        head = f"{r['framework']:11s} {r['policy']:25s}"
+        if "error" in r:
+            lines.append(f"{head} {'':>7} {'':>6} {'':>6} {_fmt(r['predicted_gib'], '6.2f')} {'':>7} {'':>7} "
+                         f"{'':>8} {files_s:>6}  {r['error'][:110]}")
+            continue
+        mods = r.get("modules")
+        vs = r.get("peak_vs_predicted")
+        lines.append(f"{head} {_fmt(r['tokens_per_s'], '7.0f')} {_fmt(r.get('speedup_vs_bf16'), '6.2f')} "
+                     f"{_fmt(r['peak_gib'], '6.2f')} {_fmt(r['predicted_gib'], '6.2f')} "
+                     f"{_fmt(None if vs is None else 100 * vs, '+6.1f')}% {_fmt(r['last_loss'], '7.3f')} "
+                     f"{(str(mods['ok']) + '/' + str(mods['modules'])) if mods else '-':>8} {files_s:>6}")
+    phased = [r for r in rows if "phase_peak_gib" in r and r["framework"] in ("probe", "megatron")]
+    if phased:
+        lines += ["", "memory by phase (peak inside each phase of the steady steps, GiB)",
+                  f"{'framework':11s} {'policy':25s} {'start':>6} {'fwd':>6} {'bwd':>6} {'step':>6} {'peak':>6}"]
+        for r in phased:
+            ph = r["phase_peak_gib"]
+            lines.append(f"{r['framework']:11s} {r['policy']:25s} {r['start_gib']:6.2f} {ph['forward']:6.2f} "
+                         f"{ph['backward']:6.2f} {ph['step']:6.2f} {r['peak_gib']:6.2f}")
+    return "\n".join(lines)
+
+
+def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Prepare every run, then (not ``--smoke``) train each in its own process until the deadline."""
+    start = time.perf_counter()
+    rows = []
+    for framework, policy_name in runs(args):
+        try:
+            row = prepare(framework, policy_name, args.shape, workdir)
+        except Exception as exc:  # noqa: BLE001 - an export that fails is that row's result
+            rows.append({"framework": framework, "policy": policy_name, "predicted_gib": math.nan,
+                         "error": f"export: {type(exc).__name__}: {exc}"})
+            continue
+        left = args.deadline - (time.perf_counter() - start)
+        if args.smoke:
+            row["error"] = "skipped (--smoke): training needs a CUDA GPU"
+        elif left < 10:
+            row["error"] = f"skipped: --deadline {args.deadline:.0f} s reached"
+        else:
+            row |= run_one(row, args.shape, min(args.run_timeout, left))
+        print(f"  {framework} {policy_name}: {row.get('error') or 'ok'} ({time.perf_counter() - start:.0f} s)",
+              file=sys.stderr, flush=True)
+        rows.append(row)
+    relative(rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the bench, print the table, write the JSON."""
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench_frameworks_") as tmp:
+        rows = bench(args, Path(tmp))
+    s = args.shape
+    print(f"\n{s.layers} blocks, dim {s.dim}, ffn {s.ffn}, vocab {s.vocab}, seq {s.seq}, mb {s.mb}, {s.steps} steps; "
+          "x bf16 and peak against each framework's own BF16 row; pred = precsearch's memory model")
+    print(table(rows))
+    kind = "cpu" if args.smoke else "gpu"
+    path = args.json or Path("scripts/results") / f"{datetime.date.today().isoformat()}_{kind}_bench_frameworks.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "shape": plan.shape_dict(s),
+            "smoke": args.smoke, "deadline_s": args.deadline, "run_timeout_s": args.run_timeout}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The framework bench's CPU side: exports, how each framework reads them, the rows, isolation and limits."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import bench_frameworks as bench  # noqa: E402
+import frameworks_plan as plan  # noqa: E402
+
+SMALL = ["--layers", "4", "--seq", "256"]
+
+
+def test_smoke_exports_every_run_and_skips_training_saying_so(tmp_path):
+    """Every (framework, policy) must be exported and checked; no training row may pretend it ran."""
+    out = tmp_path / "smoke.json"
+    assert bench.main(["--smoke", "--memory-breakdown", *SMALL, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["framework"], r["policy"]) for r in rows} >= {(f, p) for f in plan.FRAMEWORKS for p in plan.POLICIES}
+    assert {r["framework"] for r in rows} == {*plan.FRAMEWORKS, "probe"}
+    assert all(r["error"].startswith("skipped (--smoke)") and "tokens_per_s" not in r for r in rows)
+    for r in rows:
+        if r["framework"] in ("megatron", "probe"):  # Megatron's files express every policy exactly
+            assert r["files_check"]["ok"] == r["files_check"]["modules"] == 16, r
+        assert r["predicted_gib"] > 0
+
+
+def test_megatron_knob_flags_become_optimizer_and_ddp_fields():
+    """A flag left out of OptimizerConfig would train the default FP32 moments and still report the knob."""
+    m = plan.megatron_plan(plan.POLICIES["fp8_current+bf16_moments"], 4)
+    assert m["optimizer"] == {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
+                              "exp_avg_sq_dtype": "bf16", "use_distributed_optimizer": True, "clip_grad": 1.0}
+    assert m["ddp"]["use_distributed_optimizer"] and m["transformer"] == {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
+    edges = plan.megatron_plan(plan.POLICIES["bf16_edges+fp8_current"], 4)["transformer"]
+    assert edges["first_last_layers_bf16"] is True and edges["num_layers_at_start_in_bf16"] == 1
+
+
+def test_megatron_fields_are_megatron_core_fields():
+    """With megatron-core installed, its own dataclasses must accept every field the bench sets."""
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config")
+    for name in plan.POLICIES:
+        if name == "mxfp8":  # TransformerConfig checks MXFP8 against TE at construction
+            continue
+        m = plan.megatron_plan(plan.POLICIES[name], 4)
+        tc.TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, bf16=True, **m["transformer"])
+
+
+def test_the_mixed_policy_is_decided_per_module_from_the_files(tmp_path):
+    """attention tensorwise through matchers, MLP delayed as the global recipe: both read back from the files."""
+    policy = plan.POLICIES["attn_current+mlp_delayed"]
+    files, _ = plan.export_files("megatron", policy, 4, tmp_path)
+    decided = plan.megatron_decided(files, 4)
+    assert decided["decoder.layers.2.self_attention.linear_qkv"] == "fp8_current"
+    assert decided["decoder.layers.2.mlp.linear_fc1"] == "fp8_delayed"
+
+
+def test_torchtitan_filter_keeps_what_the_export_warns_about(tmp_path):
+    """Delayed MLPs have no torchtitan converter: exactly those stay BF16, and the export says so."""
+    policy = plan.POLICIES["attn_current+mlp_delayed"]
+    files, warnings = plan.export_files("torchtitan", policy, 4, tmp_path)
+    tplan = plan.titan_plan(files)
+    converted = {n for n in plan.hf_expected(policy, 4) if plan.titan_converts(n, tplan["filter_fqns"])}
+    assert converted == {n for n, p in plan.hf_expected(policy, 4).items() if p == "fp8_current"}
+    assert any("fp8_delayed" in w and "kept BF16" in w for w in warnings)
+
+
+def test_accelerate_snippet_paths(tmp_path):
+    """Each policy's snippet must compile and take the path its layers allow."""
+    paths = {name: plan.accelerate_plan(plan.export_files("accelerate", p, 4, tmp_path / name.replace("+", "_"))[0])
+             ["path"] for name, p in plan.POLICIES.items()}
+    assert paths == {"bf16": "bf16", "fp8_current": "ao", "attn_current+mlp_delayed": "precsearch",
+                     "bf16_edges+fp8_current": "ao", "fp8_current+bf16_moments": "ao", "mxfp8": "precsearch"}
+
+
+def test_module_checks_and_te_recipes():
+    """A module on another recipe, or missing, must be a mismatch; TE's recipe classes name precisions."""
+    assert plan.te_module_precision(False, "DelayedScaling") == "bf16"
+    assert plan.te_module_precision(True, "Float8CurrentScaling") == "fp8_current"
+    assert plan.te_module_precision(True, "Float8BlockScaling") == "fp8_block"
+    check = plan.check_modules({"a": "bf16", "b": "fp8_current"}, {"a": "bf16", "b": "fp8_delayed", "c": "bf16"})
+    assert check["ok"] == 1 and check["mismatches"] == [("b", "fp8_delayed", "fp8_current"), ("c", "bf16", "missing")]
+
+
+def test_mxfp8_is_not_runnable_on_hopper_only():
+    assert "mxfp8 needs compute capability 10.0" in plan.not_runnable(plan.POLICIES["mxfp8"], 4, (9, 0))
+    assert plan.not_runnable(plan.POLICIES["mxfp8"], 4, (10, 0)) is None
+    assert plan.not_runnable(plan.POLICIES["fp8_current"], 4, (9, 0)) is None
+
+
+def test_a_hanging_run_is_that_rows_timeout_and_the_deadline_skips_the_rest(tmp_path, monkeypatch):
+    """One stuck framework must not take the bench with it, and the total time must stay bounded."""
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\ntime.sleep(30)\n")
+    monkeypatch.setattr(bench, "WORKER", hang)
+    args = bench.parse_args([*SMALL, "--frameworks", "megatron", "--policies", "fp8_current", "mxfp8",
+                             "--run-timeout", "1", "--deadline", "10.5"])
+    rows = bench.bench(args, tmp_path)
+    assert [r["policy"] for r in rows] == ["bf16", "fp8_current", "mxfp8"]
+    assert rows[0]["error"] == "timed out after 1 s"
+    assert all(r["error"].startswith("skipped: --deadline") for r in rows[1:])
+    assert "timed out after 1 s" in bench.table(rows)
+
+
+def test_relative_columns_use_each_frameworks_own_bf16_row():
+    rows = [{"framework": "megatron", "policy": "bf16", "tokens_per_s": 100.0, "peak_gib": 10.0, "predicted_gib": 8.0,
+             "last_loss": 1.0},
+            {"framework": "megatron", "policy": "fp8_current", "tokens_per_s": 150.0, "peak_gib": 9.0,
+             "predicted_gib": 9.0, "last_loss": 1.0}]
+    bench.relative(rows)
+    assert rows[1]["speedup_vs_bf16"] == pytest.approx(1.5) and rows[1]["peak_vs_bf16"] == pytest.approx(-0.1)
+    assert rows[0]["peak_vs_predicted"] == pytest.approx(0.25)
