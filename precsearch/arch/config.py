@@ -10,9 +10,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch only where the frequencies are computed: the CLI's start-up reads shapes only
+    import torch
 
 
 def _require_positive(owner: str, values: Mapping[str, float]) -> None:
@@ -151,6 +152,8 @@ def unsplittable(cfg: ModelConfig, size: int) -> str | None:
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies (float32, ``head_dim // 2``), with Llama 3.1 scaling if set."""
+    import torch
+
     dim = cfg.head_dim
     # Same arithmetic as HF (int64 arange cast to float32) so the values match bit for bit.
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
@@ -162,6 +165,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 def _scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
     """Llama 3.1 scaling: stretch long wavelengths, keep short ones, blend in between."""
+    import torch
+
     old_len = s.original_max_position_embeddings
     wavelen = 2 * math.pi / inv_freq
     stretched = torch.where(wavelen > old_len / s.low_freq_factor, inv_freq / s.factor, inv_freq)

@@ -116,6 +116,17 @@ class Backend(ABC):
         recipe, are left untouched.
         """
 
+    def reset_converted(self, model: nn.Module) -> bool:
+        """Put the state ``convert`` gave each converted layer back (scaling history, FP8 switch, statistics),
+        leaving Parameters alone; True if done, False if this backend cannot (the default).
+
+        A probe process reuses a model this way between probes of the same policy structure, its weights
+        initialised again in place (:mod:`precsearch.probe.model.reuse`): after this call the model must
+        train exactly as one just converted from the same weights. A backend that returns False gets a
+        fresh build every probe.
+        """
+        return False
+
     @abstractmethod
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Fully qualified name -> precision, for every layer this backend converted."""

@@ -145,14 +145,19 @@ class EmulatedFP8Linear(nn.Module):
         else:
             self.bias = bias
         self.recipe = recipe
+        self.seed = seed  # this layer's own stochastic-rounding stream (NVFP4 gradients)
+        self.reset_state()
+        self.register_parameter("layer_norm_weight", None)
+
+    def reset_state(self) -> None:
+        """FP8 on, fresh scalers (no amax history, rounding streams from their start), no statistics:
+        the layer's state when it was made, its Parameters untouched."""
         self.fp8_enabled = True
-        # seed: this layer's own stochastic-rounding stream (NVFP4 gradients)
-        self.input_scaler = make_scaler(recipe, "input", seed)
-        self.weight_scaler = make_scaler(recipe, "weight", seed)
-        self.grad_output_scaler = make_scaler(recipe, "grad_output", seed)
+        self.input_scaler = make_scaler(self.recipe, "input", self.seed)
+        self.weight_scaler = make_scaler(self.recipe, "weight", self.seed)
+        self.grad_output_scaler = make_scaler(self.recipe, "grad_output", self.seed)
         self.last_stats: dict[str, dict[str, Tensor] | None] = {}
         self.last_numel: dict[str, int] = {}
-        self.register_parameter("layer_norm_weight", None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: LayerRecipe, seed: int = 0) -> "EmulatedFP8Linear":
@@ -229,6 +234,12 @@ class EmulatedBackend(Backend):
             # each layer its own stochastic-rounding seed (NVFP4 gradients)
             setattr(parent, child, EmulatedFP8Linear.from_linear(linears[name], recipe, seed=1000 * index))
         return model
+
+    def reset_converted(self, model: nn.Module) -> bool:
+        """Every :class:`EmulatedFP8Linear` back to its state when converted (:meth:`EmulatedFP8Linear.reset_state`)."""
+        for _, m in _fp8_layers(model):
+            m.reset_state()
+        return True
 
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Name -> precision of every :class:`EmulatedFP8Linear` in ``model``."""

@@ -30,7 +30,8 @@ from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
 from precsearch.probe.measure.events import StepMonitor
 from precsearch.probe.memory.peak import predict_peak
 from precsearch.probe.memory.phases import PhaseMemory
-from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
+from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model, init_plan
+from precsearch.probe.model.reuse import BuildKey, ModelCache
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.measure.signal_recorder import SignalRecorder
 
@@ -76,6 +77,11 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     backend leaves those as they are, the ``te`` backend builds every unit
     from Transformer Engine modules, as the training stack does.
     """
+    return _build(cfg, policy, backend, device, seed, param_dtype, init, split, weights)[0]
+
+
+def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, split=None, weights=None):
+    """:func:`build_probe`'s model and the init plan of its plain model (:func:`llama3.init_plan`)."""
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
     if init is not None:
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
@@ -85,12 +91,26 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
         split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
+    plan = init_plan(model)  # the plain model's Parameters, which a converted layer keeps
     recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
     torch.manual_seed(seed)
-    return backend.convert(model, recipes)
+    return backend.convert(model, recipes), plan
+
+
+def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend: Backend, device: torch.device,
+                 parallel: Parallel, init: CheckpointStart | None, models: ModelCache | None) -> Llama3:
+    """The probe's model: ``models``'s kept one initialised again where it was built for the same key (one
+    process, seeded random init), else a fresh build (:mod:`precsearch.probe.model.reuse`)."""
+    if models is None or init is not None or parallel is not ONE_PROCESS:
+        return build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init, parallel.split)
+    recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
+    key = BuildKey(cfg, str(device), probe.param_dtype, (backend.name, repr(policy.memory)),
+                   tuple(recipes.items()))
+    return models.take(key, probe.seed, backend.reset_converted,
+                       lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype))
 
 
 def _lr_lambda(probe: ProbeSection, steps: int | None = None) -> Callable[[int], float]:
@@ -120,6 +140,7 @@ def run_probe(
     target: ModelConfig | None = None,
     leg: continuation.Leg | None = None,
     init: CheckpointStart | None = None,
+    models: ModelCache | None = None,
 ) -> ProbeResult:
     """Train the probe under ``policy`` for ``probe.steps`` steps and measure it.
 
@@ -137,12 +158,15 @@ def run_probe(
     the seeded random init; the optimizer state starts fresh either way. The seed then has no
     init to change, so it draws the training windows instead (held-out batches unchanged):
     otherwise every BF16 reference seed would be the same run and the noise floor zero.
+
+    ``models`` keeps the model for the next probe of the same shape and policy structure, which
+    initialises it again in place instead of building it (:mod:`precsearch.probe.model.reuse`).
     """
     if data.grad_accum != probe.grad_accum:  # a programming error: load_batches cuts the data for the space's probe
         raise ValueError(f"the data is cut into {data.grad_accum} micro-batches a step, the probe asks for "
                          f"{probe.grad_accum} (probe.grad_accum)")
     start = time.perf_counter()
-    run = _prepare(cfg, probe, policy, data, backend, device, parallel, leg, init)
+    run = _prepare(cfg, probe, policy, data, backend, device, parallel, leg, init, models)
     run.result.phase_s["build"] = time.perf_counter() - start
     run.phases = PhaseMemory(device)
     _train(run, LayerWatch(run.model, run.backend, unit_names(cfg), diagnostics, probe.steps),
@@ -157,6 +181,8 @@ def run_probe(
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
              calibrate=parallel is ONE_PROCESS, phases=run.phases)
+    if models is not None:
+        models.keep(run.model)
     return result
 
 
@@ -182,7 +208,7 @@ class _Run:
 
 def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenBatches, backend: Backend,
              device: torch.device, parallel: Parallel, leg: continuation.Leg | None,
-             init: CheckpointStart | None) -> _Run:
+             init: CheckpointStart | None, models: ModelCache | None = None) -> _Run:
     """The model, optimizer, schedule and monitor of a probe, restored from ``leg``'s checkpoint if it has one."""
     if device.type == "cuda":
         torch.empty(0, device=device)  # initialise CUDA in this process: the reset below needs a context
@@ -191,7 +217,7 @@ def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenB
     if problem:
         raise UnsupportedRecipe(problem)
     backend = backend.for_memory(policy.memory)
-    model = build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init, parallel.split)
+    model = _probe_model(cfg, probe, policy, backend, device, parallel, init, models)
     if init is not None and data.seed != probe.seed:
         data = data.with_seed(probe.seed)
     parallel.shard(model)

@@ -23,6 +23,7 @@ from precsearch.probe import runner
 from precsearch.probe.continuation import Leg
 from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
+from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.result import ProbeResult
 from precsearch.utils.cpu_threads import choose_threads
 
@@ -43,6 +44,8 @@ class ProbeHost:
         self.cfg = space.model.probe()
         self.start = space.model.start()
         self._damage: DamageReader | None = None
+        self.models = ModelCache()  # the last probe's model, initialised again for the next of the same key
+        _warm_optimizer()
 
     def run(self, request: dict, on_step=None) -> ProbeResult:
         probe = ProbeSection.model_validate(request["probe"])
@@ -50,7 +53,8 @@ class ProbeHost:
         leg = Leg.from_dict(request.get("leg"))
         with _injected(fault_for(request.get("trial"))):
             result = runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
-                                      target=self.space.model.target(), leg=leg, init=self.start)
+                                      target=self.space.model.target(), leg=leg, init=self.start,
+                                      models=self.models)
         if self._reads_damage(request) and not result.diverged:
             result.damage = self.damage_reader().read(policy)
         return result
@@ -66,6 +70,12 @@ class ProbeHost:
             self._damage = DamageReader(self.cfg, self.space.probe, self.data, self.backend, self.device,
                                         self.space.objectives.damage, self.start, self.space.baseline_knobs())
         return self._damage
+
+
+def _warm_optimizer() -> None:
+    """Make one AdamW now: torch's first optimizer imports ``torch._dynamo`` (0.9 s on a CPU core), which
+    then happens while the worker opens its stores, not in the first probe's build."""
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 
 
 def fault_for(trial: int | None) -> str | None:

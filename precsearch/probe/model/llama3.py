@@ -274,22 +274,49 @@ class Llama3(nn.Module):
         return tp.gather_vocab(logits) if targets is None else tp.cross_entropy(logits, targets)
 
 
+def init_plan(model: Llama3) -> list[tuple[torch.Tensor, str]]:
+    """What :func:`init_weights` sets, in its order: ``(parameter, "normal" | "ones")`` of the plain model.
+
+    Taken before a backend converts the model, the list still names the same Parameters after (a
+    converted layer keeps its Parameter objects), so the model can be initialised again in place
+    (:mod:`precsearch.probe.model.reuse`).
+    """
+    plan: list[tuple[torch.Tensor, str]] = []
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            plan.append((module.weight, "normal"))
+        if isinstance(module, NormLinear):
+            plan.append((module.layer_norm_weight, "ones"))
+        elif isinstance(module, RMSNorm):
+            plan.append((module.weight, "ones"))
+    return plan
+
+
+def apply_init(plan: list[tuple[torch.Tensor, str]], seed: int, device: torch.device) -> None:
+    """Set each tensor of ``plan`` as :func:`init_weights` does, drawing from one generator seeded ``seed``.
+
+    A tensor not in float32 (``probe.param_dtype: bf16``) gets the float32 draw rounded to its dtype,
+    what building in float32 and casting the model gives.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for tensor, how in plan:
+            if how == "ones":
+                tensor.fill_(1.0)
+            elif tensor.dtype == torch.float32:
+                tensor.normal_(0.0, INIT_STD, generator=gen)
+            else:
+                draw = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+                tensor.copy_(draw.normal_(0.0, INIT_STD, generator=gen))
+
+
 def init_weights(model: Llama3, seed: int) -> None:
     """Deterministic init: weight matrices and embeddings ~ N(0, 0.02), norm weights = 1.
 
     Draws in module order from one generator on the model's device, so two
     models built with the same seed on the same device are identical.
     """
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, INIT_STD, generator=gen)
-            if isinstance(module, NormLinear):
-                module.layer_norm_weight.fill_(1.0)
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
+    apply_init(init_plan(model), seed, next(model.parameters()).device)
     model.rotary_pos_emb.reset_inv_freq()
 
 
@@ -307,7 +334,9 @@ __all__ = [
     "Llama3",
     "ModelConfig",
     "RopeScaling",
+    "apply_init",
     "build_model",
+    "init_plan",
     "init_weights",
     "rope_inv_freq",
 ]
