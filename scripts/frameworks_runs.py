@@ -80,9 +80,17 @@ def te_observed(model, prefix: str = "") -> dict[str, str]:
     for name, m in model.named_modules():
         if isinstance(m, TransformerEngineBaseModule) and hasattr(m, "fp8_meta"):
             recipe = m.fp8_meta.get("recipe")
-            out[prefix + name] = plan.te_module_precision(bool(getattr(m, "fp8", False)),
-                                                          type(recipe).__name__ if recipe is not None else None)
+            out[prefix + name] = plan.te_module_precision(bool(getattr(m, "fp8", False)), _te_recipe_class(recipe))
     return out
+
+
+def _te_recipe_class(recipe) -> str | None:
+    """The TE recipe class ``recipe`` is, by name: Megatron-Core passes its own subclasses (e.g.
+    ``TEDelayedScaling`` of ``DelayedScaling``), so the first class of its MRO that TE defines."""
+    if recipe is None:
+        return None
+    names = [c.__name__ for c in type(recipe).__mro__]
+    return next((n for n in names if n in plan.TE_RECIPES), names[0])
 
 
 # --- Megatron-Core -------------------------------------------------------------------------------------------
