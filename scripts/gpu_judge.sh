@@ -14,7 +14,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
     timeout 150 python3 -m pytest -q -s tests/backends/test_gpu_damage.py 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
 fi
 if [[ " $STAGES " == *" cost "* ]]; then
-    timeout 200 python3 scripts/bench_damage_cost.py "${COST_SPACE:-search_spaces/llama3_8b_h100.yaml}" --out "$OUT" \
+    timeout "${COST_TIMEOUT:-200}" python3 scripts/bench_damage_cost.py "${COST_SPACE:-search_spaces/llama3_8b_h100.yaml}" --out "$OUT" \
         2>&1 | tail -15 | tee "$OUT/damage_cost.log"
 fi
 if [[ " $STAGES " == *" judge "* ]]; then
