@@ -141,6 +141,7 @@ def run_probe(
     leg: continuation.Leg | None = None,
     init: CheckpointStart | None = None,
     models: ModelCache | None = None,
+    held_bytes: int = 0,
 ) -> ProbeResult:
     """Train the probe under ``policy`` for ``probe.steps`` steps and measure it.
 
@@ -161,6 +162,10 @@ def run_probe(
 
     ``models`` keeps the model for the next probe of the same shape and policy structure, which
     initialises it again in place instead of building it (:mod:`precsearch.probe.model.reuse`).
+
+    ``held_bytes`` is device memory the process holds outside the probe for the whole probe (the fixed-state
+    reader's BF16 gradients, kept between trials): it is taken off the measured peak and phases, which are the
+    probe's own.
     """
     if data.grad_accum != probe.grad_accum:  # a programming error: load_batches cuts the data for the space's probe
         raise ValueError(f"the data is cut into {data.grad_accum} micro-batches a step, the probe asks for "
@@ -168,7 +173,7 @@ def run_probe(
     start = time.perf_counter()
     run = _prepare(cfg, probe, policy, data, backend, device, parallel, leg, init, models)
     run.result.phase_s["build"] = time.perf_counter() - start
-    run.phases = PhaseMemory(device)
+    run.phases = PhaseMemory(device, held_bytes)
     _train(run, LayerWatch(run.model, run.backend, unit_names(cfg), diagnostics, probe.steps),
            SignalRecorder(probe.steps, diagnostics.every), on_step)
     result = run.result
@@ -180,7 +185,7 @@ def run_probe(
     result.phase_s["eval"] = time.perf_counter() - t0
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
-             calibrate=parallel is ONE_PROCESS, phases=run.phases)
+             calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes)
     if models is not None:
         models.keep(run.model)
     return result
@@ -360,7 +365,7 @@ def eval_losses(model: Llama3, data: TokenBatches, backend: Backend, device: tor
 
 
 def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,
-             phases: PhaseMemory | None = None) -> None:
+             phases: PhaseMemory | None = None, held_bytes: int = 0) -> None:
     tokens = probe.seq_len * probe.micro_batch * probe.grad_accum  # every micro-batch's tokens, each step
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
@@ -371,7 +376,7 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         overall = phases.overall_peak() if phases is not None else 0
-        result.peak_memory_bytes = int(max(overall, torch.cuda.max_memory_allocated(device)))
+        result.peak_memory_bytes = int(max(overall, torch.cuda.max_memory_allocated(device) - held_bytes))
         result.memory_source = "measured"
         result.memory_phases = phases.to_dict() if phases is not None else {}
     else:

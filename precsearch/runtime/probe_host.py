@@ -54,10 +54,14 @@ class ProbeHost:
         with _injected(fault_for(request.get("trial"))):
             result = runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
                                       target=self.space.model.target(), leg=leg, init=self.start,
-                                      models=self.models)
+                                      models=self.models, held_bytes=self._held_bytes())
         if self._reads_damage(request) and not result.diverged:
             result.damage = self.damage_reader().read(policy)
         return result
+
+    def _held_bytes(self) -> int:
+        """Device memory this process keeps between probes: the reader's BF16 side (not the probe's memory)."""
+        return self._damage.device_bytes() if self._damage is not None else 0
 
     def _reads_damage(self, request: dict) -> bool:
         """A trial's probe in a study read by ``damage`` (references and stress probes are not read; a promoted

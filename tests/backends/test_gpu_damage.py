@@ -68,3 +68,21 @@ def test_te_and_emulated_fp8_current_agree_in_size(data):
     for measure in ("grad_noise", "grad_var_noise", "update_noise"):
         print(f"{measure}: TE {te[measure][0]:.3g}, emulated {emulated[measure][0]:.3g}")
         assert 1 / 5 < te[measure][0] / emulated[measure][0] < 5, measure
+
+
+def test_the_readers_kept_bf16_side_is_not_counted_in_a_probes_peak(data):
+    """The reader keeps the BF16 gradients of every state on the GPU between trials; a probe run after it must
+    measure the same peak as before it (``run_probe``'s ``held_bytes``), or every trial after the first of a
+    study read by ``damage`` shows the reader's gigabytes as its own memory."""
+    from precsearch.probe.runner import run_probe
+
+    backend = get_backend("te", DEV)
+    policy = _fp8(Precision.FP8_CURRENT)
+    before = run_probe(CFG, PROBE, policy, data, backend, DEV).peak_memory_bytes
+    reader = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS)
+    reader.read(policy)
+    held = reader.device_bytes()
+    after = run_probe(CFG, PROBE, policy, data, backend, DEV, held_bytes=held).peak_memory_bytes
+    print(f"peak before {before / 2**20:.1f} MiB, after {after / 2**20:.1f} MiB, reader holds {held / 2**20:.1f} MiB")
+    assert held > 0.1 * before  # the case means something: the reader holds a real share
+    assert abs(after - before) < 0.02 * before

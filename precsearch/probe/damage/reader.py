@@ -46,6 +46,12 @@ class DamageReader:
             self._bf16[clip_grad] = [(s, self._side(s, reference)) for s in states]
         return self._bf16[clip_grad]
 
+    def device_bytes(self) -> int:
+        """Bytes of the kept BF16 sides on an accelerator (their gradients): memory the probe process holds
+        between trials, which a trial's measured peak must not count (``run_probe``'s ``held_bytes``)."""
+        return sum(t.numel() * t.element_size() for sides in self._bf16.values() for _, side in sides
+                   for batch in side.grads for t in batch.values() if t.device.type != "cpu")
+
     def _side(self, state: State, policy: Policy) -> Side:
         return measure_side(self.cfg, self.probe, self.data, self.backend, self.device, state, policy,
                             self.settings)
