@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, policy in policies(args.clip, space.baseline_knobs()).items():
         t0 = time.perf_counter()
-        result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target())
+        result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target(),
+                           held_bytes=reader.device_bytes())
         _sync(device)
         probe_s = time.perf_counter() - t0
         reading = reader.read(policy)
@@ -72,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"policy": name, "probe_s": probe_s, "reading_s": reading["seconds"],
                      "share": reading["seconds"] / (probe_s + reading["seconds"]), "value": reading["value"],
                      "measure": reading["measure"], "end_state": {k: v[0] for k, v in total.items()},
-                     "eval_loss": result.eval_loss})
-        print(f"  {name}: probe {probe_s:.2f} s, reading {reading['seconds']:.2f} s, {reading['measure']} "
-              f"{reading['value']:.4g}", file=sys.stderr, flush=True)
+                     "eval_loss": result.eval_loss, "parts_s": reading["seconds_by_part"],
+                     "state_step": reading["state_step"], "peak_gib": result.peak_memory_bytes / 2**30,
+                     "reader_held_gib": reader.device_bytes() / 2**30})
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in reading["seconds_by_part"].items())
+        print(f"  {name}: probe {probe_s:.2f} s, reading {reading['seconds']:.2f} s ({parts}), {reading['measure']} "
+              f"{reading['value']:.4g} (worst state: step {reading['state_step']}), probe peak "
+              f"{result.peak_memory_bytes / 2**30:.2f} GiB", file=sys.stderr, flush=True)
     print(f"{'policy':22s} {'probe s':>8} {'read s':>7} {'share':>6}  " + "  ".join(f"{k:>14}" for k in
                                                                                   rows[0]["end_state"]))
     for r in rows:

@@ -57,11 +57,18 @@ class DamageReader:
                             self.settings)
 
     def read(self, policy: Policy) -> dict[str, Any]:
-        """``policy``'s reading: the chosen figure's largest value over the states, and every figure."""
+        """``policy``'s reading: the chosen figure's largest value over the states, and every figure; with its
+        time, and the time by part (``side``: building the policy's model at each state and its backward and
+        held-out passes; ``compare``: the figures, with the AdamW updates and their copies of the state)."""
         start = time.perf_counter()
-        states = [read_state(bf16, self._side(state, policy), state, policy, self.probe, self.settings,
-                             self.device) for state, bf16 in self.bf16_sides(policy.clip_grad)]
-        return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start}
+        clock = _Clock(self.device)
+        states = []
+        for state, bf16 in self.bf16_sides(policy.clip_grad):
+            side = clock.timed("side", self._side, state, policy)
+            states.append(clock.timed("compare", read_state, bf16, side, state, policy, self.probe, self.settings,
+                                      self.device))
+        return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start,
+                                                      "seconds_by_part": clock.seconds}
 
 
 def reading_dict(states: list[StateReading], settings: DamageSection) -> dict[str, Any]:
@@ -78,6 +85,21 @@ def reading_dict(states: list[StateReading], settings: DamageSection) -> dict[st
                     "units": {u: {k: list(v) for k, v in f.items()} for u, f in s.units.items()}}
                    for s in states],
     }
+
+
+class _Clock:
+    """Seconds by part, the device synchronised at each part's end (so a GPU's queued work is counted)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds = device, {}
+
+    def timed(self, part: str, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
+        return out
 
 
 def _finite(x: float) -> float:
