@@ -116,6 +116,10 @@ class Backend(ABC):
         recipe, are left untouched.
         """
 
+    #: ``reset_converted`` can put converted layers back (so a probe process keeps its model between probes;
+    #: a backend without it keeps none, which would only hold device memory)
+    resets_converted: bool = False
+
     def reset_converted(self, model: nn.Module) -> bool:
         """Put the state ``convert`` gave each converted layer back (scaling history, FP8 switch, statistics),
         leaving Parameters alone; True if done, False if this backend cannot (the default).

@@ -235,6 +235,8 @@ class EmulatedBackend(Backend):
             setattr(parent, child, EmulatedFP8Linear.from_linear(linears[name], recipe, seed=1000 * index))
         return model
 
+    resets_converted = True
+
     def reset_converted(self, model: nn.Module) -> bool:
         """Every :class:`EmulatedFP8Linear` back to its state when converted (:meth:`EmulatedFP8Linear.reset_state`)."""
         for _, m in _fp8_layers(model):

@@ -186,7 +186,7 @@ def run_probe(
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
              calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes)
-    if models is not None:
+    if models is not None and run.backend.resets_converted:  # else the model would only hold memory
         models.keep(run.model)
     return result
 

@@ -66,6 +66,8 @@ def test_a_backend_that_cannot_reset_its_layers_builds_every_probe():
     """The contract's default: ``reset_converted`` answers False and nothing is reused."""
 
     class NoReset(EmulatedBackend):
+        resets_converted = False
+
         def reset_converted(self, model):
             return False
 
@@ -73,3 +75,4 @@ def test_a_backend_that_cannot_reset_its_layers_builds_every_probe():
     for seed in (0, 1):
         runner.run_probe(CFG, _probe(seed), FP8, DATA, NoReset(), CPU, models=models)
     assert models.reused == 0
+    assert models._kept is None  # not even held: a model no probe can take would only hold (device) memory
