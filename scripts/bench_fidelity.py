@@ -141,6 +141,9 @@ def cases(clip: float | None) -> dict[str, Case]:
     }
 
 
+#: The name prefix of the judge's graded series (planted_damage): with the decided policies, the issue's target set.
+PLANTED = "planted:"
+
 #: The standard mixed-precision optimizer (BF16 parameters, FP32 master weights and moments): the reference of
 #: the optimizer-knob cases, which change training dynamics (issue 22) and are read against it.
 STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
@@ -193,7 +196,7 @@ def judge_cases(clip: float | None) -> dict[str, Case]:
                                                                   baseline_memory=STANDARD)
     # damage of a known, graded severity: the blocks' GEMM operands at fewer mantissa bits (planted_damage)
     for bits in (0, 1, 2, 3):
-        out[f"planted: blocks' GEMMs at {bits} mantissa bits"] = Case(fp8(Precision.FP8_CURRENT),
+        out[f"{PLANTED} blocks' GEMMs at {bits} mantissa bits"] = Case(fp8(Precision.FP8_CURRENT),
                                                                      backend=f"{planted_damage.PREFIX}{bits}")
     # last: emulated NVFP4 runs take minutes each, so a call with a deadline does the others first
     out |= {"nvfp4, blocks (emulated)": nvfp4(),
@@ -552,7 +555,8 @@ def judge_readings(rows: list[dict]) -> dict:
         for measure in MEASURES:
             readings[f"damage {measure}"] = ([_worst_state(r["damage"], measure) for r in rows],
                                              DAMAGE_LIMITS[measure])
-    out = {name: fidelity_judge.judge(names, truths, values, lim) for name, (values, lim) in readings.items()}
+    graded = [name.startswith(PLANTED) for name in names]
+    out = {name: fidelity_judge.judge(names, truths, values, lim, graded) for name, (values, lim) in readings.items()}
     return {"truth": dict(zip(names, truths)), "tolerance": fidelity_judge.TOLERANCE, "readings": out}
 
 
@@ -664,9 +668,14 @@ def judge_table(j: dict, seeds: int) -> list[str]:
     for name, t in j["truth"].items():
         gap = "diverged" if math.isinf(t["mean"]) else f"{100 * t['mean']:+.3f}% ± {100 * t['se']:.3f}%"
         lines.append(f"  {name:46s} {gap:>20}  {t['call']}")
-    lines.append(f"  {'reading':26s} {'Spearman':>8}  {'limit':>7}  right/decided  false-stable  false-unstable")
+    target = next(iter(j["readings"].values()), {}).get("target", [])
+    lines.append(f"  Spearman: over all {len(j['truth'])} policies, and over the {len(target)} of the target set "
+                 f"(planted graded series + decided)")
+    lines.append(f"  {'reading':26s} {'Spearman':>8} {'target':>7}  {'limit':>7}  right/decided  false-stable  "
+                 f"false-unstable")
     for name, r in j["readings"].items():
-        lines.append(f"  {name:26s} {r['spearman']:+8.3f}  {r['limit']:7.4g}  {r['right']:>5}/{r['decided']:<7} "
+        lines.append(f"  {name:26s} {r['spearman']:+8.3f} {r.get('spearman_target', math.nan):+7.3f}  "
+                     f"{r['limit']:7.4g}  {r['right']:>5}/{r['decided']:<7} "
                      f"{len(r['false_stable']):>12}  {len(r['false_unstable']):>14}"
                      + (f"  (false-stable: {', '.join(r['false_stable'])})" if r["false_stable"] else ""))
     return lines

@@ -8,7 +8,8 @@ or its gap's lower bound (mean - 2 SE) is above the tolerance, **benign** when i
 is below it; otherwise undecided (the truth itself cannot call it at this many seeds).
 
 A reading (a number per policy, larger is worse) is judged by its Spearman correlation with the truth over
-all policies (a diverged one ranks worst), and by its calls (unstable when above its limit) on the decided
+all policies (a diverged one ranks worst) and over the target set of the issue (the planted graded series
+and every decided policy), and by its calls (unstable when above its limit) on the decided
 policies: false-stable (a damaging policy called stable: the costly error) and false-unstable.
 """
 
@@ -63,13 +64,19 @@ def truth(gaps: list[float], diverged: bool, tolerance: float = TOLERANCE) -> di
     return {"mean": mean, "se": se, "seeds": len(gaps), "call": call}
 
 
-def judge(names: list[str], truths: list[dict], values: list[float], limit: float) -> dict[str, Any]:
-    """One reading against the truth: Spearman, and its calls (value > limit: unstable) on decided policies."""
+def judge(names: list[str], truths: list[dict], values: list[float], limit: float,
+          graded: list[bool] | None = None) -> dict[str, Any]:
+    """One reading against the truth: Spearman over all policies and over the issue's target set (the planted
+    graded series, ``graded``, with every policy the truth decides), and its calls (value > limit: unstable) on
+    the decided policies."""
     rho = spearman(values, [t["mean"] for t in truths])
     calls = [v > limit for v in values]
     decided = [i for i, t in enumerate(truths) if t["call"] != "undecided"]
+    target = sorted(set(decided) | {i for i, g in enumerate(graded or []) if g})
+    rho_target = spearman([values[i] for i in target], [truths[i]["mean"] for i in target])
     false_stable = [names[i] for i in decided if truths[i]["call"] == "damaging" and not calls[i]]
     false_unstable = [names[i] for i in decided if truths[i]["call"] == "benign" and calls[i]]
     right = len(decided) - len(false_stable) - len(false_unstable)
-    return {"spearman": rho, "limit": limit, "decided": len(decided), "right": right,
+    return {"spearman": rho, "spearman_target": rho_target, "target": [names[i] for i in target],
+            "limit": limit, "decided": len(decided), "right": right,
             "false_stable": false_stable, "false_unstable": false_unstable}

@@ -4,8 +4,8 @@ A real recipe's damage is whatever it is; a judge also needs policies whose dama
 that a long-run truth has something to decide and a reading something to rank. Here every GEMM operand
 of the units a policy assigns FP8 current scaling (the forward's input and weight, the backward's output
 gradient) is rounded to ``bits`` mantissa bits, round-to-nearest, keeping its exponent: FP8's rounding
-without its range limits or scales. The relative rounding error is up to 2^-(bits+1), so each bit fewer
-doubles it: 3 bits is E4M3's mantissa, 0 bits rounds to powers of two. The rounding is straight-through
+without its range limits or scales. The relative rounding error is at most 1 / (2^(bits+1) + 1), so each
+bit fewer about doubles it: 1/17 at 3 bits (E4M3's mantissa), 1/3 at 0 bits (powers of two). The rounding is straight-through
 for autograd except the output gradient's, which is rounded on its way back, as a quantized GEMM does.
 
 Used by name as a case's backend, ``mantissa:<bits>`` (:func:`backend`); it is the emulated backend with
