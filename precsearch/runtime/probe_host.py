@@ -103,15 +103,18 @@ def _injected(kind: str | None):
     if kind != "nan":
         yield
         return
-    original = runner.build_probe
+    original = runner._probe_model  # built afresh or taken from the model cache: poisoned either way
+    hooks = []
 
     def poisoned(*args, **kwargs):
         model = original(*args, **kwargs)
-        model.output_layer.register_forward_hook(lambda module, inputs, output: output * float("nan"))
+        hooks.append(model.output_layer.register_forward_hook(lambda module, inputs, output: output * float("nan")))
         return model
 
-    runner.build_probe = poisoned
+    runner._probe_model = poisoned
     try:
         yield
     finally:
-        runner.build_probe = original
+        runner._probe_model = original
+        for hook in hooks:  # a kept model must not carry the fault into the next probe
+            hook.remove()
