@@ -58,13 +58,25 @@ def deferred_signals():
 
     A second Ctrl-C landing between them would leave the trial RUNNING; held back, it is raised
     right after. A no-op outside the main thread.
+
+    Two layers hold it: the signals are blocked, so one arriving now waits in the kernel; and the Python
+    handlers are swapped for one that notes the signal, because one that arrived just before the block
+    has already been taken by the C-level handler and would run its Python handler at the next bytecode,
+    inside the block (seen under load: a trial left RUNNING with its ``interrupted`` mark set). Both are
+    delivered to the restored handlers when the block ends.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = (signal.SIGINT, signal.SIGTERM)
+    noted: list[int] = []
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    handlers = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # one that waited in the kernel runs now
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
