@@ -158,22 +158,17 @@ def _dequantize(codes: Tensor, scale: Tensor, fmt: str) -> Tensor:
     the division is folded into the table: each entry is divided by the same scale, as
     each element would be, so the values are the same to the bit.
     """
-    if codes.device.type != "cpu" or codes.dim() > 2 or not _dense(codes):
+    flip = codes.dim() == 2 and not codes.is_contiguous()  # a transpose? gather in memory order
+    ordered = codes.t() if flip else codes
+    if codes.device.type != "cpu" or not ordered.is_contiguous():
         return codes.float() / scale
     table = _decode_table(fmt, codes.device)
     per_tensor = scale.dim() == 0
     if per_tensor:
         table = table / scale
-    flip = codes.dim() == 2 and codes.stride(0) < codes.stride(1)  # a transpose: gather in memory order
-    ordered = codes.t() if flip else codes
     out = table.index_select(0, ordered.view(torch.uint8).reshape(-1).long()).view(ordered.shape)
     out = out.t() if flip else out
     return out if per_tensor else out / scale
-
-
-def _dense(t: Tensor) -> bool:
-    """Whether ``t`` (at most 2-d) is contiguous or the transpose of a contiguous tensor."""
-    return t.is_contiguous() or (t.dim() == 2 and t.t().is_contiguous())
 
 
 def _may_hold_inf(x32: Tensor, amax: Tensor | None) -> bool:

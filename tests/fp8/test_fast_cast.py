@@ -1,9 +1,12 @@
-"""The CPU's fast FP8 round trip (a code table, no infinity pass when the amax is finite) changes no bit.
+"""The CPU's fast FP8 round trip (a code table, no infinity pass when the amax is finite,
+tile scales broadcast) changes no bit.
 
 :func:`~precsearch.fp8.formats.quantize_dequantize` reads FP8 codes back through a
 256-entry table and skips putting infinities back when the tensor's amax says there
-are none. These tests hold it to the plain formula, ``where(isinf(x), x,
-cast(clamp(x * s)).float() / s)``, bit for bit (NaN payloads and the sign of zero
+are none; block recipes broadcast each tile's scale (:func:`~precsearch.fp8.scaling.quantize_blocks`)
+and reduce tile maxima one dim at a time (:func:`~precsearch.fp8.scaling.block_amax`).
+These tests hold them to the plain formulas (``where(isinf(x), x, cast(clamp(x * s)).float() / s)``
+with the scales spread over the tensor), bit for bit (NaN payloads and the sign of zero
 included) and stride for stride (a GEMM's kernel, and so its rounding, can depend on
 its operands' layout). If they fail, an emulated-FP8 probe no longer trains as it did:
 its losses, gradients and scales would drift from earlier studies' for no reason of numerics.
@@ -35,6 +38,25 @@ def reference_qdq(x: torch.Tensor, scale, fmt: str, amax=None) -> torch.Tensor:
     scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
     out = (x32 * scale).clamp(-fp8_max(fmt), fp8_max(fmt)).to(fp8_dtype(fmt)).float() / scale
     return torch.where(torch.isinf(x32), x32, out)
+
+
+def reference_block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Tile maxima as first written: one reduction over both dims of each tile."""
+    br, bc = block
+    a = x.detach().float().abs()
+    a = a if a.dim() >= 2 else a.unsqueeze(0)
+    a = torch.nn.functional.pad(a, (0, -a.shape[-1] % bc, 0, -a.shape[-2] % br))
+    return a.unflatten(-1, (-1, bc)).unflatten(-3, (-1, br)).amax(dim=(-3, -1))
+
+
+def reference_blocks(x, scale, block, fmt, amax=None):
+    return reference_qdq(x, scaling.expand_blocks(scale, block, x.shape), fmt)
+
+
+def use_reference(monkeypatch) -> None:
+    monkeypatch.setattr(scaling, "quantize_dequantize", reference_qdq)
+    monkeypatch.setattr(scaling, "quantize_blocks", reference_blocks)
+    monkeypatch.setattr(scaling, "block_amax", reference_block_amax)
 
 
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -76,6 +98,20 @@ def test_block_round_trip_is_the_plain_cast(fmt, transposed):
     assert_same_bits(quantize_dequantize(x, scale, fmt), reference_qdq(x, scale, fmt))
 
 
+@pytest.mark.parametrize("block", [(1, 128), (128, 128), (1, 32), (16, 16)])
+@pytest.mark.parametrize("shape", [(256, 384), (200, 300), (256, 100)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_tile_scales_broadcast_as_spread(block, shape, transposed):
+    """Tile maxima and each tile's scale over its tile, divisible or ragged, row- or column-major."""
+    x = _operand(torch.bfloat16, special=True)[: shape[0], : shape[1]].contiguous()
+    x = x.t() if transposed else x
+    amax = scaling.block_amax(x, block)
+    assert_same_bits(amax, reference_block_amax(x, block))
+    scale = torch.rand(amax.shape, generator=torch.Generator().manual_seed(1)) * 100
+    for fmt in ("e4m3", "e5m2"):
+        assert_same_bits(scaling.quantize_blocks(x, scale, block, fmt, amax), reference_blocks(x, scale, block, fmt))
+
+
 def test_every_code_of_both_formats_reads_back_as_the_cast():
     """The table itself: each of the 256 codes, NaNs and infinities included, as ``.float()`` gives it."""
     for fmt in ("e4m3", "e5m2"):
@@ -114,7 +150,7 @@ def _layer_run(precision: Precision, fp8_format: str, steps: int = 3) -> list[to
 def test_emulated_layer_is_unchanged(monkeypatch, precision, fp8_format):
     """An emulated FP8 Linear's outputs, gradients, scaler state and statistics are those of the plain cast."""
     fast = _layer_run(precision, fp8_format)
-    monkeypatch.setattr(scaling, "quantize_dequantize", reference_qdq)
+    use_reference(monkeypatch)
     reference = _layer_run(precision, fp8_format)
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference):
@@ -138,5 +174,5 @@ def _probe_run(precision: Precision) -> tuple:
 def test_probe_trains_as_with_the_plain_cast(monkeypatch, precision):
     """A probe's losses, gradient norms, held-out loss and per-layer statistics, to the bit."""
     fast = _probe_run(precision)
-    monkeypatch.setattr(scaling, "quantize_dequantize", reference_qdq)
+    use_reference(monkeypatch)
     assert fast == _probe_run(precision)
