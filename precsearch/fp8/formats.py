@@ -183,7 +183,9 @@ def _may_hold_inf(x32: Tensor, amax: Tensor | None) -> bool:
         return False
     if amax is None:
         amax = x32.abs().amax()
-    return not bool(torch.isfinite(amax).all())  # a NaN amax may hide an inf as well
+    if amax.numel() == 1:  # a per-tensor amax: read on the host, not through four tensor ops
+        return not math.isfinite(float(amax))  # a NaN amax may hide an inf as well
+    return not bool(torch.isfinite(amax).all())
 
 
 def quantization_stats(
