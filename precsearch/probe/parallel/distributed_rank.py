@@ -230,8 +230,10 @@ class _RankMaxDelayedScaler(DelayedScaler):
     gets the whole tensor's amax, so every rank quantizes it with one scale (Megatron-LM #442).
     """
 
-    def _observe(self, x: torch.Tensor) -> None:
-        amax = x.detach().abs().amax().float().reshape(1) if x.numel() else x.new_zeros(1, dtype=torch.float32)
+    def _observe(self, x: torch.Tensor, amax: torch.Tensor | None = None) -> None:
+        if amax is None:
+            amax = x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+        amax = amax.reshape(1).clone()  # reduced in place: the caller's tensor stays this rank's
         dist.all_reduce(amax, op=dist.ReduceOp.MAX)
         super()._observe(amax)
 
