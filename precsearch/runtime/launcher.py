@@ -64,7 +64,7 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
                 procs = [_start_worker(ws, tracking_uri, target, i, gpu, len(slices)) for i, gpu in enumerate(slices)]
                 codes = _watch(ctx, procs, target, progress)
         except KeyboardInterrupt:
-            ctx.tracker.close("KILLED")
+            ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise
         update_front(ctx)
         done = finished_count(ctx.study)

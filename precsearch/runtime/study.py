@@ -56,11 +56,11 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         try:
             work(ctx, target)
         except KeyboardInterrupt:
-            ctx.tracker.close("KILLED")
+            ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise
         update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
         if ctx.stop.requested:
-            ctx.tracker.close("KILLED")
+            ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise KeyboardInterrupt
         ctx.tracker.close("FINISHED")
         return trial_rows(ctx.study, objective_names(space.objectives))

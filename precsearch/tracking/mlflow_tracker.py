@@ -258,3 +258,14 @@ class Tracker:
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.parent_id, status)
+
+    def close_stopped(self, say: Callable[[str], None]) -> None:
+        """Close the study's run as KILLED for a worker that is stopping now: one attempt, never the retry budget
+        (a second Ctrl-C that landed inside one of this process's store writes can leave SQLite locked until the
+        process exits; waiting it out turned a Ctrl-C into a minute and a store error). If it fails, the next
+        ``precsearch run`` of the study finds its run and goes on with it."""
+        try:
+            self.raw_client.set_terminated(self.parent_id, "KILLED")
+        except Exception as exc:  # noqa: BLE001 - best effort, see above
+            say(f"could not close the study's MLflow run now ({type(exc).__name__}); it stays RUNNING until the "
+                "study runs again")
