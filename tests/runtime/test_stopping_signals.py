@@ -1,7 +1,7 @@
 """``deferred_signals``: Ctrl-C held back while a trial is closed, and raised right after."""
 
-import os
 import signal
+import threading
 
 import pytest
 
@@ -23,7 +23,9 @@ def test_a_ctrl_c_during_the_block_is_raised_after_it(sigint_raises):
     done = []
     with pytest.raises(KeyboardInterrupt):
         with deferred_signals():
-            os.kill(os.getpid(), signal.SIGINT)  # waits in the kernel: the signal is blocked
+            # to the main thread, which blocks it, so it waits in the kernel (a signal to the process could go
+            # to another thread of pytest's and reach its handler whenever that thread next runs)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             done.append("write 1")
             done.append("write 2")
     assert done == ["write 1", "write 2"]
