@@ -154,7 +154,10 @@ def test_mlflow_server_gone_for_good_stops_with_a_clear_error_then_resumes(tmp_p
     kept = {t.number: t.datetime_complete for t in study.trials if t.number in done_before}
     assert kept == done_before  # finished trials were not run again
     runs = _runs_per_trial(server, name)
-    assert all(runs[t.number] == 1 for t in study.trials if t.state is TrialState.COMPLETE), runs
+    # one run per trial that ran; a duplicate (the sampler proposed finished params again: told their values,
+    # never probed) has none, as in the test above. Whether one repeats depends on timing (2 of 6 runs here, 2026-12-02).
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    assert all(runs[t.number] == (0 if is_duplicate(t) else 1) for t in complete), runs
 
 
 def test_postgres_lost_mid_study_is_retried_and_the_study_completes(tmp_path, server):
