@@ -10,6 +10,8 @@ worker is stopped in, or whose worker died, is failed and its params queued agai
 
 from __future__ import annotations
 
+import datetime
+
 import time
 import warnings
 from contextlib import contextmanager
@@ -53,6 +55,11 @@ from precsearch.search.summary import finished_count
 from precsearch.utils.retry import with_retry
 
 
+#: A RUNNING trial without a worker younger than this was just asked by another process starting beside this
+#: one (ask, then its worker attribute): two runs started at once on one directory failed each other's trial.
+_JUST_ASKED = datetime.timedelta(seconds=60)
+
+
 def recover_dead_trials(ctx: StudyRun) -> None:
     """RUNNING trials whose worker process on this host is gone: fail, close their MLflow run, queue again.
 
@@ -61,10 +68,13 @@ def recover_dead_trials(ctx: StudyRun) -> None:
     closed as orphans).
     """
     replay_pending(ctx)
+    now = datetime.datetime.now()
     for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial_worker(t)
         if worker is not None and not worker.is_dead():
             continue
+        if worker is None and t.datetime_start is not None and now - t.datetime_start < _JUST_ASKED:
+            continue  # asked by a live process a moment ago, its worker not written yet: the heartbeats judge it
         ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
         ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         if t.user_attrs.get("mlflow_run_id") and t.user_attrs["mlflow_run_id"] not in ctx.lost_runs:
