@@ -11,7 +11,6 @@ worker is stopped in, or whose worker died, is failed and its params queued agai
 from __future__ import annotations
 
 import datetime
-
 import time
 import warnings
 from contextlib import contextmanager
