@@ -67,6 +67,21 @@ def recover_dead_trials(ctx: StudyRun) -> None:
     closed as orphans).
     """
     replay_pending(ctx)
+    _fail_dead_running(ctx)
+
+    def dead(tag: str) -> bool:
+        host, _, pid = tag.partition(":")
+        return bool(pid.isdigit()) and WorkerId(host, int(pid), 0).is_dead()
+
+    ctx.tracker.close_orphans(dead)
+
+
+def _fail_dead_running(ctx: StudyRun) -> None:
+    """Fail and queue again the RUNNING trials whose local worker is gone, or that have had no worker too long.
+
+    Also called while this worker waits on running trials: a process killed between its ask and writing its
+    worker leaves a trial no heartbeat covers, which would otherwise be waited on for ever.
+    """
     now = datetime.datetime.now()
     for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = trial_worker(t)
@@ -80,12 +95,6 @@ def recover_dead_trials(ctx: StudyRun) -> None:
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t)
         say(ctx, f"trial {t.number} was interrupted by an earlier run: marked failed, its params queued again")
-
-    def dead(tag: str) -> bool:
-        host, _, pid = tag.partition(":")
-        return bool(pid.isdigit()) and WorkerId(host, int(pid), 0).is_dead()
-
-    ctx.tracker.close_orphans(dead)
 
 
 def work(ctx: StudyRun, target: int) -> None:
@@ -138,6 +147,7 @@ def _work(ctx: StudyRun, target: int) -> None:
                 time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
         if finished + _running(ctx) >= target:
+            _fail_dead_running(ctx)
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
         in_a_row = 0 if _run_trial(ctx, target=target) else in_a_row + 1

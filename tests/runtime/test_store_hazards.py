@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -105,3 +106,23 @@ def test_two_runs_started_at_once_on_a_fresh_directory_share_the_study(tmp_path)
     assert finished_count(study) == 3
     counted = [t for t in study.trials if "duplicate_of" not in t.user_attrs and t.state.name == "COMPLETE"]
     assert len({str(sorted(t.params.items())) for t in counted}) == 3
+
+
+def test_a_trial_whose_asker_died_before_naming_its_worker_is_run_again_not_waited_on(tmp_path):
+    """Killed between Optuna's ask and writing its worker: no heartbeat covers the trial, the next run must not wait
+    on it for ever. Young, it is left alone (another process may have just asked it); once old, it is failed and its
+    params queued again, also while the run is waiting on running trials (CI hung 600 s on this)."""
+    out = tmp_path / "out"
+    space = _finished(tmp_path, out)
+    orphan = _study(out).ask()  # RUNNING, no worker attribute: what a SIGKILL right after the ask leaves
+    orphan.suggest_float("never", 0.0, 1.0)
+    script = ("import datetime, sys; import precsearch.runtime._optimize as o; "
+              "o._JUST_ASKED = datetime.timedelta(seconds=20); from precsearch.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, "run", str(space), "--output-dir", str(out), "--no-progress",
+                           "--n-trials", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    trials = {t.number: t for t in _study(out).trials}
+    assert trials[orphan.number].state.name == "FAIL" and trials[orphan.number].user_attrs["interrupted"]
+    assert finished_count(_study(out)) == 2
+    assert f"trial {orphan.number} was interrupted" in proc.stdout + proc.stderr
