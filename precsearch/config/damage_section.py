@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from precsearch.config.section import Section
 from precsearch.utils.numbers import MAX_COUNT
@@ -13,7 +13,16 @@ from precsearch.utils.numbers import MAX_COUNT
 #: (Llama 3 paper, section 3.4.1) and the smaller models at similar sizes; 2**22 = 4,194,304.
 LLAMA3_TOKENS_PER_STEP = 2**22
 
-DamageMeasure = Literal["grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "forward"]
+DamageMeasure = Literal["grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "update_norm",
+                        "forward"]
+
+
+#: Each figure's limit when ``objectives.damage.limit`` is not given (above it: unstable). The noise-unit
+#: figures at 1 (the error as large as a step's gradient noise); the norm figures at 1% of the squared norm (a bias
+#: a tenth of the gradient's, or the update's); forward at a 0.25% loss change (what DeepSeek-V3 accepts as FP8's
+#: error over a whole run). The judge (docs/results/stability-judge.md) tested them.
+DEFAULT_LIMITS: dict[str, float] = {"grad_noise": 1.0, "grad_bias_noise": 1.0, "grad_var_noise": 1.0,
+                                    "update_noise": 1.0, "grad_norm": 0.01, "update_norm": 0.01, "forward": 0.0025}
 
 
 class DamageSection(Section):
@@ -30,9 +39,10 @@ class DamageSection(Section):
         LLAMA3_TOKENS_PER_STEP, gt=0, le=MAX_COUNT, description="the training run's tokens per optimizer step the verdict is "
         "for: the noise of a B-token batch shrinks as 1/B (default 4,194,304, Llama 3's)")
     measure: DamageMeasure = Field(
-        "grad_noise", description="the figure read as instability (see precsearch.probe.damage.reading)")
-    limit: float = Field(1.0, gt=0, description="stable when the reading (the largest over the states) is at "
-                         "most this")
+        "update_norm", description="the figure read as instability (see precsearch.probe.damage.reading); the "
+        "default, update_norm, does not depend on tokens_per_step and sees the memory knobs")
+    limit: float | None = Field(None, gt=0, description="stable when the reading (the largest over the states) is "
+                                "at most this; default: the measure's (DEFAULT_LIMITS: 0.01 for update_norm)")
 
     @field_validator("states")
     @classmethod
@@ -41,3 +51,9 @@ class DamageSection(Section):
         if bad:
             raise ValueError(f"states are fractions of probe.steps in [0, 1], got {bad}")
         return v
+
+    @model_validator(mode="after")
+    def _measure_limit(self) -> "DamageSection":
+        if self.limit is None:  # frozen: set once, here, from the measure's table entry
+            object.__setattr__(self, "limit", DEFAULT_LIMITS[self.measure])
+        return self

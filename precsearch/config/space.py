@@ -247,7 +247,7 @@ class StressSection(Section):
 
 
 def instability_unit(reading: str, stability_unit: str) -> str:
-    """What a study's instability is measured in: ``damage`` (the fixed-state reading, in SGD noise) for reading
+    """What a study's instability is measured in: ``damage`` (the fixed-state reading, in its measure) for reading
     ``damage``, else its ``stability_unit`` (read from a stored study's space too, whatever its version)."""
     return "damage" if reading == "damage" else stability_unit
 

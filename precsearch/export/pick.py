@@ -38,7 +38,7 @@ def _finite(x: Any) -> bool:
 def instability_in(row: dict[str, Any], unit: str) -> float:
     """A trial row's instability in a space's ``stability_unit``: the relative loss gap (``relative``, a
     fraction as ``stability_limit`` is), or BF16 seed spreads (``noise``: over the reference's noise floor)."""
-    if unit != "noise":  # relative, or damage (the fixed-state reading, already in SGD noise units)
+    if unit != "noise":  # relative, or damage (the fixed-state reading, in its own measure)
         return row["instability"]
     floor = row.get("noise_floor")
     return row["instability"] / floor if _finite(floor) and floor > 0 else math.nan
@@ -46,8 +46,8 @@ def instability_in(row: dict[str, Any], unit: str) -> float:
 
 def unit_name(unit: str) -> str:
     """How a limit in ``unit`` reads after its number: ``<= 1.5 BF16 seed spreads``, ``<= 0.005 of the BF16 loss``."""
-    return {"noise": "BF16 seed spreads", "damage": "x SGD noise (the fixed-state reading)"}.get(unit,
-                                                                                             "of the BF16 loss")
+    return {"noise": "BF16 seed spreads", "damage": "(the fixed-state reading, in its measure)"}.get(
+        unit, "of the BF16 loss")
 
 
 def choose_trial(rows: list[dict[str, Any]], pick: str, max_instability: float | None = None,

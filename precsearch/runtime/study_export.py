@@ -123,9 +123,10 @@ def infeasible_warning(study: optuna.Study, number: int) -> str | None:
     if not score.get("stable", False):
         measured = score["instability"]
         if objectives.get("reading") == "damage":
-            return (f"trial {number} is not feasible: its fixed-state damage reads {measured:.3g} x SGD noise "
-                    f"(limit objectives.damage.limit {objectives['damage']['limit']}), or its probe had loss "
-                    f"spikes or gradient blow-ups BF16 did not")
+            damage = objectives["damage"]
+            return (f"trial {number} is not feasible: its fixed-state damage reads {measured:.3g} "
+                    f"({damage.get('measure', 'grad_noise')}; limit objectives.damage.limit {damage['limit']}), "
+                    f"or its probe had loss spikes or gradient blow-ups BF16 did not")
         if unit == "noise":
             floor = score.get("noise_floor") or float("nan")
             shown = f"{measured / floor:.2f} BF16 seed spreads" if floor > 0 else "unknown (no noise floor)"

@@ -80,7 +80,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
     lines = [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
-        damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in SGD noise
+        damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in its own measure
         noise = "-" if r["diverged"] or damage else noise_text(r["noise_floor"], r["gap_in_noise"])
         instab = f"{r['instability']:7.3g}x" if damage else f"{100 * r['instability']:7.3f}%"
         marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""

@@ -101,6 +101,7 @@ class Score:
     reference_tail_descent: float = math.nan
     damage: float = math.nan
     damage_se: float = math.nan
+    damage_measure: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -200,6 +201,7 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         reference_tail_descent=tail_descent(reference, objectives.tail_fraction),
         damage=base.damage,
         damage_se=base.damage_se,
+        damage_measure=objectives.damage.measure if objectives.reading == "damage" else "",
         memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
         memory_saved_probe=saved_probe,
         memory_saved_target=saved_target,
@@ -308,7 +310,7 @@ def verdict(s: Score) -> str:
     it is read against, and stress (``unstable; gap +3.10% vs BF16 seed noise 0.80% (+3.9x)``)."""
     words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
     if s.reading == "damage" and not s.diverged:
-        words += f"; damage {damage_text(s.damage, s.damage_se)}; loss gap {100 * s.loss_gap:+.2f}%"
+        words += f"; damage {damage_text(s.damage, s.damage_se, s.damage_measure or 'grad_noise')}; loss gap {100 * s.loss_gap:+.2f}%"
         if s.spikes + s.grad_blowups:
             words += f"; {s.spikes + s.grad_blowups} loss spike(s)/blow-up(s) beyond BF16's"
     elif not s.diverged:
@@ -323,15 +325,18 @@ def verdict(s: Score) -> str:
 
 def instability_text(s: Score) -> str:
     """The instability objective in its unit: a % of the BF16 loss, or the damage reading in noise units."""
-    return f"{s.instability:.3g}x noise" if s.reading == "damage" else f"{100 * s.instability:.3f}%"
+    if s.reading == "damage":
+        return f"{s.instability:.3g} {s.damage_measure or 'grad_noise'}"
+    return f"{100 * s.instability:.3f}%"
 
 
-def damage_text(value: float, se: float) -> str:
-    """A fixed-state reading as shown next to a verdict: ``0.044 ± 0.014 x SGD noise``."""
+def damage_text(value: float, se: float, measure: str = "grad_noise") -> str:
+    """A fixed-state reading as shown next to a verdict: ``0.0044 ± 0.0014 update_norm``, or for a figure in
+    noise units ``0.044 ± 0.014 x SGD noise (grad_noise)``."""
     if not math.isfinite(value):
         return "not read"
     spread = f" ± {se:.2g}" if math.isfinite(se) else ""
-    return f"{value:.3g}{spread} x SGD noise"
+    return f"{value:.3g}{spread} " + (f"x SGD noise ({measure})" if measure.endswith("_noise") else measure)
 
 
 def noise_text(floor: float, gap_in_noise: float) -> str:

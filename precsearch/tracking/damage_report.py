@@ -38,6 +38,18 @@ def _cell(pair: list[float]) -> str:
     return f"{value:.3g} ± {se:.2g}" if math.isfinite(se) else f"{value:.3g}"
 
 
+#: What each figure is in, for the table's note (precsearch.probe.damage.reading has the formulas).
+_MEANING = {
+    "grad_noise": "the gradient error in units of the minibatch gradient noise at {tokens:,} tokens per step",
+    "grad_bias_noise": "the gradient error's bias in units of the gradient noise at {tokens:,} tokens per step",
+    "grad_var_noise": "the gradient error's variance in units of the gradient noise",
+    "grad_norm": "the gradient error's bias squared, as a fraction of the mean gradient's squared norm",
+    "update_noise": "the AdamW update's error in units of the update's batch noise at {tokens:,} tokens per step",
+    "update_norm": "the AdamW update error's bias squared, as a fraction of the mean update's squared norm",
+    "forward": "the relative held-out loss change at the state's weights",
+}
+
+
 def damage_table(damage: dict[str, Any]) -> str:
     """A markdown table: one row per unit (and the total), one column per state, of the read figure."""
     measure, states = damage["measure"], damage["states"]
@@ -47,7 +59,7 @@ def damage_table(damage: dict[str, Any]) -> str:
     for unit in states[0]["units"]:
         cells = [_cell(s["units"][unit][measure]) if measure in s["units"][unit] else "-" for s in states]
         rows.append(f"| {unit} | " + " | ".join(cells) + " |")
-    note = (f"\n{measure} in units of the minibatch gradient noise at {damage['tokens_per_step']:,} tokens per "
-            f"step (± one jackknife standard error over the batches); the reading is the worst state, "
-            f"step {damage['state_step']}: {damage['value']:.3g}.\n")
+    note = (f"\n{measure}: {_MEANING[measure].format(tokens=damage['tokens_per_step'])} (± one jackknife standard "
+            f"error over the batches); the reading is the worst state, step {damage['state_step']}: "
+            f"{damage['value']:.3g}.\n")
     return f"# Fixed-state damage: {measure}\n\n" + "\n".join(rows) + "\n" + note

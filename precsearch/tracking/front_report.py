@@ -71,20 +71,20 @@ def y_value(row: dict[str, Any], unit: str) -> float:
     if unit == "noise":
         floor = row.get("noise_floor") or math.nan
         return row["instability"] / floor if floor > 0 else math.nan
-    if unit == "damage":  # the fixed-state reading: already in SGD noise units
+    if unit == "damage":  # the fixed-state reading, in its own measure
         return row["instability"]
     return 100 * row["instability"]
 
 
 def y_label(unit: str) -> str:
     return {"noise": "instability (BF16 seed spreads)",
-            "damage": "instability: fixed-state damage (x SGD noise)"}.get(
+            "damage": "instability: fixed-state damage reading"}.get(
         unit, "instability: loss gap vs BF16 (% of BF16 loss)")
 
 
 def limit_label(limit: float, unit: str) -> str:
     if unit == "damage":
-        return f"stability limit {limit:g} x SGD noise"
+        return f"stability limit {limit:g} (fixed-state reading)"
     return f"stability limit {limit:g} seed spreads" if unit == "noise" else f"stability limit {100 * limit:g}%"
 
 
@@ -161,7 +161,7 @@ def y_text(row: dict[str, Any], unit: str) -> str:
     if not math.isfinite(y):
         return "-"
     if unit == "damage":
-        return f"{y:.3g} x SGD noise"
+        return f"{y:.3g}"
     return f"{y:.2f} seed spreads" if unit == "noise" else f"{y:.3f}%"
 
 

@@ -43,7 +43,7 @@ def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
     instability, floor = metrics.get("instability", math.nan), metrics.get("noise_floor", math.nan)
     if unit == "noise" and math.isfinite(instability) and math.isfinite(floor) and floor > 0:
         out[instability_column(unit)] = round(instability / floor, 2)
-    elif unit == "damage" and math.isfinite(instability):  # the fixed-state reading, in SGD noise already
+    elif unit == "damage" and math.isfinite(instability):  # the fixed-state reading, in its own measure
         out[instability_column(unit)] = float(f"{instability:.3g}")
     elif unit != "noise" and math.isfinite(instability):
         out[instability_column(unit)] = round(100 * instability, 3)

@@ -157,6 +157,8 @@ def test_a_policy_that_loses_its_updates_reads_their_loss(data):
     g = sum(gram.gram_of(us) for us in updates.values())
     expected = r * gram.mean_sq(g) / gram.spread(g) + 1
     assert reading["value"] == pytest.approx(expected, rel=1e-3)  # weights within ~1e-7 of 0 keep theirs
+    # the whole update lost, its error is minus the update: update_norm = |mean u|^2 / |mean u|^2 = 1
+    assert total["update_norm"][0] == pytest.approx(1.0, rel=1e-3) and total["grad_norm"][0] == 0.0
 
 
 def test_fp8_moments_change_only_the_update(data):
@@ -164,6 +166,7 @@ def test_fp8_moments_change_only_the_update(data):
     reading = _reader(data).read(Policy.bf16(None, MemoryKnobs(moment_dtype="fp8", master_weights=True)))
     end = reading["states"][-1]["total"]
     assert end["grad_noise"][0] == 0.0 and end["update_noise"][0] > 0.01
+    assert end["grad_norm"][0] == 0.0 and end["update_norm"][0] > 0.0
 
 
 def test_warmup_steps_keep_early_states_exact(data):

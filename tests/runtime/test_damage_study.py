@@ -35,16 +35,19 @@ def study(tmp_path_factory):
 
 def test_every_trial_is_scored_by_its_reading(study):
     ws, log, _ = study
-    trials = [t for t in optuna.load_study(study_name=ws.study_name, storage=ws.storage_url).trials
-              if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+    stored = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+    trials = [t for t in stored.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     assert trials
+    limit = stored.user_attrs["space"]["objectives"]["damage"]["limit"]
+    assert limit == 0.01  # the default measure's (DEFAULT_LIMITS)
     for t in trials:
         damage, score = t.user_attrs["probe_result"]["damage"], t.user_attrs["score"]
         assert score["instability"] == pytest.approx(damage["value"])
         assert (damage["value"] == 0.0) == (not t.user_attrs["policy"]["rules"] and
                                              t.user_attrs["policy"]["default"] == "bf16")
-        assert score["feasible"] == (damage["value"] <= 1.0 and score["spikes"] + score["grad_blowups"] == 0)
-    assert "x SGD noise" in log and "instability" in log
+        assert score["feasible"] == (damage["value"] <= limit and score["spikes"] + score["grad_blowups"] == 0)
+        assert damage["measure"] == "update_norm"  # the default: batch-free, and it sees the memory knobs
+    assert "update_norm" in log and "instability" in log
 
 
 def test_mlflow_shows_the_reading_per_trial_and_per_unit(study):

@@ -65,6 +65,20 @@ def test_an_unfinished_comparison_writes_a_partial_report(tmp_path, capsys):
     assert "incomplete: 3 policies" in capsys.readouterr().out
 
 
+def test_readings_on_cpu_train_nothing_and_take_the_missing_readings(tmp_path, capsys):
+    """``--readings-on-cpu`` (the judge's runs from a GPU's cache, its readings here): no run is trained, every
+    policy gets its fixed-state reading (every figure, update_norm too) and the report says where they ran."""
+    assert bench.main(["--smoke", "--readings-on-cpu", "--out", str(tmp_path), "--corpus-dir", str(tmp_path)]) == 0
+    assert "running 0" in capsys.readouterr().err
+    cache = tmp_path / "fidelity_runs"
+    runs = [p for p in cache.glob("*.json") if p.name != "settings.json" and not p.name.startswith("damage-")]
+    assert runs == []  # trained nothing
+    readings = [json.loads(p.read_text()) for p in cache.glob("damage-*.json")]
+    assert len(readings) == 3 and all("update_norm" in r["states"][0]["total"] for r in readings)
+    report = json.loads(next(tmp_path.glob("*_partial.json")).read_text())
+    assert report["meta"]["readings_on"] == "cpu, emulated FP8" and len(report["meta"]["missing"]) == 3
+
+
 def _v(gap: float, stable: bool, diverged: bool = False, tail: float = 0.0) -> dict:
     return {"gap": gap, "tail_gap": tail, "stable": stable, "tail_stable": stable, "diverged": diverged}
 

@@ -22,7 +22,9 @@ For the training run's tokens per step B (``objectives.damage.tokens_per_step``)
   (:mod:`.update`): the policy's update (its gradients, through its stored
   moments and into the storage its memory knobs keep updates in) against the
   baseline's exact update, in units of the baseline updates' batch spread; the
-  only figure that sees memory knobs (lost updates, rounded moments);
+  figure, with ``update_norm``, that sees memory knobs (lost updates, rounded moments);
+* ``update_norm`` = |update error's mean|^2 / |mean update|^2: ``grad_norm``
+  for the AdamW update; like ``grad_norm`` it does not depend on the batch;
 * ``forward``: the relative held-out loss change at the state's weights.
 
 All squared figures are ratios of squared norms. The trial's reading is the
@@ -51,7 +53,8 @@ from precsearch.arch.units import unit_names
 from precsearch.probe.model.llama3 import ModelConfig
 
 #: The figures a reading reports per state (and per unit, but ``forward``, which is the whole model's).
-MEASURES = ("grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "forward")
+MEASURES = ("grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "update_noise", "update_norm",
+            "forward")
 
 
 @dataclass
@@ -142,6 +145,7 @@ def _figures(gm: dict[str, Tensor], r: float) -> dict[str, tuple[float, float]]:
         "grad_var_noise": gram.ratio(gram.spread, gram.spread, (gm["e"], gm["g"])),
         "grad_norm": gram.ratio(gram.mean_sq, gram.mean_sq, (gm["e"], gm["g"])),
         "update_noise": gram.ratio(_excess(r), gram.spread, (gm["ue"], gm["u"])),
+        "update_norm": gram.ratio(gram.mean_sq, gram.mean_sq, (gm["ue"], gm["u"])),
     }
 
 
