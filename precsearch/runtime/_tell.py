@@ -9,6 +9,7 @@ trial (:func:`replay_pending`).
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import replace
 
 import optuna
@@ -71,10 +72,27 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
               f"instability {instability_text(s)} [{verdict(s)}]  {policy_summary(trial.params)}")
     if ctx.status is not None:
         line = ctx.status.trial_done(int(summary["trials_finished"]), int(summary["trials_feasible"]),
-                                     int(summary["front_size"]))
+                                     int(summary["front_size"]), parallel=_workers_on(ctx))
         if not ctx.progress:  # no status bar to update: print the line
             say(ctx, line)
     recorder_of(ctx).submit(job)
+
+
+def _workers_on(ctx: StudyRun) -> int:
+    """This worker and the others on the study now, for the ETA (1 if the store cannot say): those running a
+    trial, or that finished one within two of this worker's trial times (two workers finishing at the same
+    moment each saw the other idle, and their ETAs doubled)."""
+    window = datetime.timedelta(seconds=max(60.0, 2 * ctx.status.seconds_per_trial()))
+    now = datetime.datetime.now()
+    me = ctx.worker.to_dict()
+    try:
+        trials = ctx.study.get_trials(deepcopy=False)
+    except Exception:  # a store hiccup costs the ETA its parallelism, not the trial
+        return 1
+    others = {str(t.user_attrs["worker"]) for t in trials
+              if t.user_attrs.get("worker") not in (None, me)
+              and (t.state is TrialState.RUNNING or (t.datetime_complete and now - t.datetime_complete < window))}
+    return 1 + len(others)
 
 
 def recorder_of(ctx: StudyRun) -> Recorder:

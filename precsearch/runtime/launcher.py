@@ -92,7 +92,10 @@ def _start_worker(ws: Workspace, tracking_uri: str, target: int, index: int,
 
 def _watch(ctx, procs: list[subprocess.Popen], target: int, progress: bool) -> list[int]:
     """Wait for the workers, showing finished trials; pass Ctrl-C on. Returns their exit statuses."""
-    bar = tqdm(total=target, desc="trials", unit="trial", disable=not progress)
+    # no remaining-time estimate here: tqdm's counts the BF16 references as trial time (the naive estimate
+    # precsearch.runtime.progress.Eta replaces); each worker's status line gives the study's ETA
+    bar = tqdm(total=target, desc="trials", unit="trial", disable=not progress,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
     forwarded = False
     try:
         while any(p.poll() is None for p in procs):

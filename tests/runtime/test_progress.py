@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from precsearch.cli import main, next_commands
 from precsearch.runtime.progress import Eta, duration, reference_notice, status_line
 from precsearch.search.summary import study_metrics
@@ -64,6 +66,23 @@ def test_eta_counts_the_references_still_to_run_and_holds_within_30_percent_from
     assert naive > 2 * (end - at0)
     # and ours, after trial 0, counts the second clipping value's 3 references still to run
     assert abs(seen[0][1] - (end - at0)) <= 0.3 * (end - at0)
+
+
+def test_eta_shares_the_work_left_among_the_workers_on_the_study():
+    """Two workers on 12 trials, each taking 63 s a trial, the other worker half way through its trial whenever
+    this one finishes one: the study has (left - 0.5) trials of work for 2 workers. One worker's own rate times
+    every trial left (what each showed before) is about twice that."""
+    clock = _Clock()
+    eta = Eta(trial_steps=60, clock=clock)
+    for k in range(1, 6):  # this worker's k-th trial; the other worker finished as many meanwhile
+        clock.now += 63.0
+        eta.probe_done("trial", 60, 60.0)
+        eta.trial_done()
+        left = 12 - 2 * k + 1  # the other worker's current trial is not finished yet
+        real = (left - 0.5) * 63.0 / 2
+        assert eta.left_s(left, parallel=2) == pytest.approx(real)
+        assert eta.left_s(left) > 1.8 * real
+    assert eta.left_s(1, parallel=2) == pytest.approx(31.5)  # the last trial: the other worker's, half done
 
 
 def test_eta_before_any_probe_is_unknown_and_a_reference_uses_up_its_steps():
@@ -138,3 +157,37 @@ def test_ui_optuna_serves_the_study_storage(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna_dashboard", fake)
     assert main(["ui", "--optuna", "--output-dir", str(tmp_path), "--port", "5099"]) == 0
     assert served == {"storage": ws.storage_url, "host": "127.0.0.1", "port": 5099}
+
+
+def test_the_workers_an_eta_is_shared_by_are_the_running_and_the_recently_finished():
+    """Another worker counts while it runs a trial, or finished one within two of this worker's trial times
+    (two workers that finish at one moment each see the other idle); a worker gone for longer, or this one,
+    does not."""
+    import datetime
+    from types import SimpleNamespace
+
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import FrozenTrial, TrialState
+
+    from precsearch.runtime._tell import _workers_on
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    now = datetime.datetime.now()
+
+    def add(worker: int, state: TrialState, finished_ago_s: float | None) -> None:
+        done = None if finished_ago_s is None else now - datetime.timedelta(seconds=finished_ago_s)
+        study.add_trial(FrozenTrial(
+            number=0, state=state, value=None, values=[0.0, 0.0] if state is TrialState.COMPLETE else None,
+            datetime_start=now - datetime.timedelta(seconds=900), datetime_complete=done,
+            params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},
+            user_attrs={"worker": {"host": "h", "pid": worker}}, system_attrs={}, intermediate_values={},
+            trial_id=0))
+
+    add(1, TrialState.RUNNING, None)  # running now
+    add(2, TrialState.COMPLETE, 5.0)  # finished a moment ago
+    add(3, TrialState.COMPLETE, 600.0)  # gone ten minutes ago
+    add(9, TrialState.RUNNING, None)  # this worker
+    ctx = SimpleNamespace(study=study, worker=SimpleNamespace(to_dict=lambda: {"host": "h", "pid": 9}),
+                          status=SimpleNamespace(seconds_per_trial=lambda: 30.0))
+    assert _workers_on(ctx) == 3  # this one, 1 and 2
