@@ -353,7 +353,10 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
                                                 stress_probe(ctx.space) is not None))
         return _probe(ctx, reference, label, probe, leg=leg, kind="reference")
 
+    start, probed = time.monotonic(), ctx.status.eta.probe_seconds() if ctx.status is not None else 0.0
     references = gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
+    if ctx.status is not None:  # waiting on references another worker runs: their time is not this trial's
+        ctx.status.eta.waited(time.monotonic() - start - (ctx.status.eta.probe_seconds() - probed))
     if (policy.clip_grad, rung) not in ctx.regime_checked:  # once per distinct set of references
         ctx.regime_checked.add((policy.clip_grad, rung))
         gate_regime(ctx.space, references.seeds, f"clip_grad {policy.clip_grad}, {rung} steps",

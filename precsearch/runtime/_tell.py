@@ -22,7 +22,7 @@ from precsearch.runtime import recorder as journal
 from precsearch.runtime.front_update import front_counts, update_front
 from precsearch.runtime.liveness import WorkerId
 from precsearch.runtime.recorder import RecordJob, Recorder
-from precsearch.runtime.reference import References
+from precsearch.runtime.reference import References, uncached_steps
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, promotion
@@ -71,6 +71,8 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
               f"instability {instability_text(s)} [{verdict(s)}]  {policy_summary(trial.params)}")
     if ctx.status is not None:
+        # the references still to run, from the cache on disk: another worker may have run them
+        ctx.status.eta.reference_steps = uncached_steps(ctx.space, ctx.references, ctx.device)
         line = ctx.status.trial_done(int(summary["trials_finished"]), int(summary["trials_feasible"]),
                                      int(summary["front_size"]), parallel=_workers_on(ctx))
         if not ctx.progress:  # no status bar to update: print the line

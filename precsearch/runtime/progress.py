@@ -46,6 +46,7 @@ class Eta:
         self._seconds: dict[str, float] = {}
         self._steps: dict[str, int] = {}
         self.trials_done = 0
+        self._waited = 0.0
 
     def probe_done(self, kind: str, steps: int, seconds: float) -> None:
         """A probe of ``kind`` ran ``steps`` steps in ``seconds``."""
@@ -56,6 +57,15 @@ class Eta:
 
     def trial_done(self) -> None:
         self.trials_done += 1
+
+    def probe_seconds(self) -> float:
+        """Seconds spent in probes so far, every kind."""
+        return sum(self._seconds.values())
+
+    def waited(self, seconds: float) -> None:
+        """Time spent waiting for another worker's references: not spread over this worker's trials (the
+        references' own time is counted from the steps still uncached)."""
+        self._waited += max(0.0, seconds)
 
     def left_s(self, trials_left: int, parallel: int = 1) -> float | None:
         """Seconds left for ``trials_left`` trials and the references still to run, with ``parallel`` workers
@@ -69,7 +79,7 @@ class Eta:
             return None
         trial_rate = rates.get("trial", rates.get("reference"))
         reference_rate = rates.get("reference", trial_rate)
-        outside = self.clock() - self.start - sum(self._seconds.values())
+        outside = self.clock() - self.start - sum(self._seconds.values()) - self._waited
         per_trial = outside / self.trials_done if self.trials_done else 0.0
         references = reference_rate * self.reference_steps if trials_left else 0.0
         shared = max(1, min(parallel, trials_left))

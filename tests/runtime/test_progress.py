@@ -191,3 +191,16 @@ def test_the_workers_an_eta_is_shared_by_are_the_running_and_the_recently_finish
     ctx = SimpleNamespace(study=study, worker=SimpleNamespace(to_dict=lambda: {"host": "h", "pid": 9}),
                           status=SimpleNamespace(seconds_per_trial=lambda: 30.0))
     assert _workers_on(ctx) == 3  # this one, 1 and 2
+
+
+def test_time_waiting_on_another_workers_references_is_not_trial_time():
+    """A worker that waited 120 s for the references another worker ran, then ran a 60 s trial: its trials
+    cost 60 s, not 180 s (its ETA read 3m25s for 1m50s left before)."""
+    clock = _Clock()
+    eta = Eta(trial_steps=60, clock=clock)
+    clock.now += 120.0
+    eta.waited(120.0)
+    clock.now += 60.0
+    eta.probe_done("trial", 60, 60.0)
+    eta.trial_done()
+    assert eta.left_s(4) == pytest.approx(4 * 60.0)
