@@ -44,13 +44,11 @@ def finished_twin(study: optuna.Study, params: dict, rung: int) -> FrozenTrial |
 
 
 def await_twin(study: optuna.Study, trial: optuna.Trial, rung: int, poll_s: float,
-               stopping: Callable[[], bool], fail_stale: Callable[[], None] = lambda: None) -> FrozenTrial | None:
+               stopping: Callable[[], bool]) -> FrozenTrial | None:
     """The finished twin of ``trial``'s params at ``rung``, after waiting for a lower-numbered twin
     another worker is running; None when there is none (or it failed, or a stop was asked for).
 
-    Only a lower number is waited for, so two running twins never wait for each other. ``fail_stale``
-    runs at every poll: a twin whose worker died is failed by its heartbeat only if someone checks,
-    and a worker waiting here checks nothing else (one waited 15 min on a killed worker's trial).
+    Only a lower number is waited for, so two running twins never wait for each other.
     """
     first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
     while True:
@@ -62,7 +60,6 @@ def await_twin(study: optuna.Study, trial: optuna.Trial, rung: int, poll_s: floa
                    and not promotion.is_promoted(t) and promotion.rung_of(t, first) == rung]
         if not running:
             return None
-        fail_stale()
         time.sleep(poll_s)
 
 

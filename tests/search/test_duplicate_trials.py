@@ -95,25 +95,3 @@ def test_a_proposal_equal_to_a_policy_another_worker_runs_waits_for_it_and_takes
     threading.Timer(0.3, lambda: study.tell(b1, state=TrialState.FAIL)).start()
     assert await_twin(study, b2, 10, 0.01, lambda: False) is None  # the twin failed: b2 runs itself
     assert study.trials[b1.number].state is TrialState.FAIL
-
-
-def test_a_worker_waiting_on_a_twin_checks_its_heartbeat_else_a_dead_twin_is_waited_on_for_ever():
-    """CI: a killed worker's trial, and a survivor that proposed the same params, waited on it 15 min, because
-    the survivor only checked heartbeats between trials. The wait itself must run the check: here the check
-    fails the twin (as Optuna's stale-trial check would), and the waiter then runs the policy itself."""
-    from precsearch.search.duplicate_trials import await_twin
-
-    study = optuna.create_study(directions=["maximize", "minimize"])
-    dist = {"p": optuna.distributions.CategoricalDistribution(["a"])}
-    for _ in range(2):
-        study.enqueue_trial({"p": "a"})
-    dead, waiter = study.ask(dist), study.ask(dist)
-    checks = []
-
-    def fail_stale():  # the dead twin's heartbeat is stale: the second check fails it
-        checks.append(1)
-        if len(checks) == 2:
-            study.tell(dead, state=TrialState.FAIL)
-
-    assert await_twin(study, waiter, 10, 0.01, lambda: False, fail_stale) is None
-    assert len(checks) == 2 and study.trials[dead.number].state is TrialState.FAIL
