@@ -50,6 +50,7 @@ import fidelity_judge  # noqa: E402
 import planted_damage  # noqa: E402
 
 from precsearch.backends import get_backend
+from precsearch.config.damage_section import DEFAULT_LIMITS
 from precsearch.config.loader import load_space
 from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
@@ -537,11 +538,10 @@ def damage_readings(args, chosen: dict[str, Case]) -> dict[str, dict]:
 
 
 #: Each reading's limit (above it: unstable), fixed before the judge ran: relative loss gaps at the bench's
-#: --limit; the risk score at its own threshold; a noise-unit damage figure at 1 (the error as large as the
-#: gradient noise of a step); grad_norm at 1% of the gradient's energy; forward at the truth's tolerance;
-#: update_norm (added after the judge's first H200 run, its limit set before it was read) at 1% as grad_norm.
-DAMAGE_LIMITS = {"grad_noise": 1.0, "grad_bias_noise": 1.0, "grad_var_noise": 1.0, "update_noise": 1.0,
-                 "grad_norm": 0.01, "update_norm": 0.01, "forward": fidelity_judge.TOLERANCE}
+#: --limit; the risk score at its own threshold; each damage figure at the limit a study gives it by default
+#: (DEFAULT_LIMITS; update_norm's was set, at grad_norm's, after the judge's first H200 run and before it was read).
+DAMAGE_LIMITS = DEFAULT_LIMITS
+assert DAMAGE_LIMITS["forward"] == fidelity_judge.TOLERANCE  # forward at the truth's own tolerance
 
 
 def judge_readings(rows: list[dict]) -> dict:

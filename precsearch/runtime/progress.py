@@ -79,7 +79,7 @@ class Eta:
             return None
         trial_rate = rates.get("trial", rates.get("reference"))
         reference_rate = rates.get("reference", trial_rate)
-        outside = self.clock() - self.start - sum(self._seconds.values()) - self._waited
+        outside = self.clock() - self.start - self.probe_seconds() - self._waited
         per_trial = outside / self.trials_done if self.trials_done else 0.0
         references = reference_rate * self.reference_steps if trials_left else 0.0
         shared = max(1, min(parallel, trials_left))
@@ -117,7 +117,8 @@ class StudyStatus:
 
     def line(self) -> str:
         return status_line(self.name, self.total, self.finished, self.feasible, self.front,
-                           time.monotonic() - self.start, self.eta.left_s(max(self.total - self.finished, 0), self.parallel),
+                           time.monotonic() - self.start,
+                           self.eta.left_s(max(self.total - self.finished, 0), self.parallel),
                            self.running)
 
     def refresh(self) -> None:
