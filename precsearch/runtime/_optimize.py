@@ -208,7 +208,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     else:  # another worker may be running the same policy: its result is this one's
         with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
             twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
-                              lambda: ctx.stop.requested)
+                              lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
         say(ctx, f"trial {trial.number}: the same policy as trial {twin.number}, already scored; told its "

@@ -46,7 +46,14 @@ _STORAGE_CALLS = (
     "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials", "get_n_trials",
     "get_best_trial", "get_trial_params", "get_trial_user_attrs", "get_trial_system_attrs",
     "check_trial_is_updatable", "record_heartbeat", "_get_stale_trial_ids",
+    # what Optuna's _CachedStorage (the study's own wrapper) calls instead of the public names above:
+    # without these, a trial's suggestions and every read of the study's trials skipped the retries
+    "_create_new_trial", "_set_trial_param", "_get_trials", "_get_best_trial_id",
 )
+
+#: Calls whose retry, after a first attempt that went through but lost its reply, meets its own write.
+_ALREADY_DONE = {"set_trial_state_values": "UpdateFinishedTrialError", "_set_trial_param": "IntegrityError",
+                 "set_trial_param": "IntegrityError"}
 
 
 def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.storages.RDBStorage:
@@ -54,7 +61,8 @@ def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.st
 
     The instance's methods are replaced, so Optuna's own objects (the study, its trials, the
     heartbeat thread) go through the retries too. A state change whose reply was lost is not
-    made twice: if its retry finds the trial already finished, the first attempt went through.
+    made twice: if its retry finds the trial already finished (or the param already set), the first
+    attempt went through.
     """
     if budget_s <= 0:
         return storage
@@ -72,9 +80,10 @@ def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.st
                     storage.engine.dispose()
                 try:
                     return method(*args, **kwargs)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    if attempts > 1 and name == "set_trial_state_values":
-                        return True
+                except Exception as exc:
+                    if attempts > 1 and _ALREADY_DONE.get(name) in (type(exc).__name__,
+                                                                    type(exc.__cause__).__name__):
+                        return True if name == "set_trial_state_values" else None
                     raise
 
             return with_retry(once, f"the Optuna database ({name})", budget_s=budget_s)

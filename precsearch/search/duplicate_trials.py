@@ -44,22 +44,25 @@ def finished_twin(study: optuna.Study, params: dict, rung: int) -> FrozenTrial |
 
 
 def await_twin(study: optuna.Study, trial: optuna.Trial, rung: int, poll_s: float,
-               stopping: Callable[[], bool]) -> FrozenTrial | None:
+               stopping: Callable[[], bool], check: Callable[[], None] = lambda: None) -> FrozenTrial | None:
     """The finished twin of ``trial``'s params at ``rung``, after waiting for a lower-numbered twin
     another worker is running; None when there is none (or it failed, or a stop was asked for).
 
-    Only a lower number is waited for, so two running twins never wait for each other.
+    Only a lower number is waited for, so two running twins never wait for each other. The running
+    twins are read before the finished ones: read the other way, a twin finishing between the two
+    reads was in neither, and its policy was run twice (seen with three workers on PostgreSQL).
+    ``check`` runs at every poll (the caller's heartbeat check): a twin whose worker died is failed
+    only if someone looks, and a worker waiting here looks at nothing else.
     """
     first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", rung)
     while True:
-        twin = finished_twin(study, trial.params, rung)
-        if twin is not None or stopping():
-            return twin
         running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                    if t.number < trial.number and t.params == trial.params and not is_duplicate(t)
                    and not promotion.is_promoted(t) and promotion.rung_of(t, first) == rung]
-        if not running:
-            return None
+        twin = finished_twin(study, trial.params, rung)
+        if twin is not None or stopping() or not running:
+            return twin
+        check()
         time.sleep(poll_s)
 
 

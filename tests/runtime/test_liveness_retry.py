@@ -74,3 +74,45 @@ def test_error_messages_hide_passwords():
         with_retry(lambda: (_ for _ in ()).throw(ConnectionError("postgresql://u:hunter2@db/x refused")), "db",
                    budget_s=0.1, first_delay_s=0.05)
     assert "hunter2" not in str(info.value)
+
+
+def test_a_study_waits_out_database_errors_in_every_storage_call_it_makes(tmp_path, monkeypatch):
+    """CI (PostgreSQL stopped for 5 s): a trial's suggestion failed at once, because Optuna's study calls its
+    storage's private methods (``_set_trial_param``, ``_get_trials``, ...), which the retries did not cover.
+    Here a third of the database sessions fail, at random, through one whole trial and the reads after it."""
+    import random
+    from contextlib import contextmanager
+
+    import optuna
+    import sqlalchemy.exc
+    from optuna.storages._rdb import storage as rdb
+
+    from precsearch.config.space import StudySection
+    from precsearch.runtime.stores import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", StudySection(store_retry_s=60))
+    study = optuna.create_study(storage=storage, directions=["minimize", "minimize"])
+    real, rng, failed = rdb._create_scoped_session, random.Random(0), []
+
+    @contextmanager
+    def flaky(*args, **kwargs):
+        if rng.random() < 1 / 3:
+            failed.append(1)
+            raise optuna.exceptions.StorageInternalError("commit failed") from sqlalchemy.exc.OperationalError(
+                "COMMIT", {}, ConnectionError("server closed the connection unexpectedly"))
+        with real(*args, **kwargs) as session:
+            yield session
+
+    monkeypatch.setattr(rdb, "_create_scoped_session", flaky)
+    monkeypatch.setattr("precsearch.utils.retry.time.sleep", lambda s: None)
+    for _ in range(3):
+        trial = study.ask()
+        trial.suggest_categorical("mlp", ["bf16", "fp8_block"])
+        trial.suggest_int("warmup_steps", 0, 8)
+        trial.set_user_attr("worker", "w")
+        study.tell(trial, [0.1, 0.2])
+    monkeypatch.setattr(rdb, "_create_scoped_session", real)
+    trials = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert len(failed) >= 5
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert all(set(t.params) == {"mlp", "warmup_steps"} and t.user_attrs == {"worker": "w"} for t in trials)

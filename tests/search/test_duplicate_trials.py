@@ -95,3 +95,49 @@ def test_a_proposal_equal_to_a_policy_another_worker_runs_waits_for_it_and_takes
     threading.Timer(0.3, lambda: study.tell(b1, state=TrialState.FAIL)).start()
     assert await_twin(study, b2, 10, 0.01, lambda: False) is None  # the twin failed: b2 runs itself
     assert study.trials[b1.number].state is TrialState.FAIL
+
+
+def test_a_twin_finishing_while_the_waiter_reads_the_study_is_still_taken():
+    """Three workers on PostgreSQL (CI): 12 counted trials, 11 policies. The waiter read the finished trials,
+    then the twin finished, then it read the running ones: the twin was in neither, and the waiter ran the
+    policy again. Here the twin finishes just before the waiter's read of the running trials."""
+    from precsearch.search.duplicate_trials import await_twin
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    dist = {"p": optuna.distributions.CategoricalDistribution(["a"])}
+    for _ in range(2):
+        study.enqueue_trial({"p": "a"})
+    first, waiter = study.ask(dist), study.ask(dist)
+    read = study.get_trials
+
+    def get_trials(*args, states=None, **kwargs):
+        if states == (TrialState.RUNNING,) and study.trials[first.number].state is TrialState.RUNNING:
+            first.set_user_attr("score", {"feasible": True})
+            study.tell(first, [0.1, 0.0])  # the other worker tells its trial at this very moment
+        return read(*args, states=states, **kwargs)
+
+    study.get_trials = get_trials
+    twin = await_twin(study, waiter, 10, 0.01, lambda: False)
+    assert twin is not None and twin.number == first.number
+
+
+def test_a_worker_waiting_on_a_twin_checks_heartbeats_else_a_dead_twin_is_waited_on_for_ever():
+    """CI: a killed worker's trial, and a survivor that proposed the same params, waited on it 15 min: the
+    survivor checked heartbeats only between trials. The wait runs the check; here the second check fails
+    the twin (as Optuna's stale-trial check would), and the waiter then runs the policy itself."""
+    from precsearch.search.duplicate_trials import await_twin
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    dist = {"p": optuna.distributions.CategoricalDistribution(["a"])}
+    for _ in range(2):
+        study.enqueue_trial({"p": "a"})
+    dead, waiter = study.ask(dist), study.ask(dist)
+    checks = []
+
+    def check():
+        checks.append(1)
+        if len(checks) == 2:
+            study.tell(dead, state=TrialState.FAIL)
+
+    assert await_twin(study, waiter, 10, 0.01, lambda: False, check) is None
+    assert len(checks) == 2 and study.trials[dead.number].state is TrialState.FAIL
