@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from precsearch.backends.cross_entropy import cross_entropy
+
 #: The attribute that marks a Parameter whose gradient each TP rank holds a share of.
 PARTIAL_GRAD = "tp_partial_grad"
 #: The attribute that marks a Parameter split over the TP group (each rank holds a different slice).
@@ -66,48 +68,13 @@ class TensorParallel:
     def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
         """The mean cross-entropy (float32) of logits split over the vocabulary (``(B, T, V / size)``, this
         rank's columns), ``-100`` targets ignored: Megatron's ``vocab_parallel_cross_entropy``."""
-        flat, flat_targets = logits.flatten(0, 1), targets.flatten()
-        losses = _VocabParallelCrossEntropy.apply(flat, flat_targets, self)
-        valid = flat_targets != -100
-        return (losses * valid).sum() / valid.sum()
+        return cross_entropy(logits, targets, self)
 
     def gather_vocab(self, logits: Tensor) -> Tensor:
         """The whole vocabulary's logits from every rank's columns (no gradient: for reading logits only)."""
         parts = [torch.empty_like(logits) for _ in range(self.size)]
         dist.all_gather(parts, logits.detach().contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
-
-
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Per-token cross-entropy of vocabulary-split logits: the max, the sum of exponentials and the target's
-    logit are reduced over the group, so no rank ever holds a whole row of logits."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, tp: "TensorParallel") -> Tensor:
-        logits = logits.float()
-        width = logits.shape[-1]
-        start = tp.rank * width
-        row_max = logits.max(dim=-1).values
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=tp.group)
-        exp = (logits - row_max.unsqueeze(-1)).exp()
-        total = exp.sum(dim=-1)
-        mine = (targets >= start) & (targets < start + width)
-        local = (targets - start).masked_fill(~mine, 0)
-        target_logit = (logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) - row_max) * mine
-        both = torch.stack([total, target_logit])
-        dist.all_reduce(both, group=tp.group)
-        total, target_logit = both[0], both[1]
-        exp.div_(total.unsqueeze(-1))  # the softmax, kept for the backward
-        ctx.save_for_backward(exp, local, mine)
-        return total.log() - target_logit
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        softmax, local, mine = ctx.saved_tensors
-        out = softmax.clone()
-        rows = torch.arange(out.shape[0], device=out.device)
-        out[rows, local] -= mine.to(out.dtype)
-        return out * grad.unsqueeze(-1), None, None
 
 
 def _all_gather_seq(x: Tensor, tp: TensorParallel) -> Tensor:

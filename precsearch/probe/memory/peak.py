@@ -8,8 +8,8 @@ Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
 * **backward**: the start of the backward pass, when the cross-entropy's
   backward runs. Alive: the parameters and optimizer state (gradients were
   freed by ``zero_grad(set_to_none=True)``), every tensor the forward saved for
-  the backward, the low-precision weight copies, and three logit-sized fp32
-  tensors (the log-softmax output, its gradient, and the gradient of its input);
+  the backward, the low-precision weight copies, and the loss's float32 softmax
+  with the BF16 gradient it becomes (:data:`~precsearch.backends.cross_entropy.LOGIT_BYTES`);
 * **optimizer step**: parameters, gradients and optimizer state. On the GPU
   the probe steps with a fused Adam (``torch.optim.AdamW(fused=True)``, or TE
   ``FusedAdam`` for the memory knobs), which allocates no temporaries for FP32
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from precsearch.backends.cross_entropy import LOGIT_BYTES
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.precision_spec import SPECS
@@ -67,8 +68,6 @@ from precsearch.arch.config import ModelConfig
 from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_names, unit_shape
 
 _FP32, _BF16 = 4, 2
-#: Logit-sized fp32 tensors alive when the log-softmax backward runs (its output, gradient in and out).
-_LOGIT_FP32_TENSORS = 3
 
 #: Bytes per element of a saved activation (a Linear's input), scales included (:mod:`precsearch.precision_spec`).
 ELEMENT_BYTES: dict[Precision, float] = {p: spec.activation_bytes for p, spec in SPECS.items()}
@@ -195,7 +194,7 @@ def predict_peak(
         other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
                                                  param_dtype=param_dtype)
         - fp8_attention_saving(cfg, precisions, memory, tokens),
-        logits=tokens * cfg.vocab_size * _LOGIT_FP32_TENSORS * _FP32,
+        logits=tokens * cfg.vocab_size * LOGIT_BYTES,
         master=int(n_params * master),
         step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
         accumulated_grads=n_params * width if grad_accum > 1 else 0,
