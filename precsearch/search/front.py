@@ -61,6 +61,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "noise_floor": score.get("noise_floor", math.nan),
         "gap_in_noise": score.get("gap_in_noise", math.nan),
         "reading": score.get("reading", "final"),
+        "damage_measure": score.get("damage_measure", ""),
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
         "diverged": score["diverged"],

@@ -76,15 +76,20 @@ def y_value(row: dict[str, Any], unit: str) -> float:
     return 100 * row["instability"]
 
 
-def y_label(unit: str) -> str:
-    return {"noise": "instability (BF16 seed spreads)",
-            "damage": "instability: fixed-state damage reading"}.get(
-        unit, "instability: loss gap vs BF16 (% of BF16 loss)")
+def damage_measure(rows: list[dict[str, Any]]) -> str:
+    """The fixed-state reading's measure the trials were scored in (``update_norm``...), or "" if none says."""
+    return next((r["damage_measure"] for r in rows if r.get("damage_measure")), "")
 
 
-def limit_label(limit: float, unit: str) -> str:
+def y_label(unit: str, measure: str = "") -> str:
     if unit == "damage":
-        return f"stability limit {limit:g} (fixed-state reading)"
+        return f"instability: fixed-state damage ({measure or 'reading'})"
+    return {"noise": "instability (BF16 seed spreads)"}.get(unit, "instability: loss gap vs BF16 (% of BF16 loss)")
+
+
+def limit_label(limit: float, unit: str, measure: str = "") -> str:
+    if unit == "damage":
+        return f"stability limit {limit:g} {measure or '(fixed-state reading)'}"
     return f"stability limit {limit:g} seed spreads" if unit == "noise" else f"stability limit {100 * limit:g}%"
 
 
@@ -118,15 +123,16 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
                 markersize=size, gid=f"trial-{r['trial']}", label=None if label in seen else label, clip_on=False)
         seen.add(label)
         points.setdefault((round(x, 6), round(top if off else y, 6)), []).append(r)
-    ax.axhline(line, color="grey", linestyle="--", linewidth=1, label=limit_label(limit, unit))
+    measure = damage_measure(rows)
+    ax.axhline(line, color="grey", linestyle="--", linewidth=1, label=limit_label(limit, unit, measure))
     ax.set_ylim(-0.04 * top, top)
     ax.margins(x=0.08)
     ax.set_xlabel("memory saved vs BF16 (%)")
-    ax.set_ylabel(y_label(unit) + ", linear axis")
+    ax.set_ylabel(y_label(unit, measure) + ", linear axis")
     ax.grid(alpha=0.3)
     _legend(ax, seen)
     off_scale = any(y_value(r, unit) > top for r in rows)
-    ax.set_title(f"memory saved vs loss instability: {len(rows)} trials, "
+    ax.set_title(f"memory saved vs {'fixed-state damage' if unit == 'damage' else 'loss instability'}: {len(rows)} trials, "
                  f"{sum(1 for r in rows if r['pareto'])} on the front"
                  + ("\n▲ on the top edge: a trial above the axis, its value in its label" if off_scale else ""),
                  fontsize=10)
@@ -161,7 +167,7 @@ def y_text(row: dict[str, Any], unit: str) -> str:
     if not math.isfinite(y):
         return "-"
     if unit == "damage":
-        return f"{y:.3g}"
+        return f"{y:.3g} {row.get('damage_measure', '')}".rstrip()
     return f"{y:.2f} seed spreads" if unit == "noise" else f"{y:.3f}%"
 
 
@@ -221,8 +227,10 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
                unit: str) -> str:
     """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
     # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
-    head = ("trial", "kind", "memory saved", "instability (" + ("BF16 seed spreads" if unit == "noise" else
-            "% of BF16 loss") + ")", "loss gap vs BF16", "tokens/s", "steps", "policy")
+    in_unit = {"noise": "BF16 seed spreads", "damage": damage_measure(rows) or "fixed-state reading"}.get(
+        unit, "% of BF16 loss")
+    head = ("trial", "kind", "memory saved", f"instability ({in_unit})", "loss gap vs BF16", "tokens/s", "steps",
+            "policy")
     body = []
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.2f}%"
@@ -236,7 +244,7 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>precsearch front</title>"
             f"<style>{style}</style></head><body>"
-            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit))}.</p>"
+            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit, damage_measure(rows)))}.</p>"
             f"<img src='data:image/png;base64,{image}' usemap='#front' alt='the front plot'>"
             f"<map name='front'>{spots}</map>"
             f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table></body></html>")

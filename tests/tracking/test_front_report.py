@@ -110,3 +110,19 @@ def test_the_page_table_gives_instability_in_the_plot_unit(tmp_path):
     assert "instability 0.40 seed spreads" in page  # its hover text too
     relative = write_front(ROWS, tmp_path, 0.01)[3].read_text()
     assert "<th>instability (% of BF16 loss)</th>" in relative and "<td>0.400%</td>" in relative
+
+
+def test_a_damage_front_names_its_measure_on_the_axis_the_limit_and_the_page(tmp_path):
+    """A study read by the fixed-state reading: its axis, limit, table and hover texts said "% of BF16 loss"
+    or no unit at all; they name the measure the trials were scored in."""
+    import matplotlib.pyplot as plt
+
+    rows = [dict(r, damage_measure="update_norm") for r in ROWS]
+    fig = front_figure(rows, 0.01, unit="damage")
+    ax = fig.axes[0]
+    assert "update_norm" in ax.get_ylabel()
+    assert any(line.get_label() == "stability limit 0.01 update_norm" for line in ax.lines)
+    plt.close(fig)
+    page = write_front(rows, tmp_path, 0.01, unit="damage")[3].read_text()
+    assert "<th>instability (update_norm)</th>" in page and "% of BF16 loss" not in page
+    assert "<td>0.004 update_norm</td>" in page and "instability 0.004 update_norm" in page
