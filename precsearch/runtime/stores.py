@@ -51,18 +51,14 @@ _STORAGE_CALLS = (
     "_create_new_trial", "_set_trial_param", "_get_trials", "_get_best_trial_id",
 )
 
-#: Calls whose retry, after a first attempt that went through but lost its reply, meets its own write.
-_ALREADY_DONE = {"set_trial_state_values": "UpdateFinishedTrialError", "_set_trial_param": "IntegrityError",
-                 "set_trial_param": "IntegrityError"}
-
 
 def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.storages.RDBStorage:
     """Make every storage call of ``storage`` retry while the database is unreachable (see retry.py).
 
     The instance's methods are replaced, so Optuna's own objects (the study, its trials, the
     heartbeat thread) go through the retries too. A state change whose reply was lost is not
-    made twice: if its retry finds the trial already finished (or the param already set), the first
-    attempt went through.
+    made twice: if its retry finds the trial already finished, the first attempt went through; a param
+    set again meets the unique (trial, name) row, an IntegrityError Optuna's ``_set_trial_param`` ignores.
     """
     if budget_s <= 0:
         return storage
@@ -80,10 +76,9 @@ def _retrying(storage: optuna.storages.RDBStorage, budget_s: float) -> optuna.st
                     storage.engine.dispose()
                 try:
                     return method(*args, **kwargs)
-                except Exception as exc:
-                    if attempts > 1 and _ALREADY_DONE.get(name) in (type(exc).__name__,
-                                                                    type(exc.__cause__).__name__):
-                        return True if name == "set_trial_state_values" else None
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    if attempts > 1 and name == "set_trial_state_values":
+                        return True
                     raise
 
             return with_retry(once, f"the Optuna database ({name})", budget_s=budget_s)

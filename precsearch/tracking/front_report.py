@@ -227,8 +227,8 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
                unit: str) -> str:
     """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
     # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
-    in_unit = {"noise": "BF16 seed spreads", "damage": damage_measure(rows) or "fixed-state reading"}.get(
-        unit, "% of BF16 loss")
+    measure = damage_measure(rows)
+    in_unit = {"noise": "BF16 seed spreads", "damage": measure or "fixed-state reading"}.get(unit, "% of BF16 loss")
     head = ("trial", "kind", "memory saved", f"instability ({in_unit})", "loss gap vs BF16", "tokens/s", "steps",
             "policy")
     body = []
@@ -244,7 +244,7 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>precsearch front</title>"
             f"<style>{style}</style></head><body>"
-            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit, damage_measure(rows)))}.</p>"
+            f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit, measure))}.</p>"
             f"<img src='data:image/png;base64,{image}' usemap='#front' alt='the front plot'>"
             f"<map name='front'>{spots}</map>"
             f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table></body></html>")

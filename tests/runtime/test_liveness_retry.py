@@ -116,3 +116,42 @@ def test_a_study_waits_out_database_errors_in_every_storage_call_it_makes(tmp_pa
     assert len(failed) >= 5
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert all(set(t.params) == {"mlp", "warmup_steps"} and t.user_attrs == {"worker": "w"} for t in trials)
+
+
+def test_a_write_that_went_through_but_lost_its_reply_is_not_made_twice(tmp_path, monkeypatch):
+    """The connection drops after the commit: the retry meets its own write (the param already set, the
+    trial already finished) and takes it as done, instead of failing the study or writing it twice."""
+    from contextlib import contextmanager
+
+    import optuna
+    import sqlalchemy.exc
+    from optuna.storages._rdb import storage as rdb
+
+    from precsearch.config.space import StudySection
+    from precsearch.runtime.stores import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}", StudySection(store_retry_s=60))
+    study = optuna.create_study(storage=storage, directions=["minimize"])
+    real, lose = rdb._create_scoped_session, []
+
+    @contextmanager
+    def reply_lost(*args, **kwargs):
+        with real(*args, **kwargs) as session:
+            yield session
+            wrote = bool(session.new or session.dirty)  # a write, not one of the reads before it
+        if lose and wrote:  # committed; then the reply is lost
+            lose.clear()
+            raise optuna.exceptions.StorageInternalError("connection lost") from sqlalchemy.exc.OperationalError(
+                "COMMIT", {}, ConnectionError("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(rdb, "_create_scoped_session", reply_lost)
+    monkeypatch.setattr("precsearch.utils.retry.time.sleep", lambda s: None)
+    trial = study.ask()
+    lose.append(1)
+    assert trial.suggest_int("warmup_steps", 0, 8) in range(9)
+    lose.append(1)
+    study.tell(trial, 0.5)
+    monkeypatch.setattr(rdb, "_create_scoped_session", real)
+    (stored,) = optuna.load_study(study_name=study.study_name, storage=storage).trials
+    assert stored.state is optuna.trial.TrialState.COMPLETE and stored.values == [0.5]
+    assert list(stored.params) == ["warmup_steps"] and not lose
