@@ -203,12 +203,21 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         policy = suggest_policy(ctx.space, trial)
     if ctx.status is not None:
         ctx.status.trial_started(trial.number)
+    # one heartbeat from the twin check to the tell: a gap (the MLflow run being started) let another worker
+    # waiting on a twin, which checks heartbeats at every poll, fail this live trial as stale (CI, three workers)
+    with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+        return _run_asked(ctx, trial, rung, source, policy)
+
+
+def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.trial.FrozenTrial | None,
+               policy: Policy) -> bool:
+    """:func:`_run_trial` once the trial is asked: its twin, or its MLflow run, references, probe and tell."""
+    retry_s = ctx.space.study.store_retry_s
     if promotion.is_promoted(trial):
         twin = None
     else:  # another worker may be running the same policy: its result is this one's
-        with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
-            twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
-                              lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
+        twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
+                          lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
         say(ctx, f"trial {trial.number}: the same policy as trial {twin.number}, already scored; told its "
@@ -220,32 +229,31 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
     trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
-    with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
-        try:
-            reference = _reference(ctx, policy, rung)
-            leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
-            if source is not None and leg.resume_from is None:
-                say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
-                          f"running its {rung} steps from step 0")
-            result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
-                            trial=trial.number, leg=leg)
-            stressed = _stressed_result(ctx, trial, policy, source)
-        except (UserError, KeyboardInterrupt):
+    try:
+        reference = _reference(ctx, policy, rung)
+        leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
+        if source is not None and leg.resume_from is None:
+            say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
+                      f"running its {rung} steps from step 0")
+        result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                        trial=trial.number, leg=leg)
+        stressed = _stressed_result(ctx, trial, policy, source)
+    except (UserError, KeyboardInterrupt):
+        _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
+        raise
+    except Exception as exc:  # a probe that crashes is a failed trial, not a failed study
+        reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("probe process") else str(exc)
+        trial.set_user_attr("fail_reason", reason)
+        ctx.tracker.fail_trial(run_id, reason)
+        with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
+        say(ctx, f"trial {trial.number} failed: {reason}")
+        return True
+    try:
+        record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+    except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
+        if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
-            raise
-        except Exception as exc:  # a probe that crashes is a failed trial, not a failed study
-            reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("probe process") else str(exc)
-            trial.set_user_attr("fail_reason", reason)
-            ctx.tracker.fail_trial(run_id, reason)
-            with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
-            say(ctx, f"trial {trial.number} failed: {reason}")
-            return True
-        try:
-            record(ctx, trial, run_id, policy, result, reference, stressed, rung)
-        except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
-            if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
-                _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
-            raise
+        raise
     return True
 
 
