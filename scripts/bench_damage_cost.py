@@ -5,7 +5,14 @@ states and the BF16 gradients there, paid once per gradient-clipping value, like
 each policy its trial probe (``run_probe``, the study's trajectory probe) and its reading, timed apart.
 Prints a table and writes JSON (the reading's share of a trial: reading / (trial probe + reading)).
 
+With ``--keep-states host device`` there is one reader per ``objectives.damage.keep_states`` value, each with
+its own BF16 side (timed, with the device's peak allocation after it); each policy's trial probe runs once and
+is read by every reader, so the table has a reading time and share per value side by side. The readers are all
+held at once (a trial probe's peak leaves out what they all hold). The JSON keeps the first value's figures under
+the single-reader keys and adds ``*_by_keep`` entries.
+
     python scripts/bench_damage_cost.py search_spaces/llama3_8b_h100.yaml --out $OUT      # H200
+    python scripts/bench_damage_cost.py search_spaces/llama3_8b_h100.yaml --out $OUT --keep-states host device
     python scripts/bench_damage_cost.py search_spaces/cpu_smoke.yaml --out /tmp/dc           # CPU, ~1 min
 """
 
@@ -43,51 +50,115 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _max_allocated(device: torch.device) -> int | None:
+    """The device's peak allocated bytes since the last reset (None off CUDA, where it is not measured)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def readers(space, cfg, data, backend, device, keeps: list[str]) -> dict[str, DamageReader]:
+    """One reader per ``keep_states`` value, on the space's damage settings otherwise."""
+    return {keep: DamageReader(cfg, space.probe, data, backend, device,
+                               space.objectives.damage.model_copy(update={"keep_states": keep}),
+                               space.model.start(), space.baseline_knobs())
+            for keep in keeps}
+
+
+def bf16_side(reader: DamageReader, clip: float | None, device: torch.device) -> dict[str, float | int | None]:
+    """Compute ``reader``'s BF16 side: its seconds, and the device's peak allocation while it ran (which
+    includes what readers built before it hold)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    reader.bf16_sides(clip)
+    _sync(device)
+    return {"seconds": time.perf_counter() - t0, "max_allocated_bytes": _max_allocated(device),
+            "held_bytes": reader.device_bytes()}
+
+
+def read_all(by_keep: dict[str, DamageReader], policy: Policy, device: torch.device) -> dict[str, dict]:
+    """``policy``'s reading by each reader."""
+    out = {}
+    for keep, reader in by_keep.items():
+        out[keep] = reader.read(policy)
+        _sync(device)
+    return out
+
+
+def row(name: str, probe_s: float, result, readings: dict[str, dict], held: int) -> dict:
+    """A policy's row: the first reader's figures under the single-reader keys, every reader's ``*_by_keep``."""
+    first = next(iter(readings.values()))
+    total = first["states"][-1]["total"]
+    return {"policy": name, "probe_s": probe_s, "reading_s": first["seconds"],
+            "share": first["seconds"] / (probe_s + first["seconds"]), "value": first["value"],
+            "measure": first["measure"], "end_state": {k: v[0] for k, v in total.items()},
+            "eval_loss": result.eval_loss, "parts_s": first["seconds_by_part"],
+            "state_step": first["state_step"], "peak_gib": result.peak_memory_bytes / 2**30,
+            "reader_held_gib": held / 2**30,
+            "reading_s_by_keep": {k: r["seconds"] for k, r in readings.items()},
+            "share_by_keep": {k: r["seconds"] / (probe_s + r["seconds"]) for k, r in readings.items()},
+            "value_by_keep": {k: r["value"] for k, r in readings.items()},
+            "parts_s_by_keep": {k: r["seconds_by_part"] for k, r in readings.items()}}
+
+
+def log_row(r: dict, readings: dict[str, dict]) -> None:
+    reads = "; ".join(f"reading ({k}) {x['seconds']:.2f} s ("
+                      + ", ".join(f"{p} {v:.2f} s" for p, v in x["seconds_by_part"].items()) + ")"
+                      for k, x in readings.items())
+    print(f"  {r['policy']}: probe {r['probe_s']:.2f} s, {reads}, {r['measure']} {r['value']:.4g} (worst state: "
+          f"step {r['state_step']}), probe peak {r['peak_gib']:.2f} GiB", file=sys.stderr, flush=True)
+
+
+def table(rows: list[dict], keeps: list[str]) -> None:
+    """The table: probe time, then a reading time and share per ``keep_states`` value, then the end state."""
+    heads = [f"{'read s (' + k + ')':>{len(k) + 9}} {'share (' + k + ')':>{len(k) + 8}}" for k in keeps]
+    print(f"{'policy':22s} {'probe s':>8} " + " ".join(heads) + "  "
+          + "  ".join(f"{k:>14}" for k in rows[0]["end_state"]))
+    for r in rows:
+        cells = [f"{r['reading_s_by_keep'][k]:{len(k) + 9}.2f} {100 * r['share_by_keep'][k]:{len(k) + 7}.1f}%"
+                 for k in keeps]
+        print(f"{r['policy']:22s} {r['probe_s']:8.2f} " + " ".join(cells) + "  "
+              + "  ".join(f"{v:14.4g}" for v in r["end_state"].values()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("space", type=Path)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=Path("scripts/results"))
+    ap.add_argument("--keep-states", nargs="+", choices=["host", "device"], default=["host"],
+                    help="objectives.damage.keep_states values to read with, one reader each (default: host)")
     args = ap.parse_args(argv)
+    keeps = list(dict.fromkeys(args.keep_states))  # a value given twice is one reader
     space = load_space(args.space)
     device = resolve_device(space.probe.device)
     backend = get_backend(space.backend.value, device)
     data, cfg = load_batches(space), space.model.probe()
-    reader = DamageReader(cfg, space.probe, data, backend, device, space.objectives.damage, space.model.start(),
-                          space.baseline_knobs())
-    t0 = time.perf_counter()
-    reader.bf16_sides(args.clip)
-    _sync(device)
-    shared = time.perf_counter() - t0
-    print(f"BF16 side (states + BF16 gradients, once): {shared:.1f} s", file=sys.stderr, flush=True)
+    by_keep = readers(space, cfg, data, backend, device, keeps)
+    sides = {}
+    for keep, reader in by_keep.items():
+        sides[keep] = bf16_side(reader, args.clip, device)
+        peak = sides[keep]["max_allocated_bytes"]
+        print(f"BF16 side, keep_states {keep} (states + BF16 gradients, once): {sides[keep]['seconds']:.1f} s"
+              + (f", device peak {peak / 2**30:.2f} GiB" if peak is not None else "")
+              + f", held {sides[keep]['held_bytes'] / 2**30:.2f} GiB", file=sys.stderr, flush=True)
     rows = []
     for name, policy in policies(args.clip, space.baseline_knobs()).items():
+        held = sum(r.device_bytes() for r in by_keep.values())
         t0 = time.perf_counter()
         result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target(),
-                           held_bytes=reader.device_bytes())
+                           held_bytes=held)
         _sync(device)
         probe_s = time.perf_counter() - t0
-        reading = reader.read(policy)
-        _sync(device)
-        total = reading["states"][-1]["total"]
-        rows.append({"policy": name, "probe_s": probe_s, "reading_s": reading["seconds"],
-                     "share": reading["seconds"] / (probe_s + reading["seconds"]), "value": reading["value"],
-                     "measure": reading["measure"], "end_state": {k: v[0] for k, v in total.items()},
-                     "eval_loss": result.eval_loss, "parts_s": reading["seconds_by_part"],
-                     "state_step": reading["state_step"], "peak_gib": result.peak_memory_bytes / 2**30,
-                     "reader_held_gib": reader.device_bytes() / 2**30})
-        parts = ", ".join(f"{k} {v:.2f} s" for k, v in reading["seconds_by_part"].items())
-        print(f"  {name}: probe {probe_s:.2f} s, reading {reading['seconds']:.2f} s ({parts}), {reading['measure']} "
-              f"{reading['value']:.4g} (worst state: step {reading['state_step']}), probe peak "
-              f"{result.peak_memory_bytes / 2**30:.2f} GiB", file=sys.stderr, flush=True)
-    print(f"{'policy':22s} {'probe s':>8} {'read s':>7} {'share':>6}  " + "  ".join(f"{k:>14}" for k in
-                                                                                  rows[0]["end_state"]))
-    for r in rows:
-        print(f"{r['policy']:22s} {r['probe_s']:8.2f} {r['reading_s']:7.2f} {100 * r['share']:5.1f}%  "
-              + "  ".join(f"{v:14.4g}" for v in r["end_state"].values()))
+        readings = read_all(by_keep, policy, device)
+        rows.append(row(name, probe_s, result, readings, by_keep[keeps[0]].device_bytes()))
+        log_row(rows[-1], readings)
+    table(rows, keeps)
     meta = {"space": str(args.space), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "date": datetime.date.today().isoformat(), "bf16_side_s": shared, "torch": torch.__version__,
-            "damage": space.objectives.damage.model_dump(mode="json")}
+            "date": datetime.date.today().isoformat(), "bf16_side_s": sides[keeps[0]]["seconds"],
+            "torch": torch.__version__, "damage": space.objectives.damage.model_dump(mode="json"),
+            "keep_states": keeps, "bf16_side_s_by_keep": {k: v["seconds"] for k, v in sides.items()},
+            "bf16_max_allocated_bytes_by_keep": {k: v["max_allocated_bytes"] for k, v in sides.items()},
+            "reader_held_bytes_by_keep": {k: v["held_bytes"] for k, v in sides.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{meta['date']}_bench_damage_cost_{args.space.stem}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

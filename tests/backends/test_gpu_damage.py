@@ -86,3 +86,25 @@ def test_the_readers_kept_bf16_side_is_not_counted_in_a_probes_peak(data):
     print(f"peak before {before / 2**20:.1f} MiB, after {after / 2**20:.1f} MiB, reader holds {held / 2**20:.1f} MiB")
     assert held > 0.1 * before  # the case means something: the reader holds a real share
     assert abs(after - before) < 0.02 * before
+
+
+def test_states_kept_on_the_device_are_there_counted_and_read_as_the_host_ones(data):
+    """``keep_states: device`` keeps each state's weights and moments on the GPU (``host``: pinned host copies),
+    ``device_bytes`` counts them beside the gradients, and the reading is the host one's (up to the GPU's
+    run-to-run noise: each reader trains its own BF16 run)."""
+    backend = get_backend("emulated", DEV)
+    policy = _fp8(Precision.FP8_CURRENT)
+    host = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS)
+    device = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS.model_copy(update={"keep_states": "device"}))
+    a, b = host.read(policy), device.read(policy)
+
+    def tensors(reader: DamageReader) -> list[torch.Tensor]:
+        (state, _), = reader.bf16_sides(None)
+        return [*state.weights.values(), *(m for pair in state.moments.values() for m in pair)]
+
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in tensors(host))
+    assert all(t.is_cuda and not t.is_pinned() for t in tensors(device))
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors(device))
+    assert device.device_bytes() == host.device_bytes() + state_bytes
+    print(f"compare: host {a['seconds_by_part']['compare']:.3f} s, device {b['seconds_by_part']['compare']:.3f} s")
+    assert b["value"] == pytest.approx(a["value"], rel=1e-3)

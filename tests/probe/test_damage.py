@@ -200,11 +200,12 @@ def test_the_reader_counts_the_device_memory_it_keeps(data):
     """``device_bytes`` is what the kept BF16 sides hold off the host (the probe subtracts it from its measured
     peak on a GPU): nothing on a CPU; each kept gradient's bytes on another device (here the meta device)."""
     from precsearch.probe.damage.reading import Side
+    from precsearch.probe.damage.states import State
 
     reader = _reader(data)
     reader.read(Policy.bf16(None))
     assert reader.device_bytes() == 0  # every gradient in host memory
-    reader._bf16[None] = [(None, Side(grads=[{"u": torch.empty(10, 4, device="meta")},
+    reader._bf16[None] = [(State(step=0, weights={}), Side(grads=[{"u": torch.empty(10, 4, device="meta")},
                                              {"u": torch.empty(3, dtype=torch.bfloat16, device="meta")}],
                                       eval_losses=[]))]
     assert reader.device_bytes() == 10 * 4 * 4 + 3 * 2

@@ -41,16 +41,18 @@ class DamageReader:
         """The states of the BF16 run with ``clip_grad`` and the BF16 side at each (computed once)."""
         if clip_grad not in self._bf16:
             at = state_steps(self.settings.states, self.probe.steps)
-            states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init)
+            states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init,
+                                      keep_on_device=self.settings.keep_states == "device")
             reference = Policy.bf16(clip_grad, self.baseline)
             self._bf16[clip_grad] = [(s, self._side(s, reference)) for s in states]
         return self._bf16[clip_grad]
 
     def device_bytes(self) -> int:
-        """Bytes of the kept BF16 sides on an accelerator (their gradients): memory the probe process holds
-        between trials, which a trial's measured peak must not count (``run_probe``'s ``held_bytes``)."""
-        return sum(t.numel() * t.element_size() for sides in self._bf16.values() for _, side in sides
-                   for batch in side.grads for t in batch.values() if t.device.type != "cpu")
+        """Bytes the reader keeps on an accelerator between trials: the BF16 sides' gradients, and the states'
+        weights and moments when ``keep_states`` is ``device``. The probe process holds them while a trial runs,
+        so a trial's measured peak must not count them (``run_probe``'s ``held_bytes``)."""
+        return sum(t.numel() * t.element_size() for sides in self._bf16.values() for state, side in sides
+                   for t in (*_state_tensors(state), *_grad_tensors(side)) if t.device.type != "cpu")
 
     def _side(self, state: State, policy: Policy) -> Side:
         return measure_side(self.cfg, self.probe, self.data, self.backend, self.device, state, policy,
@@ -59,7 +61,8 @@ class DamageReader:
     def read(self, policy: Policy) -> dict[str, Any]:
         """``policy``'s reading: the chosen figure's largest value over the states, and every figure; with its
         time, and the time by part (``side``: building the policy's model at each state and its backward and
-        held-out passes; ``compare``: the figures, with the AdamW updates and their copies of the state)."""
+        held-out passes; ``compare``: the figures, with the AdamW updates and, for states kept on the host,
+        their copies of the state to the device)."""
         start = time.perf_counter()
         clock = _Clock(self.device)
         states = []
@@ -100,6 +103,16 @@ class _Clock:
             torch.cuda.synchronize(self.device)
         self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
         return out
+
+
+def _state_tensors(state: State) -> list[torch.Tensor]:
+    """A kept state's tensors: every weight, and each unit's two moments."""
+    return [*state.weights.values(), *(m for pair in state.moments.values() for m in pair)]
+
+
+def _grad_tensors(side: Side) -> list[torch.Tensor]:
+    """A kept BF16 side's tensors: each unit's gradient on each batch."""
+    return [t for batch in side.grads for t in batch.values()]
 
 
 def _finite(x: float) -> float:

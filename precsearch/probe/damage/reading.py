@@ -125,6 +125,7 @@ def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: Probe
 def _updates(unit: str, g: list[Tensor], p: list[Tensor], state: State, policy: Policy, probe: ProbeSection,
              device: torch.device) -> tuple[list[Tensor], list[Tensor]]:
     """Per batch: the baseline's update from the BF16 gradient, and the policy's update error."""
+    # host-kept states are copied in here; states kept on the device (keep_states: device) are used as they are
     weight = state.weights[f"{unit}.weight"].to(device, non_blocking=True)
     zeros = torch.zeros_like(weight)
     moments = tuple(m.to(device, non_blocking=True) for m in state.moments.get(unit, (zeros, zeros)))

@@ -37,7 +37,9 @@ READING_STEP0 = 1_000_000
 
 @dataclass
 class State:
-    """The BF16 run just before ``step``: weights (plain layout, FP32, on CPU) and AdamW moments.
+    """The BF16 run just before ``step``: weights (plain layout, FP32) and AdamW moments.
+
+    Its tensors are in host memory, or on the run's device with ``reference_states(keep_on_device=True)``.
 
     Attributes:
         step: Steps the run had taken.
@@ -58,8 +60,13 @@ def state_steps(fractions: list[float], steps: int) -> list[int]:
 
 
 def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device: torch.device,
-                     clip_grad: float | None, at: list[int], init: CheckpointStart | None = None) -> list[State]:
-    """Train the BF16 probe (FP32 parameters and moments) and keep its state before each step in ``at``."""
+                     clip_grad: float | None, at: list[int], init: CheckpointStart | None = None, *,
+                     keep_on_device: bool = False) -> list[State]:
+    """Train the BF16 probe (FP32 parameters and moments) and keep its state before each step in ``at``.
+
+    The states are kept in host memory, or with ``keep_on_device`` on ``device`` (no copy back per trial, at
+    the device memory of a state's weights and moments: ``objectives.damage.keep_states``).
+    """
     backend = EmulatedBackend()
     model = build_probe(cfg, Policy.bf16(clip_grad), backend, device, probe.seed, "fp32", init)
     if init is not None and data.seed != probe.seed:
@@ -72,7 +79,7 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
     states = []
     for step in range(max(at) + 1):
         if step in at:
-            states.append(_snapshot(model, opt, units, step, probe.lr * factor(step)))
+            states.append(_snapshot(model, opt, units, step, probe.lr * factor(step), keep_on_device))
         if step < max(at):
             _train_step(model, opt, data, step, False, clip_grad, backend, device, accum=probe.grad_accum)
             sched.step()
@@ -86,14 +93,22 @@ def _host(t: Tensor) -> Tensor:
     return out.pin_memory() if t.is_cuda else out
 
 
-def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float) -> State:
+def _on_device(t: Tensor) -> Tensor:
+    """A float32 copy of ``t`` where it is (never a view: the run trains on after the snapshot)."""
+    return t.detach().to(dtype=torch.float32, copy=True)
+
+
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float,
+              keep_on_device: bool = False) -> State:
+    """The run's weights and unit moments now, copied to host memory (:func:`_host`) or kept on the device."""
+    keep = _on_device if keep_on_device else _host
     params = dict(model.named_parameters())
     moments = {}
     for unit in units:
         st = opt.state.get(params[f"{unit}.weight"], {})
         if "exp_avg" in st:
-            moments[unit] = (_host(st["exp_avg"]), _host(st["exp_avg_sq"]))
-    weights = {k: _host(v) for k, v in model.state_dict().items()}
+            moments[unit] = (keep(st["exp_avg"]), keep(st["exp_avg_sq"]))
+    weights = {k: keep(v) for k, v in model.state_dict().items()}
     return State(step=step, weights=weights, moments=moments, lr=lr)
 
 
