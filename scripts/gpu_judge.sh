@@ -4,7 +4,9 @@
 # cached; no run starts that could not end inside JUDGE_DEADLINE s). The cache comes back as
 # $OUT/judge_runs.tar.gz; carry it in .fidcache/ to the next call and the runs done are not repeated:
 #   run(command="bash scripts/gpu_judge.sh", carry=[".gpu", ".fidcache"], timeout_s=600)
-# STAGES picks the parts (default "tests cost judge").
+# STAGES picks the parts (default "tests cost judge"); COST_ARGS go to bench_damage_cost.py (e.g.
+# "--keep-states host device"); JUDGE_DEADLINE=0 starts no training run: the readings missing from the cache
+# are taken and the judge reports from the cached runs.
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_judge_out
 source "$(dirname "$0")/gpu_env.sh"
@@ -15,7 +17,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 if [[ " $STAGES " == *" cost "* ]]; then
     timeout "${COST_TIMEOUT:-200}" python3 scripts/bench_damage_cost.py "${COST_SPACE:-search_spaces/llama3_8b_h100.yaml}" --out "$OUT" \
-        2>&1 | tail -15 | tee "$OUT/damage_cost.log"
+        ${COST_ARGS:-} 2>&1 | tail -15 | tee "$OUT/damage_cost.log"
 fi
 if [[ " $STAGES " == *" judge "* ]]; then
     CACHE=/tmp/judge_runs
