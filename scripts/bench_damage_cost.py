@@ -6,9 +6,10 @@ each policy its trial probe (``run_probe``, the study's trajectory probe) and it
 Prints a table and writes JSON (the reading's share of a trial: reading / (trial probe + reading)).
 
 With ``--keep-states host device`` there is one reader per ``objectives.damage.keep_states`` value, each with
-its own BF16 side (timed, with the device's peak allocation after it); each policy's trial probe runs once and
-is read by every reader, so the table has a reading time and share per value side by side. The readers are all
-held at once (a trial probe's peak leaves out what they all hold). The JSON keeps the first value's figures under
+its own BF16 side (timed, with the device's peak allocation while it ran); each policy's trial probe runs once,
+beside the first reader, and every reader reads every policy, so the table has a reading time and share per
+value side by side. The readers run one after the other (two BF16 sides at once would not fit beside an 8B-wide
+probe); the JSON gives the device's peak while each reader read (``reading_max_allocated_bytes_by_keep``). The JSON keeps the first value's figures under
 the single-reader keys and adds ``*_by_keep`` entries.
 
     python scripts/bench_damage_cost.py search_spaces/llama3_8b_h100.yaml --out $OUT      # H200
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import sys
 import time
@@ -55,17 +57,15 @@ def _max_allocated(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def readers(space, cfg, data, backend, device, keeps: list[str]) -> dict[str, DamageReader]:
-    """One reader per ``keep_states`` value, on the space's damage settings otherwise."""
-    return {keep: DamageReader(cfg, space.probe, data, backend, device,
-                               space.objectives.damage.model_copy(update={"keep_states": keep}),
-                               space.model.start(), space.baseline_knobs())
-            for keep in keeps}
+def make_reader(space, cfg, data, backend, device, keep: str) -> DamageReader:
+    """A reader on the space's damage settings with ``keep_states`` set to ``keep``."""
+    return DamageReader(cfg, space.probe, data, backend, device,
+                        space.objectives.damage.model_copy(update={"keep_states": keep}),
+                        space.model.start(), space.baseline_knobs())
 
 
 def bf16_side(reader: DamageReader, clip: float | None, device: torch.device) -> dict[str, float | int | None]:
-    """Compute ``reader``'s BF16 side: its seconds, and the device's peak allocation while it ran (which
-    includes what readers built before it hold)."""
+    """Compute ``reader``'s BF16 side: its seconds, and the device's peak allocation while it ran."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
@@ -75,13 +75,20 @@ def bf16_side(reader: DamageReader, clip: float | None, device: torch.device) ->
             "held_bytes": reader.device_bytes()}
 
 
-def read_all(by_keep: dict[str, DamageReader], policy: Policy, device: torch.device) -> dict[str, dict]:
-    """``policy``'s reading by each reader."""
-    out = {}
-    for keep, reader in by_keep.items():
-        out[keep] = reader.read(policy)
-        _sync(device)
-    return out
+def read_timed(reader: DamageReader, policy: Policy, device: torch.device) -> dict:
+    """``policy``'s reading, with the device's peak allocation while it was taken (``max_allocated_bytes``)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    reading = reader.read(policy)
+    _sync(device)
+    return reading | {"max_allocated_bytes": _max_allocated(device)}
+
+
+def _release(device: torch.device) -> None:
+    """Give a dropped reader's device memory back, so the next reader starts from the same free memory."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def row(name: str, probe_s: float, result, readings: dict[str, dict], held: int) -> dict:
@@ -133,32 +140,44 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(space.probe.device)
     backend = get_backend(space.backend.value, device)
     data, cfg = load_batches(space), space.model.probe()
-    by_keep = readers(space, cfg, data, backend, device, keeps)
-    sides = {}
-    for keep, reader in by_keep.items():
+    named = policies(args.clip, space.baseline_knobs())
+    # one reader at a time (both at once would hold two BF16 sides on the device): the trial probes run
+    # beside the first, and every reader reads the same policies, so the reading times stand side by side
+    sides, probes, readings = {}, {}, {name: {} for name in named}
+    for keep in keeps:
+        reader = make_reader(space, cfg, data, backend, device, keep)
         sides[keep] = bf16_side(reader, args.clip, device)
         peak = sides[keep]["max_allocated_bytes"]
         print(f"BF16 side, keep_states {keep} (states + BF16 gradients, once): {sides[keep]['seconds']:.1f} s"
               + (f", device peak {peak / 2**30:.2f} GiB" if peak is not None else "")
               + f", held {sides[keep]['held_bytes'] / 2**30:.2f} GiB", file=sys.stderr, flush=True)
-    rows = []
-    for name, policy in policies(args.clip, space.baseline_knobs()).items():
-        held = sum(r.device_bytes() for r in by_keep.values())
-        t0 = time.perf_counter()
-        result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target(),
-                           held_bytes=held)
-        _sync(device)
-        probe_s = time.perf_counter() - t0
-        readings = read_all(by_keep, policy, device)
-        rows.append(row(name, probe_s, result, readings, by_keep[keeps[0]].device_bytes()))
-        log_row(rows[-1], readings)
+        for name, policy in named.items():
+            if name not in probes:
+                t0 = time.perf_counter()
+                result = run_probe(cfg, space.probe, policy, data, backend, device, target=space.model.target(),
+                                   held_bytes=reader.device_bytes())
+                _sync(device)
+                probes[name] = (time.perf_counter() - t0, result)
+            readings[name][keep] = read_timed(reader, policy, device)
+            r = readings[name][keep]
+            print(f"  {name}, keep_states {keep}: reading {r['seconds']:.2f} s ("
+                  + ", ".join(f"{p} {v:.2f} s" for p, v in r["seconds_by_part"].items())
+                  + f"), {r['measure']} {r['value']:.4g} (worst state: step {r['state_step']})", file=sys.stderr,
+                  flush=True)
+        del reader
+        _release(device)
+    rows = [row(name, *probes[name], readings[name], sides[keeps[0]]["held_bytes"]) for name in named]
+    for r in rows:
+        log_row(r, readings[r["policy"]])
     table(rows, keeps)
     meta = {"space": str(args.space), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "date": datetime.date.today().isoformat(), "bf16_side_s": sides[keeps[0]]["seconds"],
             "torch": torch.__version__, "damage": space.objectives.damage.model_dump(mode="json"),
             "keep_states": keeps, "bf16_side_s_by_keep": {k: v["seconds"] for k, v in sides.items()},
             "bf16_max_allocated_bytes_by_keep": {k: v["max_allocated_bytes"] for k, v in sides.items()},
-            "reader_held_bytes_by_keep": {k: v["held_bytes"] for k, v in sides.items()}}
+            "reader_held_bytes_by_keep": {k: v["held_bytes"] for k, v in sides.items()},
+            "reading_max_allocated_bytes_by_keep": {k: max((readings[n][k]["max_allocated_bytes"] or 0)
+                                                           for n in named) or None for k in keeps}}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{meta['date']}_bench_damage_cost_{args.space.stem}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
