@@ -139,13 +139,19 @@ def reference_walls(out_dir: Path) -> float:
 def breakdown(t0: float, t1: float, runs: list[dict], ref_s: float, startup: dict[str, float]) -> dict[str, float]:
     """Seconds per component over the whole process (they add up to its wall time)."""
     first, last = runs[0]["start"], runs[-1]["end"]
-    phases = {"build": 0.0, "warmup_steps": 0.0, "measured_steps": 0.0, "eval": 0.0}
+    phases = {"build": 0.0, "warmup_steps": 0.0, "measured_steps": 0.0, "eval": 0.0, "reading_bf16": 0.0,
+              "reading": 0.0}
     for r in runs:
-        ph = (r["probe_result"] or {}).get("phase_s", {}) if r["duplicate_of"] == "-" else {}
+        result = (r["probe_result"] or {}) if r["duplicate_of"] == "-" else {}
+        ph = result.get("phase_s", {})
         phases["build"] += ph.get("build", 0.0)
         phases["warmup_steps"] += ph.get("warmup_steps", 0.0)
         phases["measured_steps"] += ph.get("fp8_steps", 0.0) + ph.get("bf16_steps", 0.0)
         phases["eval"] += ph.get("eval", 0.0)
+        read = result.get("damage") or {}  # the fixed-state reading (objectives.reading: damage)
+        parts = sum((read.get("seconds_by_part") or {}).values())
+        phases["reading"] += parts
+        phases["reading_bf16"] += read.get("seconds", 0.0) - parts  # its BF16 side, paid once per clip value
     trials_span = last - first  # the trials' runs and the gaps between them (front update, Optuna tell)
     imports = min(startup["process_s"], first - t0)
     return {
@@ -156,6 +162,8 @@ def breakdown(t0: float, t1: float, runs: list[dict], ref_s: float, startup: dic
         "warm-up steps": phases["warmup_steps"],
         "measured steps": phases["measured_steps"],
         "eval": phases["eval"],
+        "fixed-state reading: BF16 side": phases["reading_bf16"],
+        "fixed-state reading": phases["reading"],
         "logging + other": trials_span - ref_s - sum(phases.values()),
         "teardown": t1 - last,
     }
@@ -163,7 +171,7 @@ def breakdown(t0: float, t1: float, runs: list[dict], ref_s: float, startup: dic
 
 #: Components paid once per ``precsearch run`` (or per reference key), not once per trial.
 PER_PROCESS = ("startup: process + imports + CUDA init", "startup: study setup (storage, data, MLflow)",
-               "BF16 reference", "teardown")
+               "BF16 reference", "fixed-state reading: BF16 side", "teardown")
 
 
 def overhead_at(totals: dict[str, float], n_run: int, n_target: int) -> float:
@@ -196,6 +204,8 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
             "trials_per_gpu_hour": 3600 * len(runs) / (t1 - t0),
             "after_startup_s": after_startup, "steps_share_after_startup": step_s / after_startup,
             "steps_and_reference_share_after_startup": (step_s + totals["BF16 reference"]) / after_startup,
+            "probe_work_share_after_startup": (step_s + totals["BF16 reference"] + totals["fixed-state reading"]
+                                               + totals["fixed-state reading: BF16 side"]) / after_startup,
             "fixed_overhead_share": 1 - steps / trial_s, "startup_process": startup,
             "study_n_trials": space_data.get("study", {}).get("n_trials", n_trials),
             "fixed_overhead_share_at_study_n_trials": overhead_at(
@@ -215,7 +225,8 @@ def print_breakdown(b: dict[str, Any]) -> None:
     print(f"  (start-up-only process: {su['process_s']:.1f}s = interpreter {su['interpreter_s']:.1f}s "
           f"+ imports {su['imports_s']:.1f}s + CUDA init {su['cuda_init_s']:.1f}s)")
     print(f"probe steps: {100 * b['steps_share_after_startup']:.1f}% of the wall time after start-up "
-          f"({100 * b['steps_and_reference_share_after_startup']:.1f}% counting the BF16 reference probes)  "
+          f"({100 * b['steps_and_reference_share_after_startup']:.1f}% counting the BF16 reference probes, "
+          f"{100 * b['probe_work_share_after_startup']:.1f}% with the fixed-state readings)  "
           f"target >= 70%  {'ok' if b['steps_share_after_startup'] >= 0.70 else 'BELOW'}")
     share = b["fixed_overhead_share"]
     print(f"fixed overhead (all but warm-up + measured steps): {100 * share:.1f}% of a trial  "
@@ -254,7 +265,8 @@ def print_compare(c: dict[str, Any]) -> None:
         print(f"{name:46s} {before['per_trial_s'][name]:15.2f} {after['per_trial_s'][name]:14.2f}")
     print(f"{'wall time per trial':46s} {before['trial_s']:15.2f} {after['trial_s']:14.2f}")
     for key, label in (("steps_share_after_startup", "probe steps, share after start-up"),
-                       ("steps_and_reference_share_after_startup", "  with the BF16 references")):
+                       ("steps_and_reference_share_after_startup", "  with the BF16 references"),
+                       ("probe_work_share_after_startup", "  and the fixed-state readings")):
         print(f"{label:46s} {100 * before[key]:14.1f}% {100 * after[key]:13.1f}%")
     print(f"{'trials per GPU-hour':46s} {before['trials_per_gpu_hour']:15.0f} {after['trials_per_gpu_hour']:14.0f}"
           f"   x{c['trials_per_gpu_hour_ratio']:.2f}  (target >= 1.6x)")

@@ -23,3 +23,21 @@ def test_before_records_inline_and_after_runs_the_defaults(monkeypatch):
     assert before["PRECSEARCH_SYNC_RECORD"] == "1"
     assert before["PRECSEARCH_CPU_THREADS"] == str(len(__import__("os").sched_getaffinity(0)))  # torch's default
     assert "PRECSEARCH_CPU_THREADS" not in bench.variant_env("before", torch.device("cuda"))
+
+
+def test_the_fixed_state_reading_is_its_own_component_not_logging():
+    """A study read by ``damage`` spends GPU time in each trial's reading; counted as "logging + other" it would
+    look like overhead to hide. Its BF16 side (the first reading's extra seconds) is a per-process cost."""
+    def run(start, end, damage=None, dup="-"):
+        return {"start": start, "end": end, "duplicate_of": dup,
+                "probe_result": {"phase_s": {"build": 1.0, "warmup_steps": 0.5, "fp8_steps": 2.0, "eval": 0.5},
+                                 "damage": damage}}
+    runs = [run(10.0, 30.0, {"seconds": 14.0, "seconds_by_part": {"side": 1.0, "compare": 2.0}}),
+            run(30.0, 40.0, {"seconds": 3.0, "seconds_by_part": {"side": 1.0, "compare": 2.0}}),
+            run(40.0, 41.0, {"seconds": 3.0, "seconds_by_part": {"side": 1.0, "compare": 2.0}}, dup="1")]
+    totals = bench.breakdown(0.0, 42.0, runs, 2.0, {"process_s": 5.0})
+    assert totals["fixed-state reading: BF16 side"] == 11.0  # 14 - (1 + 2), once
+    assert totals["fixed-state reading"] == 6.0  # two read trials; the duplicate reads nothing
+    assert totals["logging + other"] == 31.0 - 2.0 - 2 * 4.0 - 11.0 - 6.0
+    assert abs(sum(totals.values()) - 42.0) < 1e-9
+    assert "fixed-state reading: BF16 side" in bench.PER_PROCESS
