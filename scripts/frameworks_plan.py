@@ -18,6 +18,7 @@ import yaml
 from precsearch.arch.config import PRESETS
 from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER, hf_linear_names, unit_names
 from precsearch.export.format_output import layer_table
+from precsearch.probe.memory.frameworks import MEGATRON_STANDARD
 from precsearch.export.megatron import ARGS_FILE, CONFIG_FILE, megatron_export, megatron_table
 from precsearch.export.registry import render
 from precsearch.export.policy_export import write_export
@@ -261,7 +262,7 @@ def check_modules(observed: dict[str, str], expected: dict[str, str]) -> dict[st
 
 
 #: What Megatron's optimizer keeps by default (BF16 parameters, FP32 main parameters, FP32 moments).
-MEGATRON_MEMORY = MemoryKnobs(master_weights=True, moment_dtype="fp32")
+MEGATRON_MEMORY = MEGATRON_STANDARD
 #: Parameter dtype each framework trains with in the bench: Megatron BF16 (with FP32 main parameters),
 #: the torchao and Accelerate runs FP32 parameters under BF16 autocast (as Hugging Face models load).
 PARAM_DTYPE = {"megatron": "bf16", "torchtitan": "fp32", "accelerate": "fp32", "probe": "bf16"}
@@ -277,16 +278,20 @@ def run_memory(framework: str, policy: Policy) -> MemoryKnobs:
 
 
 def predicted_peak_gib(policy: Policy, shape: Shape, framework: str) -> float:
-    """precsearch's memory model (:func:`~precsearch.probe.memory.peak.predict_peak`) for the framework's run."""
+    """precsearch's memory model (:func:`~precsearch.probe.memory.peak.predict_peak`) for the framework's run,
+    with the framework's own optimizer step where the model knows it
+    (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer)."""
+    from precsearch.probe.memory.frameworks import framework_peak
     from precsearch.probe.memory.peak import predict_peak
 
     param_dtype = PARAM_DTYPE[framework]
     cfg = shape.model_config()
     precisions = {n: policy.precision_for(n, cfg.n_layers) for n in unit_names(cfg)}
     precisions[OUTPUT_LAYER] = policy.precision_for(OUTPUT_LAYER, cfg.n_layers)
+    memory = run_memory(framework, policy)
     b = predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb, param_dtype=param_dtype,
-                     memory=run_memory(framework, policy))
-    return b.total / 2**30
+                     memory=memory)
+    return framework_peak(framework, b, memory) / 2**30
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:
