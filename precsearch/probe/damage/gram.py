@@ -16,6 +16,9 @@ For vectors x_1..x_K drawn independently with mean mu and covariance Sigma:
   mean minus the part the sampling noise adds, ``trace(Sigma) / K``); it can be
   negative when mu is small next to the noise, which says "indistinguishable
   from 0", so callers clamp only when they display.
+
+The matrix itself is summed over chunks of the vectors (:func:`gram_of_stacked`:
+a K x chunk block's ``X X^T`` in float64), so no vector need be whole at once.
 """
 
 from __future__ import annotations
@@ -79,13 +82,47 @@ def ratio(numerator: Callable[[Tensor], float], denominator: Callable[[Tensor], 
     return value, math.sqrt((k - 1) / k * float(((loo - loo.mean()) ** 2).sum()))
 
 
-def gram_of(vectors: list[Tensor], weight: Tensor | None = None) -> Tensor:
-    """The float64 Gram matrix of ``vectors`` (flattened), optionally each multiplied by ``weight`` first."""
+#: Elements of each vector :func:`gram_of` takes at once (a K x chunk float64 block).
+GRAM_CHUNK = 2**20
+
+
+def gram_of_stacked(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """The float64 Gram matrix ``x.double() @ x.double().T`` of the K x n block ``x`` (row k: a chunk of vector k).
+
+    With ``out`` (K x K float64, on ``x``'s device) the block's matrix is added into it and ``out`` returned:
+    summed over the chunks of K vectors this is their Gram matrix, with no host sync (read it once at the end).
+    The products of float32 (or BF16) values are exact in float64; only the order of the sums differs from
+    pairwise dot products. The result may be asymmetric by rounding: :func:`symmetric` mirrors it.
+    """
+    xd = x.double()
+    if out is None:
+        return xd @ xd.T
+    return out.addmm_(xd, xd.T)
+
+
+def symmetric(gram: Tensor) -> Tensor:
+    """``gram`` (..., K, K) with its upper triangle mirrored below the diagonal."""
+    upper = gram.triu()
+    return upper + upper.triu(1).transpose(-1, -2)
+
+
+def gram_of(vectors: list[Tensor], weight: Tensor | None = None, chunk: int = GRAM_CHUNK) -> Tensor:
+    """The float64 Gram matrix of ``vectors`` (flattened), optionally each multiplied by ``weight`` first.
+
+    Computed ``chunk`` elements of every vector at a time (:func:`gram_of_stacked`); returned on the host.
+    """
     k = len(vectors)
-    out = torch.zeros(k, k, dtype=torch.float64)
+    if k == 0:
+        return torch.zeros(0, 0, dtype=torch.float64)
     flat = [(v * weight if weight is not None else v).reshape(-1) for v in vectors]
-    for i in range(k):
-        a = flat[i].double()  # one float64 copy at a time: a unit's weight can be half a billion values
-        for j in range(i, k):
-            out[i, j] = out[j, i] = float(a @ flat[j].double())
-    return out
+    n, device = flat[0].numel(), flat[0].device
+    if any(f.numel() != n for f in flat):
+        raise ValueError(f"vectors of different sizes: {sorted({f.numel() for f in flat})}")
+    out = torch.zeros(k, k, dtype=torch.float64, device=device)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        block = torch.empty(k, stop - start, dtype=torch.float64, device=device)
+        for i, f in enumerate(flat):
+            block[i].copy_(f[start:stop])
+        gram_of_stacked(block, out)
+    return symmetric(out).cpu()
