@@ -40,11 +40,12 @@ def _ref_stored(x, dtype):
     if dtype == "bf16":
         return x.to(torch.bfloat16).float()
     amax = x.abs().max().clamp(min=torch.finfo(torch.float32).tiny)
+    biggest = torch.finfo(torch.float32).max  # a finite scale: zeros are stored as zeros, not NaN
     if dtype == "fp16":
-        scale = torch.finfo(torch.float16).max / 2 / amax
+        scale = (torch.finfo(torch.float16).max / 2 / amax).clamp(max=biggest)
         return (x * scale).to(torch.float16).float() / scale
     if dtype == "fp8":
-        return quantize_dequantize(x, fp8_max("e4m3") / amax, "e4m3")
+        return quantize_dequantize(x, (fp8_max("e4m3") / amax).clamp(max=biggest), "e4m3")
     raise ValueError(dtype)
 
 
@@ -266,8 +267,8 @@ def test_a_storage_applied_by_chunks_is_the_whole_tensors(dtype):
 @pytest.mark.parametrize("chunk", [7, 50, 117, 10_000])
 def test_a_units_grams_equal_the_pairwise_ones(knobs, chunk):
     """:func:`compare_unit`'s four Gram matrices against the reference's, for BF16 parameters (every keep: BF16,
-    FP16, FP32), BF16 gradients, at a state with moments and one without (NaN where the reference reads NaN:
-    FP8 moments of zeros)."""
+    FP16, FP32), BF16 gradients, at a state with moments and one without (zero moments, which scaled storage
+    keeps as zeros)."""
     weight, moments, g, p = _unit(1, grad_dtype=torch.bfloat16)
     dtypes = StepDtypes.of(knobs, "bf16")
     for m in (moments, None):
@@ -288,3 +289,12 @@ def test_gram_of_stays_the_pairwise_gram():
     weight = torch.rand(5, 61, generator=gen)
     _assert_same_gram(gram.gram_of(vectors, weight, chunk=7), _ref_gram([v * weight for v in vectors]))
     assert gram.gram_of([]).shape == (0, 0)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8"])
+def test_zeros_are_stored_as_zeros_not_nan(dtype):
+    """Moments before the first step are zeros; a scale of 1 / 0 made them NaN and every update figure with them."""
+    zeros = torch.zeros(3, 5)
+    assert torch.equal(stored(zeros, dtype), zeros)
+    tiny = torch.full((4,), torch.finfo(torch.float32).tiny)
+    assert torch.isfinite(stored(tiny, dtype)).all()

@@ -58,9 +58,12 @@ class Storage:
         if amax is not None:
             clamped = amax.clamp(min=torch.finfo(torch.float32).tiny)
             if dtype == "fp16":  # scaled into FP16's range, as TE's FP16 master copies are
-                self.scale = torch.finfo(torch.float16).max / 2 / clamped
+                scale = torch.finfo(torch.float16).max / 2 / clamped
             else:
-                self.scale = fp8_max("e4m3") / clamped
+                scale = fp8_max("e4m3") / clamped
+            # finite even for a tensor of zeros (moments before the first step): an infinite scale would read
+            # 0 * inf = NaN, where the stored zeros are zeros
+            self.scale = scale.clamp(max=torch.finfo(torch.float32).max)
 
     @classmethod
     def of(cls, x: Tensor, dtype: str) -> "Storage":
