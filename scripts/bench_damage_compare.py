@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from precsearch.fp8.formats import fp8_max, quantize_dequantize  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import damage_reference as ref  # noqa: E402  (the plain compare step, written apart from the code under test)
 from precsearch.policy import MemoryKnobs  # noqa: E402
 from precsearch.probe.damage.reading import compare_unit, default_chunk  # noqa: E402
 from precsearch.probe.damage.update import StepDtypes  # noqa: E402
@@ -50,53 +51,6 @@ PARAM_DTYPE = "bf16"
 ARGS = (100, 3e-4, (0.9, 0.95), 0.1)  # step, lr, betas, weight decay
 
 
-# ---- the reference: whole tensors (written independently of precsearch.probe.damage) ---------------------------
-
-def _stored(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    if dtype == "fp32":
-        return x
-    if dtype == "bf16":
-        return x.to(torch.bfloat16).float()
-    amax = x.abs().max().clamp(min=torch.finfo(torch.float32).tiny)
-    if dtype == "fp16":
-        scale = torch.finfo(torch.float16).max / 2 / amax
-        return (x * scale).to(torch.float16).float() / scale
-    return quantize_dequantize(x, fp8_max("e4m3") / amax, "e4m3")
-
-
-def _adam(w, g, m1, m2, step, lr, betas, wd, eps=1e-8):
-    b1, b2 = betas
-    t = step + 1
-    m = b1 * m1 + (1 - b1) * g
-    v = b2 * m2 + (1 - b2) * g * g
-    return -lr * (m / (1 - b1**t) / ((v / (1 - b2**t)).sqrt() + eps) + wd * w)
-
-
-def _keep(knobs: MemoryKnobs, param_dtype: str) -> str:
-    return param_dtype if knobs.master == "none" else "fp32" if knobs.master == "remainders" else knobs.master
-
-
-def _policy_update(w, p, moments, knobs, param_dtype):
-    first, second = knobs.moment_dtypes(param_dtype)
-    update = _adam(w, p, _stored(moments[0], first), _stored(moments[1], second), *ARGS)
-    keep = _keep(knobs, param_dtype)
-    if keep == "fp32":
-        return update
-    before = _stored(w, keep)
-    return _stored(before + update, keep) - before
-
-
-def _pairwise_gram(vectors):
-    k = len(vectors)
-    out = torch.zeros(k, k, dtype=torch.float64)
-    flat = [v.reshape(-1) for v in vectors]
-    for i in range(k):
-        a = flat[i].double()
-        for j in range(i, k):
-            out[i, j] = out[j, i] = float(a @ flat[j].double())
-    return out
-
-
 def whole(g, p, weight, moments, knobs, device):
     """The compare step of one unit as it was: whole tensors, per-batch updates, pairwise float64 dots."""
     g = [t.float() for t in g]
@@ -104,9 +58,10 @@ def whole(g, p, weight, moments, knobs, device):
     e = [pk - gk for pk, gk in zip(p, g)]
     w = weight.to(device, non_blocking=True)
     m = tuple(x.to(device, non_blocking=True) for x in moments)
-    ref = [_adam(w, gk, *m, *ARGS) for gk in g]
-    err = [_policy_update(w, pk, m, knobs, PARAM_DTYPE) - rk for pk, rk in zip(p, ref)]
-    return {"g": _pairwise_gram(g), "e": _pairwise_gram(e), "u": _pairwise_gram(ref), "ue": _pairwise_gram(err)}
+    ref_updates = [ref.adam(w, gk, *m, *ARGS) for gk in g]
+    err = [ref.applied(w, pk, m, *ARGS, knobs, PARAM_DTYPE) - rk for pk, rk in zip(p, ref_updates)]
+    return {"g": ref.pairwise_gram(g), "e": ref.pairwise_gram(e), "u": ref.pairwise_gram(ref_updates),
+            "ue": ref.pairwise_gram(err)}
 
 
 def chunked(g, p, weight, moments, knobs, device, chunk):

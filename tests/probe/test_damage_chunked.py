@@ -11,13 +11,14 @@ chunk by chunk, must be the whole tensor's to the bit.
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import DamageSection, ProbeSection
-from precsearch.fp8.formats import fp8_max, quantize_dequantize
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.damage import DamageReader, gram
@@ -25,6 +26,9 @@ from precsearch.probe.damage.reading import StateReading, _figures, _forward, co
 from precsearch.probe.damage.update import MOMENTS, Storage, StepDtypes, UnitStep, applied_update, stored
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.probe.model.llama3 import ModelConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import damage_reference as ref  # noqa: E402  (the compare step as it was: whole tensors, pairwise dots)
 
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 PROBE = ProbeSection(steps=8, micro_batch=4, seq_len=32, lr=3e-3, lr_warmup_steps=2, device="cpu")
@@ -34,56 +38,7 @@ CPU = torch.device("cpu")
 
 # ---- the reference: the compare step before chunking, whole tensors, one update per batch ----------------------
 
-def _ref_stored(x, dtype):
-    if dtype == "fp32":
-        return x
-    if dtype == "bf16":
-        return x.to(torch.bfloat16).float()
-    amax = x.abs().max().clamp(min=torch.finfo(torch.float32).tiny)
-    biggest = torch.finfo(torch.float32).max  # a finite scale: zeros are stored as zeros, not NaN
-    if dtype == "fp16":
-        scale = (torch.finfo(torch.float16).max / 2 / amax).clamp(max=biggest)
-        return (x * scale).to(torch.float16).float() / scale
-    if dtype == "fp8":
-        return quantize_dequantize(x, (fp8_max("e4m3") / amax).clamp(max=biggest), "e4m3")
-    raise ValueError(dtype)
-
-
-def _ref_adam(weight, grad, exp_avg, exp_avg_sq, step, lr, betas, weight_decay, eps=1e-8):
-    b1, b2 = betas
-    t = step + 1
-    m = b1 * exp_avg + (1 - b1) * grad
-    v = b2 * exp_avg_sq + (1 - b2) * grad * grad
-    denom = (v / (1 - b2**t)).sqrt() + eps
-    return -lr * (m / (1 - b1**t) / denom + weight_decay * weight)
-
-
-def _ref_keep(knobs, param_dtype):
-    if knobs.master == "none":
-        return param_dtype
-    return "fp32" if knobs.master == "remainders" else knobs.master
-
-
-def _ref_applied(weight, grad, moments, step, lr, betas, weight_decay, knobs, param_dtype):
-    first, second = knobs.moment_dtypes(param_dtype)
-    exp_avg, exp_avg_sq = _ref_stored(moments[0], first), _ref_stored(moments[1], second)
-    update = _ref_adam(weight, grad.float(), exp_avg, exp_avg_sq, step, lr, betas, weight_decay)
-    keep = _ref_keep(knobs, param_dtype)
-    if keep == "fp32":
-        return update
-    before = _ref_stored(weight, keep)
-    return _ref_stored(before + update, keep) - before
-
-
-def _ref_gram(vectors):
-    k = len(vectors)
-    out = torch.zeros(k, k, dtype=torch.float64)
-    flat = [v.reshape(-1) for v in vectors]
-    for i in range(k):
-        a = flat[i].double()
-        for j in range(i, k):
-            out[i, j] = out[j, i] = float(a @ flat[j].double())
-    return out
+_ref_stored, _ref_adam, _ref_keep, _ref_applied, _ref_gram = ref.stored, ref.adam, ref.keep, ref.applied, ref.pairwise_gram
 
 
 def _ref_unit_grams(g, p, weight, moments, knobs, param_dtype, args):
@@ -92,10 +47,10 @@ def _ref_unit_grams(g, p, weight, moments, knobs, param_dtype, args):
     e = [pk - gk for pk, gk in zip(p, g)]
     if moments is None:
         moments = (torch.zeros_like(weight), torch.zeros_like(weight))
-    ref = [_ref_adam(weight, gk, *moments, *args) for gk in g]
+    baseline = [_ref_adam(weight, gk, *moments, *args) for gk in g]
     pol = [_ref_applied(weight, pk, moments, *args, knobs, param_dtype) for pk in p]
-    ue = [a - b for a, b in zip(pol, ref)]
-    return {"g": _ref_gram(g), "e": _ref_gram(e), "u": _ref_gram(ref), "ue": _ref_gram(ue)}
+    ue = [a - b for a, b in zip(pol, baseline)]
+    return {"g": _ref_gram(g), "e": _ref_gram(e), "u": _ref_gram(baseline), "ue": _ref_gram(ue)}
 
 
 def _reference_read_state(bf16, pol, state, policy, probe, settings) -> StateReading:
