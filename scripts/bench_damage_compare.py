@@ -6,7 +6,7 @@ parameters give them), and the state's float32 weight and AdamW moments, go thro
 * ``whole`` (the reference, written here on its own: the compare step as it was before 2026-12-02): every
   list whole (float32 copies of the gradients, errors, baseline updates, update errors), one AdamW update
   per batch through the stored moments and the kept weight, Gram matrices by pairwise float64 dot products;
-* ``chunked``: :func:`precsearch.probe.damage.reading.compare_unit` (one pass over ``--chunk``-element slices,
+* ``chunked``: :func:`precsearch.probe.damage.compare.compare_unit` (one pass over ``--chunk``-element slices,
   default the reading's for the device, K x chunk blocks, Gram matrices accumulated, one host sync).
 
 Reported per row: the median wall time over ``--repeats`` (the two alternate), the peak bytes held at once by
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import damage_reference as ref  # noqa: E402  (the plain compare step, written apart from the code under test)
 from precsearch.policy import MemoryKnobs  # noqa: E402
-from precsearch.probe.damage.reading import compare_unit, default_chunk  # noqa: E402
+from precsearch.probe.damage.compare import compare_unit, default_chunk  # noqa: E402
 from precsearch.probe.damage.update import StepDtypes  # noqa: E402
 from precsearch.probe.memory.live_bytes import LiveBytes  # noqa: E402
 

@@ -8,7 +8,10 @@ Prints a table and writes JSON (the reading's share of a trial: reading / (trial
 With ``--keep-states host device`` there is one reader per ``objectives.damage.keep_states`` value, each with
 its own BF16 side (timed, with the device's peak allocation while it ran); each policy's trial probe runs once,
 beside the first reader, and every reader reads every policy, so the table has a reading time and share per
-value side by side. The readers run one after the other (two BF16 sides at once would not fit beside an 8B-wide
+value side by side. ``--compile-compare on off`` does the same for ``objectives.damage.compile_compare`` (readers
+are then labelled ``keep/on`` and ``keep/off``). Before the timed readings each reader takes one untimed-in-the-rows
+reading of the first policy, reported apart as ``first_read_s`` (on CUDA with compile on, it includes compiling
+the compare step, once per process). The readers run one after the other (two BF16 sides at once would not fit beside an 8B-wide
 probe); the JSON gives the device's peak while each reader read (``reading_max_allocated_bytes_by_keep``). The JSON keeps the first value's figures under
 the single-reader keys and adds ``*_by_keep`` entries.
 
@@ -57,11 +60,19 @@ def _max_allocated(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def make_reader(space, cfg, data, backend, device, keep: str) -> DamageReader:
-    """A reader on the space's damage settings with ``keep_states`` set to ``keep``."""
-    return DamageReader(cfg, space.probe, data, backend, device,
-                        space.objectives.damage.model_copy(update={"keep_states": keep}),
+def make_reader(space, cfg, data, backend, device, keep: str, compile_compare: bool | None = None) -> DamageReader:
+    """A reader on the space's damage settings with ``keep_states`` set to ``keep`` (and ``compile_compare``,
+    unless None)."""
+    update = {"keep_states": keep} | ({} if compile_compare is None else {"compile_compare": compile_compare})
+    return DamageReader(cfg, space.probe, data, backend, device, space.objectives.damage.model_copy(update=update),
                         space.model.start(), space.baseline_knobs())
+
+
+def reader_labels(keeps: list[str], compiles: list[str] | None) -> dict[str, tuple[str, bool | None]]:
+    """Each reader's label and its (keep_states, compile_compare): ``keep`` alone unless compiles are given."""
+    if not compiles:
+        return {keep: (keep, None) for keep in keeps}
+    return {f"{keep}/{c}": (keep, c == "on") for keep in keeps for c in compiles}
 
 
 def bf16_side(reader: DamageReader, clip: float | None, device: torch.device) -> dict[str, float | int | None]:
@@ -134,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("scripts/results"))
     ap.add_argument("--keep-states", nargs="+", choices=["host", "device"], default=["host"],
                     help="objectives.damage.keep_states values to read with, one reader each (default: host)")
+    ap.add_argument("--compile-compare", nargs="+", choices=["on", "off"], default=None,
+                    help="objectives.damage.compile_compare values, one reader each per keep_states value "
+                         "(default: the space's)")
     args = ap.parse_args(argv)
-    keeps = list(dict.fromkeys(args.keep_states))  # a value given twice is one reader
+    labels = reader_labels(list(dict.fromkeys(args.keep_states)),  # a value given twice is one reader
+                           list(dict.fromkeys(args.compile_compare)) if args.compile_compare else None)
+    keeps = list(labels)
     space = load_space(args.space)
     device = resolve_device(space.probe.device)
     backend = get_backend(space.backend.value, device)
@@ -143,14 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     named = policies(args.clip, space.baseline_knobs())
     # one reader at a time (both at once would hold two BF16 sides on the device): the trial probes run
     # beside the first, and every reader reads the same policies, so the reading times stand side by side
-    sides, probes, readings = {}, {}, {name: {} for name in named}
+    sides, probes, readings, first_read = {}, {}, {name: {} for name in named}, {}
     for keep in keeps:
-        reader = make_reader(space, cfg, data, backend, device, keep)
+        reader = make_reader(space, cfg, data, backend, device, *labels[keep])
         sides[keep] = bf16_side(reader, args.clip, device)
         peak = sides[keep]["max_allocated_bytes"]
-        print(f"BF16 side, keep_states {keep} (states + BF16 gradients, once): {sides[keep]['seconds']:.1f} s"
+        print(f"BF16 side, reader {keep} (states + BF16 gradients, once): {sides[keep]['seconds']:.1f} s"
               + (f", device peak {peak / 2**30:.2f} GiB" if peak is not None else "")
               + f", held {sides[keep]['held_bytes'] / 2**30:.2f} GiB", file=sys.stderr, flush=True)
+        first_read[keep] = read_timed(reader, next(iter(named.values())), device)["seconds"]
+        print(f"  first reading, {keep} (compiles the compare step where it is compiled): {first_read[keep]:.2f} s",
+              file=sys.stderr, flush=True)
         for name, policy in named.items():
             if name not in probes:
                 t0 = time.perf_counter()
@@ -160,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 probes[name] = (time.perf_counter() - t0, result)
             readings[name][keep] = read_timed(reader, policy, device)
             r = readings[name][keep]
-            print(f"  {name}, keep_states {keep}: reading {r['seconds']:.2f} s ("
+            print(f"  {name}, reader {keep}: reading {r['seconds']:.2f} s ("
                   + ", ".join(f"{p} {v:.2f} s" for p, v in r["seconds_by_part"].items())
                   + f"), {r['measure']} {r['value']:.4g} (worst state: step {r['state_step']})", file=sys.stderr,
                   flush=True)
@@ -173,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"space": str(args.space), "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "date": datetime.date.today().isoformat(), "bf16_side_s": sides[keeps[0]]["seconds"],
             "torch": torch.__version__, "damage": space.objectives.damage.model_dump(mode="json"),
-            "keep_states": keeps, "bf16_side_s_by_keep": {k: v["seconds"] for k, v in sides.items()},
+            "keep_states": keeps, "readers": {k: {"keep_states": v[0], "compile_compare": v[1]}
+                                              for k, v in labels.items()},
+            "first_read_s_by_keep": first_read, "bf16_side_s_by_keep": {k: v["seconds"] for k, v in sides.items()},
             "bf16_max_allocated_bytes_by_keep": {k: v["max_allocated_bytes"] for k, v in sides.items()},
             "reader_held_bytes_by_keep": {k: v["held_bytes"] for k, v in sides.items()},
             "reading_max_allocated_bytes_by_keep": {k: max((readings[n][k]["max_allocated_bytes"] or 0)

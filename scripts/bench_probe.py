@@ -17,6 +17,15 @@ breakdowns side by side with trials per GPU-hour (3600 x trials / the process's 
 
     python scripts/bench_probe.py search_spaces/llama3_8b_h100.yaml --trials 16 --compare \
         --json scripts/results/<date>_h200_bench_probe_compare.json
+
+Where the two studies do not fit one call (a device call's 10 minutes), ``--only before`` and ``--only after``
+run one each (same space and trials; each JSON holds its breakdown under ``compare``), and ``--merge`` prints
+and writes the side-by-side comparison of the two files (the two ran in separate processes, on one kind of
+machine, not back to back):
+
+    python scripts/bench_probe.py SPACE --trials 16 --only before --json before.json     # device call 1
+    python scripts/bench_probe.py SPACE --trials 16 --only after --json after.json       # device call 2
+    python scripts/bench_probe.py --merge before.json after.json --json compare.json
 """
 
 from __future__ import annotations
@@ -247,10 +256,19 @@ def variant_env(variant: str, device: torch.device) -> dict[str, str]:
     return env
 
 
-def compare(space_data: dict, n_trials: int, work: Path, device: torch.device) -> dict[str, Any]:
-    """The study BEFORE and AFTER, back to back in this one call, and the ratios of the two."""
-    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device))
-            for v in ("before", "after")}
+VARIANTS = ("before", "after")
+
+
+def compare(space_data: dict, n_trials: int, work: Path, device: torch.device,
+            variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+    """The study BEFORE and AFTER, back to back in this one call, and the ratios of the two (``variants``
+    one of them: its breakdown alone, for :func:`merge`)."""
+    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device)) for v in variants}
+    return ratios(runs) if len(runs) == 2 else runs
+
+
+def ratios(runs: dict[str, Any]) -> dict[str, Any]:
+    """``runs`` (before and after) with the after/before ratios of trials per GPU-hour and time per trial."""
     before, after = runs["before"], runs["after"]
     return runs | {"trials_per_gpu_hour_ratio": after["trials_per_gpu_hour"] / before["trials_per_gpu_hour"],
                    "trial_s_ratio": after["trial_s"] / before["trial_s"]}
@@ -270,6 +288,28 @@ def print_compare(c: dict[str, Any]) -> None:
         print(f"{label:46s} {100 * before[key]:14.1f}% {100 * after[key]:13.1f}%")
     print(f"{'trials per GPU-hour':46s} {before['trials_per_gpu_hour']:15.0f} {after['trials_per_gpu_hour']:14.0f}"
           f"   x{c['trials_per_gpu_hour_ratio']:.2f}  (target >= 1.6x)")
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One report from an ``--only before`` and an ``--only after`` JSON: both breakdowns and their ratios,
+    the settings checked to be the same study."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    runs = {}
+    for path, r in zip(paths, reports):
+        for variant, b in r.get("compare", {}).items():
+            if variant in VARIANTS:
+                if variant in runs:
+                    raise SystemExit(f"--merge: {path} holds a second {variant!r} study")
+                runs[variant] = b
+    if set(runs) != set(VARIANTS):
+        raise SystemExit(f"--merge needs one 'before' and one 'after' study, got {sorted(runs) or 'none'}")
+    keys = ("space", "steps", "n_trials", "probe", "backend")
+    first, second = ({k: r["meta"]["settings"].get(k) for k in keys} for r in reports)
+    if first != second:
+        raise SystemExit(f"--merge: the two studies differ in their settings: {first} vs {second}")
+    return {"meta": reports[0]["meta"] | {"merged_from": [str(p) for p in paths],
+                                         "dates": [r["meta"]["date"] for r in reports]},
+            "compare": ratios(runs)}
 
 
 # ---------------------------------------------------------------- main
@@ -294,8 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="where the study's files go (default: a temp dir)")
     ap.add_argument("--compare", action="store_true",
                     help="run the study BEFORE (PRECSEARCH_SYNC_RECORD=1) and AFTER, side by side")
+    ap.add_argument("--only", choices=VARIANTS, help="run one of --compare's two studies (for --merge)")
+    ap.add_argument("--merge", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
+                    help="compare two --only JSON reports instead of running anything")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.merge:
+        report = merge(args.merge)
+        for variant in VARIANTS:
+            print_breakdown(report["compare"][variant])
+        print_compare(report["compare"])
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1, default=str))
+        return 0
 
     steps = args.steps or (12 if args.smoke else None)
     data = load_space_data(args.space, args.smoke, steps)
@@ -304,15 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(space.probe.device)
     report: dict[str, Any] = {"meta": meta(args, space, device)}
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_probe_"))
-    if args.compare:
-        report["compare"] = compare(data, args.trials, work, device)
+    if args.compare or args.only:
+        report["compare"] = compare(data, args.trials, work, device, (args.only,) if args.only else VARIANTS)
     else:
         report["trial_breakdown"] = trial_breakdown(data, args.trials, work, device)
     print(f"\n{report['meta']['device']}, torch {torch.__version__}, TE {report['meta']['transformer_engine']}")
-    for b in [report["compare"]["before"], report["compare"]["after"]] if args.compare \
-            else [report["trial_breakdown"]]:
+    for b in list(report["compare"].values())[:2] if "compare" in report else [report["trial_breakdown"]]:
         print_breakdown(b)
-    if args.compare:
+    if args.compare and not args.only:
         print_compare(report["compare"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))

@@ -4,7 +4,8 @@
 # cached; no run starts that could not end inside JUDGE_DEADLINE s). The cache comes back as
 # $OUT/judge_runs.tar.gz; carry it in .fidcache/ to the next call and the runs done are not repeated:
 #   run(command="bash scripts/gpu_judge.sh", carry=[".gpu", ".fidcache"], timeout_s=600)
-# STAGES picks the parts (default "tests cost judge"); TEST_K selects tests (pytest -k); COST_ARGS go to bench_damage_cost.py (e.g.
+# STAGES picks the parts (default "tests cost judge"); TEST_K selects tests (pytest -k), TEST_TIMEOUT bounds them
+# (s, default 150); COST_ARGS go to bench_damage_cost.py (e.g.
 # "--keep-states host device"); JUDGE_DEADLINE=0 starts no training run: the readings missing from the cache
 # are taken and the judge reports from the cached runs.
 set -uo pipefail
@@ -13,7 +14,7 @@ source "$(dirname "$0")/gpu_env.sh"
 STAGES="${STAGES:-tests cost judge}"
 gpu_util_log "$OUT/gpu_util.log" 20
 if [[ " $STAGES " == *" tests "* ]]; then
-    timeout 150 python3 -m pytest -q -s tests/backends/test_gpu_damage.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -s tests/backends/test_gpu_damage.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
 fi
 if [[ " $STAGES " == *" cost "* ]]; then
     timeout "${COST_TIMEOUT:-200}" python3 scripts/bench_damage_cost.py "${COST_SPACE:-search_spaces/llama3_8b_h100.yaml}" --out "$OUT" \

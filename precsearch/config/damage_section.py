@@ -48,6 +48,10 @@ class DamageSection(Section):
         "host = page-locked host memory, copied to the accelerator by every reading; device = on the accelerator, "
         "no copies, at about 3 x 4 bytes per unit weight plus 4 bytes per other parameter per state of device "
         "memory; on CPU both are the same")
+    compile_compare: bool = Field(
+        True, description="on CUDA, fuse each chunk's compare step (two AdamW updates, the errors) into a few "
+        "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "
+        "rounding of the updates)")
 
     @field_validator("states")
     @classmethod

@@ -6,7 +6,10 @@ What would be wrong if these failed:
 * a fused ``LayerNormMLP`` (fc1 and fc2 of one recipe) and split units read differently from each other by
   orders of magnitude: ``Backend.unit_weight`` finds the wrong Parameter for a fused unit;
 * TE's FP8 current scaling reads orders of magnitude away from the emulated one: one of them is not
-  quantizing what the other is.
+  quantizing what the other is;
+* the compiled compare step (CUDA's inductor kernels) computes another step than the op-by-op one, fails to
+  compile here (the reading would fall back, slower), or a host-kept state's side-stream copies race the
+  compute.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import torch
 from precsearch.backends import get_backend
 from precsearch.backends.capability import te_import_error
 from precsearch.config.space import DamageSection, ProbeSection
-from precsearch.policy import Policy, Rule
+from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
-from precsearch.probe.damage import DamageReader
+from precsearch.probe.damage import DamageReader, compare
+from precsearch.probe.damage.update import StepDtypes
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.probe.model.llama3 import ModelConfig
 
@@ -108,3 +112,30 @@ def test_states_kept_on_the_device_are_there_counted_and_read_as_the_host_ones(d
     assert device.device_bytes() == host.device_bytes() + state_bytes
     print(f"compare: host {a['seconds_by_part']['compare']:.3f} s, device {b['seconds_by_part']['compare']:.3f} s")
     assert b["value"] == pytest.approx(a["value"], rel=1e-3)
+
+
+@pytest.mark.parametrize("knobs", [MemoryKnobs(), MemoryKnobs(moment_dtype="bf16", master_weights=True),
+                                   MemoryKnobs(moment_dtype="fp8", master_weights=True),
+                                   MemoryKnobs(master_weights=True, master_dtype="fp16")],
+                         ids=["default", "bf16 moments", "fp8 moments", "fp16 master"])
+def test_the_compiled_compare_is_the_op_by_op_one_on_cuda(knobs):
+    """On CUDA the chunk's step is compiled (no fall-back here); its Gram matrices equal the op-by-op ones to
+    float32 rounding, with the state on the device and on the host (pinned, copied on a side stream), over
+    several chunks of a 3M-element unit."""
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    shape = (1536, 2048)
+    weight = torch.randn(shape, generator=gen, device=DEV) * 0.02
+    moments = (torch.randn(shape, generator=gen, device=DEV) * 1e-3,
+               torch.rand(shape, generator=gen, device=DEV) * 1e-6)
+    g = [torch.randn(shape, generator=gen, device=DEV).to(torch.bfloat16) for _ in range(4)]
+    p = [(t.float() + 0.01 * torch.randn(shape, generator=gen, device=DEV)).to(torch.bfloat16) for t in g]
+    dtypes, args, chunk = StepDtypes.of(knobs, "bf16"), (7, 3e-4, (0.9, 0.95), 0.1), 2**20
+    eager = compare.compare_unit(g, p, weight, moments, dtypes, args, DEV, chunk, compile_compare=False)
+    host = (weight.cpu().pin_memory(), tuple(m.cpu().pin_memory() for m in moments))
+    for w, m in ((weight, moments), host):
+        fused = compare.compare_unit(g, p, w, m, dtypes, args, DEV, chunk, compile_compare=True)
+        assert compare.compile_failure() is None
+        for key in compare.GRAMS:
+            scale = float(eager[key].diagonal().abs().max())
+            assert scale > 0
+            assert float((fused[key] - eager[key]).abs().max()) <= 1e-5 * scale, key

@@ -22,7 +22,8 @@ from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.damage import DamageReader, gram
-from precsearch.probe.damage.reading import StateReading, _figures, _forward, compare_unit, read_state
+from precsearch.probe.damage.compare import compare_unit
+from precsearch.probe.damage.reading import StateReading, _figures, _forward, read_state
 from precsearch.probe.damage.update import MOMENTS, Storage, StepDtypes, UnitStep, applied_update, stored
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.probe.model.llama3 import ModelConfig

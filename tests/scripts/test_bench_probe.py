@@ -41,3 +41,35 @@ def test_the_fixed_state_reading_is_its_own_component_not_logging():
     assert totals["logging + other"] == 31.0 - 2.0 - 2 * 4.0 - 11.0 - 6.0
     assert abs(sum(totals.values()) - 42.0) < 1e-9
     assert "fixed-state reading: BF16 side" in bench.PER_PROCESS
+
+
+def _only_report(path, variant, trials_per_hour, trial_s, steps=40):
+    """What ``--only VARIANT --json PATH`` writes, cut to what :func:`bench.merge` reads."""
+    import json
+    settings = {"space": "s.yaml", "steps": steps, "n_trials": 16, "probe": {"dim": 8}, "backend": "te"}
+    path.write_text(json.dumps({"meta": {"date": f"2026-12-03 {variant}", "settings": settings},
+                                "compare": {variant: {"trials_per_gpu_hour": trials_per_hour, "trial_s": trial_s}}}))
+    return path
+
+
+def test_merge_puts_two_single_studies_side_by_side_with_their_ratios(tmp_path):
+    before = _only_report(tmp_path / "b.json", "before", 300.0, 12.0)
+    after = _only_report(tmp_path / "a.json", "after", 480.0, 7.5)
+    report = bench.merge([before, after])
+    c = report["compare"]
+    assert c["before"]["trial_s"] == 12.0 and c["after"]["trial_s"] == 7.5
+    assert abs(c["trials_per_gpu_hour_ratio"] - 1.6) < 1e-12
+    assert abs(c["trial_s_ratio"] - 0.625) < 1e-12
+    assert report["meta"]["dates"] == ["2026-12-03 before", "2026-12-03 after"]
+    assert bench.merge([after, before])["compare"]["trials_per_gpu_hour_ratio"] == c["trials_per_gpu_hour_ratio"]
+
+
+def test_merge_refuses_two_of_one_variant_and_studies_that_differ(tmp_path):
+    import pytest
+    b1 = _only_report(tmp_path / "b1.json", "before", 300.0, 12.0)
+    b2 = _only_report(tmp_path / "b2.json", "before", 310.0, 11.0)
+    with pytest.raises(SystemExit, match="second 'before'"):
+        bench.merge([b1, b2])
+    other = _only_report(tmp_path / "a.json", "after", 480.0, 7.5, steps=20)
+    with pytest.raises(SystemExit, match="differ in their settings"):
+        bench.merge([b1, other])

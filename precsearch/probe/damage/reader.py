@@ -20,7 +20,7 @@ from precsearch.arch.hf_checkpoint import CheckpointStart
 from precsearch.backends.base import Backend
 from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
-from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state
+from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state, side_grams
 from precsearch.probe.damage.states import State, reference_states, state_steps
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import ModelConfig
@@ -38,13 +38,19 @@ class DamageReader:
         self._bf16: dict[float | None, list[tuple[State, Side]]] = {}
 
     def bf16_sides(self, clip_grad: float | None) -> list[tuple[State, Side]]:
-        """The states of the BF16 run with ``clip_grad`` and the BF16 side at each (computed once)."""
+        """The states of the BF16 run with ``clip_grad`` and the BF16 side at each, with its own Gram matrices
+        (computed once)."""
         if clip_grad not in self._bf16:
             at = state_steps(self.settings.states, self.probe.steps)
             states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init,
                                       keep_on_device=self.settings.keep_states == "device")
             reference = Policy.bf16(clip_grad, self.baseline)
-            self._bf16[clip_grad] = [(s, self._side(s, reference)) for s in states]
+            sides = []
+            for state in states:
+                side = self._side(state, reference)
+                side.grams = side_grams(side, state, self.probe, self.settings, self.device)
+                sides.append((state, side))
+            self._bf16[clip_grad] = sides
         return self._bf16[clip_grad]
 
     def device_bytes(self) -> int:

@@ -88,9 +88,13 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
 
 def _host(t: Tensor) -> Tensor:
     """A float32 copy of ``t`` in host memory, page-locked when it comes from a GPU: every trial copies it back
-    (a state of an 8B-wide probe is ~20 GB, which pageable copies take seconds for)."""
-    out = t.detach().float().cpu().clone()
-    return out.pin_memory() if t.is_cuda else out
+    (a state of an 8B-wide probe is ~20 GB, which pageable copies take seconds for). From a GPU the copy goes
+    straight into the page-locked buffer (no pageable copy first, which is then copied again to be pinned)."""
+    if not t.is_cuda:
+        return t.detach().float().clone()
+    out = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
+    out.copy_(t.detach())  # a cast on the way (BF16 weights): the copy kernel converts
+    return out
 
 
 def _on_device(t: Tensor) -> Tensor:
