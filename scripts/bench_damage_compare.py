@@ -7,7 +7,12 @@ parameters give them), and the state's float32 weight and AdamW moments, go thro
   list whole (float32 copies of the gradients, errors, baseline updates, update errors), one AdamW update
   per batch through the stored moments and the kept weight, Gram matrices by pairwise float64 dot products;
 * ``chunked``: :func:`precsearch.probe.damage.compare.compare_unit` (one pass over ``--chunk``-element slices,
-  default the reading's for the device, K x chunk blocks, Gram matrices accumulated, one host sync).
+  default the reading's for the device, K x chunk blocks, Gram matrices accumulated, one host sync; on CUDA the
+  chunk's chain compiled, as the reading runs it);
+* ``policy``: the same with the BF16 families' Gram matrices given (``base=``, from
+  :func:`~precsearch.probe.damage.compare.baseline_grams`, computed once outside the timing): what a policy's
+  reading pays per unit, since the reader computes those once per state for every policy;
+* ``eager`` (CUDA only): ``chunked`` with ``compile_compare=False``, the op-by-op chain.
 
 Reported per row: the median wall time over ``--repeats`` (the two alternate), the peak bytes held at once by
 the tensors the step creates (:class:`LiveBytes`, a dispatch mode: the inputs not counted; on a GPU also
@@ -35,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import damage_reference as ref  # noqa: E402  (the plain compare step, written apart from the code under test)
 from precsearch.policy import MemoryKnobs  # noqa: E402
-from precsearch.probe.damage.compare import compare_unit, default_chunk  # noqa: E402
+from precsearch.probe.damage.compare import baseline_grams, compare_unit, default_chunk  # noqa: E402
 from precsearch.probe.damage.update import StepDtypes  # noqa: E402
 from precsearch.probe.memory.live_bytes import LiveBytes  # noqa: E402
 
@@ -64,8 +69,9 @@ def whole(g, p, weight, moments, knobs, device):
             "ue": ref.pairwise_gram(err)}
 
 
-def chunked(g, p, weight, moments, knobs, device, chunk):
-    return compare_unit(g, p, weight, moments, StepDtypes.of(knobs, PARAM_DTYPE), ARGS, device, chunk)
+def chunked(g, p, weight, moments, knobs, device, chunk, base=None, compile_compare=True):
+    return compare_unit(g, p, weight, moments, StepDtypes.of(knobs, PARAM_DTYPE), ARGS, device, chunk, base=base,
+                        compile_compare=compile_compare)
 
 
 # ---- the bench --------------------------------------------------------------------------------------------------
@@ -103,9 +109,13 @@ def measure(n: int, k: int, repeats: int, device: torch.device, chunk: int, grad
     g, p, weight, moments = unit_inputs(n, k, device, grad_dtype, host_state)
     inputs = (*g, *p, weight, *moments)
     rows = []
+    base = baseline_grams(g, weight, moments, ARGS, device, chunk)  # the same for every policy at the state
     for memory, knobs in MEMORY.items():
         fns = {"whole": lambda: whole(g, p, weight, moments, knobs, device),
-               "chunked": lambda: chunked(g, p, weight, moments, knobs, device, chunk)}
+               "chunked": lambda: chunked(g, p, weight, moments, knobs, device, chunk),
+               "policy": lambda: chunked(g, p, weight, moments, knobs, device, chunk, base=base)}
+        if device.type == "cuda":
+            fns["eager"] = lambda: chunked(g, p, weight, moments, knobs, device, chunk, compile_compare=False)
         grams, peaks, gpu_peaks, times = {}, {}, {}, {name: [] for name in fns}
         for name, fn in fns.items():
             _sync(device)
@@ -123,7 +133,6 @@ def measure(n: int, k: int, repeats: int, device: torch.device, chunk: int, grad
                 fn()
                 _sync(device)
                 times[name].append(time.perf_counter() - t0)
-        diff = gram_difference(grams["chunked"], grams["whole"])
         for name in fns:
             rows.append({
                 "elements": n, "k": k, "memory": memory, "compare": name, "chunk": chunk if name == "chunked" else None,
@@ -131,7 +140,7 @@ def measure(n: int, k: int, repeats: int, device: torch.device, chunk: int, grad
                 "peak_bytes": peaks[name], "peak_bytes_per_element": peaks[name] / n,
                 "max_allocated_bytes": gpu_peaks[name],
                 "time_vs_whole": statistics.median(times[name]) / statistics.median(times["whole"]),
-                "gram_difference": diff if name == "chunked" else 0.0,
+                "gram_difference": gram_difference(grams[name], grams["whole"]) if name != "whole" else 0.0,
             })
     return rows
 

@@ -14,7 +14,9 @@ source "$(dirname "$0")/gpu_env.sh"
 STAGES="${STAGES:-tests cost judge}"
 gpu_util_log "$OUT/gpu_util.log" 20
 if [[ " $STAGES " == *" tests "* ]]; then
-    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -s tests/backends/test_gpu_damage.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -25 | tee "$OUT/gpu_tests.log"
+    timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -s -p no:logging tests/backends/test_gpu_damage.py \
+        ${TEST_K:+-k "$TEST_K"} > "$OUT/gpu_tests.log" 2>&1
+    tail -40 "$OUT/gpu_tests.log"
 fi
 if [[ " $STAGES " == *" cost "* ]]; then
     timeout "${COST_TIMEOUT:-200}" python3 scripts/bench_damage_cost.py "${COST_SPACE:-search_spaces/llama3_8b_h100.yaml}" --out "$OUT" \

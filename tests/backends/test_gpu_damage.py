@@ -119,9 +119,17 @@ def test_states_kept_on_the_device_are_there_counted_and_read_as_the_host_ones(d
                                    MemoryKnobs(master_weights=True, master_dtype="fp16")],
                          ids=["default", "bf16 moments", "fp8 moments", "fp16 master"])
 def test_the_compiled_compare_is_the_op_by_op_one_on_cuda(knobs):
-    """On CUDA the chunk's step is compiled (no fall-back here); its Gram matrices equal the op-by-op ones to
-    float32 rounding, with the state on the device and on the host (pinned, copied on a side stream), over
-    several chunks of a 3M-element unit."""
+    """On CUDA the chunk's step is compiled (no fall-back here); its Gram matrices differ from the op-by-op ones
+    by no more than float32 rounding does, with the state on the device and on the host (pinned, copied on a
+    side stream), over several chunks of a 3M-element unit.
+
+    "What float32 rounding does" is measured, not assumed: the op-by-op compare again with the learning rate
+    moved by two float32 ulps (every update then differs in its last bits, as a fused multiply-add makes it
+    differ, and a stored BF16/FP16 value flips its rounding where it sits near a boundary). The compiled one
+    must stay within 10x that change, plus 1e-9 of the matrix for the families the learning rate does not touch
+    (``g``, ``e``: casts and differences, equal up to summation order). Inductor dropping a cast round trip
+    (what :data:`compare.COMPILE_OPTIONS` prevents) moves the update families by far more.
+    """
     gen = torch.Generator(device=DEV).manual_seed(0)
     shape = (1536, 2048)
     weight = torch.randn(shape, generator=gen, device=DEV) * 0.02
@@ -131,11 +139,16 @@ def test_the_compiled_compare_is_the_op_by_op_one_on_cuda(knobs):
     p = [(t.float() + 0.01 * torch.randn(shape, generator=gen, device=DEV)).to(torch.bfloat16) for t in g]
     dtypes, args, chunk = StepDtypes.of(knobs, "bf16"), (7, 3e-4, (0.9, 0.95), 0.1), 2**20
     eager = compare.compare_unit(g, p, weight, moments, dtypes, args, DEV, chunk, compile_compare=False)
+    nudged = (args[0], args[1] * (1 + 2**-22), *args[2:])
+    rounding = compare.compare_unit(g, p, weight, moments, dtypes, nudged, DEV, chunk, compile_compare=False)
     host = (weight.cpu().pin_memory(), tuple(m.cpu().pin_memory() for m in moments))
-    for w, m in ((weight, moments), host):
+    for where, (w, m) in (("device", (weight, moments)), ("host", host)):
         fused = compare.compare_unit(g, p, w, m, dtypes, args, DEV, chunk, compile_compare=True)
         assert compare.compile_failure() is None
         for key in compare.GRAMS:
             scale = float(eager[key].diagonal().abs().max())
             assert scale > 0
-            assert float((fused[key] - eager[key]).abs().max()) <= 1e-5 * scale, key
+            off = float((fused[key] - eager[key]).abs().max()) / scale
+            ulp = float((rounding[key] - eager[key]).abs().max()) / scale
+            print(f"{where} {key}: compiled vs op by op {off:.2e}, two lr ulps {ulp:.2e}")
+            assert off <= 10 * ulp + 1e-9, f"{where} {key}: compiled {off:.2e} off, rounding moves it {ulp:.2e}"
