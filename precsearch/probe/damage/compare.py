@@ -24,8 +24,9 @@ Two things make it cheap on an accelerator:
   ``torch.compile`` (``objectives.damage.compile_compare``), which fuses the
   chain into a few kernels that read the gradients once and write the block
   once; the scalars (step, learning rate, betas) are arguments, so the states of
-  a study share one compiled kernel; casts are kept as casts
-  (:data:`COMPILE_OPTIONS`). Compiled figures equal the op-by-op ones to
+  a study share one compiled kernel; the BF16/FP16 storages round by integer
+  arithmetic (:mod:`.rounding`), which no compiler folds away as it may a cast
+  round trip. Compiled figures equal the op-by-op ones to
   float32 rounding of the updates (a fused multiply-add is rounded once), not to
   the bit; on a CPU the op-by-op chain runs, bit for bit the whole-tensor
   reference (``scripts/damage_reference.py``).
@@ -96,9 +97,10 @@ def chunk_rows(g: list[Tensor], p: list[Tensor], w: Tensor, m0: Tensor, m1: Tens
     return torch.cat([rows[name] for name in families]).double()
 
 
-#: Inductor's options for the compiled chunk. ``emulate_precision_casts``: without it inductor drops a
-#: ``.to(bfloat16).float()`` round trip as a no-op, and BF16 (or FP16) moments and kept weights would not be
-#: rounded at all (tests/probe/test_damage_compare.py saw the update error's Gram matrix 0.2-0.5% off).
+#: Inductor's options for the compiled chunk. ``emulate_precision_casts`` keeps eager's rounding of low-precision
+#: intermediates and turns off fused multiply-adds. It does not keep a ``.to(bfloat16).float()`` round trip on
+#: every torch: on the H200 (torch 2.11) the compiled chunk did not round BF16 moments or a BF16/FP16 kept weight
+#: with it set, so the storages round by integer arithmetic instead (:mod:`.rounding`).
 COMPILE_OPTIONS = {"emulate_precision_casts": True}
 
 _compiled: dict[str, Callable] = {}

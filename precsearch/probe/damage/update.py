@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from precsearch.fp8.formats import fp8_max, quantize_dequantize
+from precsearch.probe.damage.rounding import round_to_bf16, round_to_fp16
 from precsearch.policy import MemoryKnobs
 
 
@@ -71,13 +72,14 @@ class Storage:
         return cls(dtype, x.abs().max() if dtype in SCALED else None)
 
     def __call__(self, x: Tensor) -> Tensor:
-        """``x`` (the whole tensor, or a chunk of it) as kept in this storage, as float32."""
+        """``x`` (the whole tensor, or a chunk of it) as kept in this storage, as float32. BF16 and FP16 round by
+        integer arithmetic on the bits (:mod:`.rounding`: the cast's values, which a compiler cannot fold)."""
         if self.dtype == "fp32":
             return x
         if self.dtype == "bf16":
-            return x.to(torch.bfloat16).float()
+            return round_to_bf16(x)
         if self.dtype == "fp16":
-            return (x * self.scale).to(torch.float16).float() / self.scale
+            return round_to_fp16(x * self.scale) / self.scale
         return quantize_dequantize(x, self.scale, "e4m3", amax=self.amax)
 
 

@@ -1,0 +1,28 @@
+"""float32 test values that reach every exponent and rounding boundary, and a bitwise comparison."""
+
+import torch
+
+
+def every_exponent(n_per_exponent: int = 4096) -> torch.Tensor:
+    """float32 values of every exponent (subnormals, infinities and NaNs included), both signs, with random
+    mantissas and the ones next to each rounding boundary of BF16 and FP16 (ties, one below, one above)."""
+    gen = torch.Generator().manual_seed(0)
+    exponents = torch.arange(256, dtype=torch.int64).repeat_interleave(n_per_exponent)
+    mantissas = torch.randint(0, 2**23, (exponents.numel(),), generator=gen, dtype=torch.int64)
+    boundaries = []
+    for dropped in (16, 13):
+        kept = torch.randint(0, 2**(23 - dropped), (exponents.numel(),), generator=gen, dtype=torch.int64)
+        tie = (kept << dropped) | (1 << (dropped - 1))
+        boundaries += [tie, tie - 1, tie + 1, kept << dropped, (kept << dropped) | ((1 << dropped) - 1)]
+    mantissa = torch.cat([mantissas, *[b & (2**23 - 1) for b in boundaries]])
+    exponent = exponents.repeat(1 + len(boundaries))
+    bits = (exponent << 23) | mantissa
+    bits = torch.cat([bits, bits | (1 << 31)])  # both signs
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    nan = torch.isnan(a)
+    return bool(torch.equal(nan, torch.isnan(b))) and bool(torch.equal(a[~nan].view(torch.int32),
+                                                                       b[~nan].view(torch.int32)))
