@@ -11,13 +11,13 @@ from _floats import every_exponent, same_bits
 from precsearch.probe.damage.rounding import round_to_bf16, round_to_fp16
 
 
-def test_bf16_rounding_is_the_cast_forevery_exponent_and_boundary():
+def test_bf16_rounding_is_the_cast_for_every_exponent_and_boundary():
     x = every_exponent()
     assert x.numel() > 10**6 and torch.isnan(x).any() and torch.isinf(x).any()
     assert same_bits(round_to_bf16(x), x.to(torch.bfloat16).float())
 
 
-def test_fp16_rounding_is_the_cast_forevery_exponent_and_boundary():
+def test_fp16_rounding_is_the_cast_for_every_exponent_and_boundary():
     x = every_exponent()
     want = x.to(torch.float16).float()
     assert (want == 0).any() and torch.isinf(want[torch.isfinite(x)]).any()  # underflow and overflow covered
