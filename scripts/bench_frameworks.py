@@ -21,7 +21,7 @@ does everything but the training: exports, config fields, filters, matchers, pre
     python scripts/bench_frameworks.py --json $OUT/bench_frameworks.json
     python scripts/bench_frameworks.py --smoke --json /tmp/frameworks_smoke.json
     python scripts/bench_frameworks.py --layers 32 --frameworks megatron --policies bf16 fp8_current \\
-        --memory-breakdown
+        --memory-breakdown --optimizer adamw      # the full 8B depth: torch AdamW on BF16 params fits one H200
 """
 
 from __future__ import annotations
@@ -54,9 +54,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--policies", nargs="+", choices=list(plan.POLICIES), default=list(plan.POLICIES))
     ap.add_argument("--memory-breakdown", action="store_true", help="also the probe and Megatron, phase by phase")
     ap.add_argument("--breakdown-policies", nargs="+", choices=list(plan.POLICIES), default=["bf16", "fp8_current"])
+    ap.add_argument("--optimizer", choices=plan.OPTIMIZERS, default="framework",
+                    help="framework: Megatron-Core's own DDP + optimizer; adamw: torch's fused AdamW on the BF16 "
+                         "parameters for Megatron and the probe (what fits the full 8B depth on one H200)")
     ap.add_argument("--smoke", action="store_true", help="no training: exports, configs, filters, matchers")
     ap.add_argument("--run-timeout", type=float, default=120.0, help="seconds per framework run")
     ap.add_argument("--deadline", type=float, default=420.0, help="seconds for the whole bench; later runs skipped")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                    help="no runs: join the rows of earlier bench JSONs (one device call each) into one table")
+    ap.add_argument("--calibrate", nargs="+", type=Path, metavar="JSON",
+                    help="with --merge: calibrate the probe's memory model on the probe rows of these bench "
+                         "JSONs (smaller depths, same optimizer) and add each row's calibrated prediction")
     ap.add_argument("--json", type=Path, help="default: scripts/results/<date>_<gpu|cpu>_bench_frameworks.json")
     args = ap.parse_args(argv)
     try:
@@ -75,11 +83,14 @@ def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
-def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path) -> dict[str, Any]:
+def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path,
+            optimizer: str = "framework") -> dict[str, Any]:
     """Export the policy for the framework and check the files on the CPU: the row's static part."""
     policy = plan.POLICIES[policy_name]
-    row: dict[str, Any] = {"framework": framework, "policy": policy_name,
-                           "predicted_gib": plan.predicted_peak_gib(policy, shape, framework)}
+    if optimizer != "framework" and framework not in ("megatron", "probe"):
+        raise ValueError(f"--optimizer {optimizer} is for Megatron-Core and the probe, not {framework}")
+    row: dict[str, Any] = {"framework": framework, "policy": policy_name, "optimizer": optimizer,
+                           "predicted_gib": plan.predicted_peak_gib(policy, shape, framework, optimizer)}
     export_dir = workdir / f"{framework}__{policy_name}".replace("+", "_")
     row["export_dir"] = str(export_dir)
     fmt = "megatron" if framework == "probe" else framework
@@ -106,7 +117,7 @@ def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path) 
 def run_one(row: dict[str, Any], shape: plan.Shape, timeout: float) -> dict[str, Any]:
     """Train in a fresh process; its result, or the row's ``error`` (timeout, crash, exception)."""
     spec = {"framework": row["framework"], "policy": row["policy"], "shape": plan.shape_dict(shape),
-            "export_dir": row["export_dir"]}
+            "export_dir": row["export_dir"], "optimizer": row.get("optimizer", "framework")}
     spec_path = Path(row["export_dir"]) / "_spec.json"
     out_path = Path(row["export_dir"]) / "_result.json"
     spec_path.write_text(json.dumps(spec))
@@ -133,6 +144,42 @@ def relative(rows: list[dict[str, Any]]) -> None:
         if b is not None:
             r["speedup_vs_bf16"] = r["tokens_per_s"] / b["tokens_per_s"]
             r["peak_vs_bf16"] = r["peak_gib"] / b["peak_gib"] - 1
+
+
+def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 30's targets per framework run against its own BF16 run: memory saved as measured, as the memory
+    model predicts it (the row's prediction over the BF16 row's) and as the probe measured it at the same policy
+    (its ``--memory-breakdown`` rows), in points of the BF16 peak; the FP8 speed-up measured and the probe's."""
+    ok = {(r["framework"], r["policy"]): r for r in rows if "peak_gib" in r}
+    out = []
+    for (framework, policy), r in ok.items():
+        base = ok.get((framework, BASELINE))
+        if framework == "probe" or policy == BASELINE or base is None:
+            continue
+        entry = {"framework": framework, "policy": policy,
+                 "saved_pts": 100 * (1 - r["peak_gib"] / base["peak_gib"]),
+                 "model_saved_pts": 100 * (1 - r["predicted_gib"] / base["predicted_gib"]),
+                 "speedup": r["tokens_per_s"] / base["tokens_per_s"]}
+        probe, probe_base = ok.get(("probe", policy)), ok.get(("probe", BASELINE))
+        if probe and probe_base:
+            entry["probe_saved_pts"] = 100 * (1 - probe["peak_gib"] / probe_base["peak_gib"])
+            entry["probe_speedup"] = probe["tokens_per_s"] / probe_base["tokens_per_s"]
+            entry["speedup_vs_probe"] = entry["speedup"] / entry["probe_speedup"] - 1
+        entry["model_minus_measured_pts"] = entry["model_saved_pts"] - entry["saved_pts"]
+        out.append(entry)
+    return out
+
+
+def agreement_table(entries: list[dict[str, Any]]) -> str:
+    """The :func:`agreement` entries as text: saved points (measured, model, probe), speed-ups."""
+    lines = [f"{'framework':11s} {'policy':25s} {'saved':>6} {'model':>6} {'m-meas':>6} {'probe':>6} "
+             f"{'x bf16':>6} {'probe x':>7} {'vs probe':>8}"]
+    for e in entries:
+        lines.append(f"{e['framework']:11s} {e['policy']:25s} {e['saved_pts']:+6.1f} {e['model_saved_pts']:+6.1f} "
+                     f"{e['model_minus_measured_pts']:+6.1f} {_fmt(e.get('probe_saved_pts'), '+6.1f'):>6} "
+                     f"{e['speedup']:6.2f} {_fmt(e.get('probe_speedup'), '7.2f'):>7} "
+                     f"{_fmt(100 * e['speedup_vs_probe'], '+7.1f') + '%' if 'speedup_vs_probe' in e else '-':>8}")
+    return "\n".join(lines)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -174,7 +221,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
     rows = []
     for framework, policy_name in runs(args):
         try:
-            row = prepare(framework, policy_name, args.shape, workdir)
+            row = prepare(framework, policy_name, args.shape, workdir, args.optimizer)
         except Exception as exc:  # noqa: BLE001 - an export that fails is that row's result
             rows.append({"framework": framework, "policy": policy_name, "predicted_gib": math.nan,
                          "error": f"export: {type(exc).__name__}: {exc}"})
@@ -193,21 +240,92 @@ def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows of several bench JSONs (a later file's row replaces an earlier one of the same framework and
+    policy, unless only the earlier one has a measurement), their predictions (today's memory model; the
+    run's as ``predicted_gib_at_run``) and relative columns recomputed; the first file's meta with every file's listed. The shapes
+    must agree: rows of different shapes are not comparable."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    metas = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        if metas and data["meta"]["shape"] != metas[0]["shape"]:
+            raise SystemExit(f"--merge: {path} has shape {data['meta']['shape']}, {paths[0]} has "
+                             f"{metas[0]['shape']}")
+        metas.append(data["meta"])
+        for r in data["rows"]:
+            for key in ("peak_vs_predicted", "speedup_vs_bf16", "peak_vs_bf16"):
+                r.pop(key, None)
+            if r["framework"] in plan.PARAM_DTYPE and r["policy"] in plan.POLICIES:  # today's memory model
+                r.setdefault("predicted_gib_at_run", r["predicted_gib"])
+                r["predicted_gib"] = plan.predicted_peak_gib(plan.POLICIES[r["policy"]],
+                                                             plan.Shape(**data["meta"]["shape"]), r["framework"],
+                                                             r.get("optimizer", "framework"))
+            key = (r["framework"], r["policy"])
+            if "peak_gib" in r or "peak_gib" not in rows.get(key, {}):
+                rows[key] = r
+    out = list(rows.values())
+    relative(out)
+    return out, metas[0] | {"merged_from": [str(p) for p in paths], "merged_meta": metas}
+
+
+def calibrate(rows: list[dict[str, Any]], shape: plan.Shape, optimizer: str, paths: list[Path]) -> None:
+    """Add ``calibrated_gib`` (the probe's model calibrated on the probe's peaks in ``paths``) and
+    ``peak_vs_calibrated`` to each Megatron and probe row whose policy the probe ran at those depths."""
+    peaks: dict[str, dict[int, float]] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        if data["meta"].get("optimizer", "framework") != optimizer:
+            raise SystemExit(f"--calibrate: {path} ran --optimizer {data['meta'].get('optimizer', 'framework')}, "
+                             f"the merged rows {optimizer}")
+        for r in data["rows"]:
+            if r["framework"] == "probe" and "peak_gib" in r:
+                peaks.setdefault(r["policy"], {})[data["meta"]["shape"]["layers"]] = r["peak_gib"]
+    for r in rows:
+        if r["framework"] in ("megatron", "probe") and r["policy"] in peaks:
+            r["calibrated_on"] = sorted(peaks[r["policy"]])
+            r["calibrated_gib"] = plan.calibrated_peak_gib(plan.POLICIES[r["policy"]], shape, peaks[r["policy"]],
+                                                           optimizer)
+            if "peak_gib" in r:
+                r["peak_vs_calibrated"] = r["peak_gib"] / r["calibrated_gib"] - 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the bench, print the table, write the JSON."""
+    """Run the bench (or ``--merge`` earlier ones), print the table, write the JSON."""
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench_frameworks_") as tmp:
-        rows = bench(args, Path(tmp))
+    if args.merge:
+        rows, meta = merged(args.merge)
+        args.shape = plan.Shape(**meta["shape"])
+        if args.calibrate:
+            calibrate(rows, args.shape, meta.get("optimizer", "framework"), args.calibrate)
+            meta["calibrated_from"] = [str(p) for p in args.calibrate]
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench_frameworks_") as tmp:
+            rows = bench(args, Path(tmp))
+        meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "shape": plan.shape_dict(args.shape),
+                "smoke": args.smoke, "deadline_s": args.deadline, "run_timeout_s": args.run_timeout,
+                "optimizer": args.optimizer}
     s = args.shape
     print(f"\n{s.layers} blocks, dim {s.dim}, ffn {s.ffn}, vocab {s.vocab}, seq {s.seq}, mb {s.mb}, {s.steps} steps; "
           "x bf16 and peak against each framework's own BF16 row; pred = precsearch's memory model")
     print(table(rows))
+    cal = [r for r in rows if "calibrated_gib" in r]
+    if cal:
+        print(f"\nthe probe's memory model calibrated on the probe's own peaks at {cal[0]['calibrated_on']} blocks "
+              "(as a trial calibrates)")
+        print(f"{'framework':11s} {'policy':25s} {'peak':>6} {'calib':>6} {'vs calib':>8}")
+        for r in cal:
+            print(f"{r['framework']:11s} {r['policy']:25s} {_fmt(r.get('peak_gib'), '6.2f'):>6} "
+                  f"{r['calibrated_gib']:6.2f} {_fmt(100 * r['peak_vs_calibrated'], '+7.1f') + '%' if 'peak_vs_calibrated' in r else '-':>8}")
+    entries = agreement(rows)
+    if entries:
+        print("\nagainst each framework's BF16 run: memory saved in points of its peak (measured, memory model, "
+              "probe at the same policy; m-meas = model - measured), FP8 speed-up (measured, probe's, difference)")
+        print(agreement_table(entries))
     kind = "cpu" if args.smoke else "gpu"
     path = args.json or Path("scripts/results") / f"{datetime.date.today().isoformat()}_{kind}_bench_frameworks.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "shape": plan.shape_dict(s),
-            "smoke": args.smoke, "deadline_s": args.deadline, "run_timeout_s": args.run_timeout}
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    path.write_text(json.dumps({"meta": meta, "rows": rows, "agreement": entries}, indent=1, default=str))
     print(f"wrote {path}")
     return 0
 

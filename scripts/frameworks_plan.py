@@ -108,6 +108,12 @@ MEGATRON_CONFIG_FIELDS = {
     "--num-layers-at-end-in-bf16": "num_layers_at_end_in_bf16", "--fp8-output-proj": "fp8_output_proj",
     "--fp4-format": "fp4", "--fp4-recipe": "fp4_recipe", "--fp8-param-gather": "fp8_param",
 }
+#: TransformerConfig fields whose dataclass default (False) is not what Megatron-LM trains with: its
+#: ``megatron/training/arguments.py`` turns them on unless ``--no-bias-swiglu-fusion``, ``--no-rope-fusion``,
+#: ``--no-masked-softmax-fusion``, ``--no-bias-dropout-fusion`` are given. Built with the dataclass defaults, the
+#: 8B-shape BF16 model ran at 9.4k tok/s and 72.1 GiB on the H200 (2026-12-03), unfused SwiGLU and RoPE.
+MEGATRON_LM_DEFAULTS = {"bias_activation_fusion": True, "apply_rope_fusion": True, "masked_softmax_fusion": True,
+                        "bias_dropout_fusion": True}
 #: Exported flag -> OptimizerConfig field (megatron/training/arguments.py -> megatron/core/optimizer).
 MEGATRON_OPTIMIZER_FIELDS = {
     "--use-distributed-optimizer": "use_distributed_optimizer", "--use-precision-aware-optimizer":
@@ -165,6 +171,27 @@ def megatron_expected(policy: Policy, n_layers: int) -> dict[str, str]:
     """Megatron module path -> the precision the policy gives it (``decoder.layers.3.mlp.linear_fc2``)."""
     table, _ = megatron_table(policy, n_layers)
     return {f"decoder.layers.{b}.{m}": p.value for (b, m), p in table.items()}
+
+
+def uncompiled_name(name: str) -> str:
+    """A module path without the ``_orig_mod`` level that ``torch.compile``'s wrapper adds
+    (``model.layers.0._orig_mod.mlp.up_proj`` -> ``model.layers.0.mlp.up_proj``)."""
+    return name.replace("._orig_mod", "").removeprefix("_orig_mod.")
+
+
+def probe_observed(te_modules: dict[str, str]) -> dict[str, str]:
+    """The probe's TE modules as Megatron's module paths: ``...linear_qkv.linear`` drops its ``.linear``, and
+    a fused ``te.LayerNormMLP`` (``...mlp.layernorm_mlp.linear``) runs both ``mlp.linear_fc1`` and
+    ``mlp.linear_fc2`` (``precsearch/backends/te_stack.py``)."""
+    out = {}
+    for name, precision in te_modules.items():
+        name = name.removesuffix(".linear")
+        if name.endswith(".mlp.layernorm_mlp"):
+            mlp = name.removesuffix(".layernorm_mlp")
+            out |= {f"{mlp}.linear_fc1": precision, f"{mlp}.linear_fc2": precision}
+        else:
+            out[name] = precision
+    return out
 
 
 def megatron_decided(files: dict[str, Path], n_layers: int) -> dict[str, str]:
@@ -268,8 +295,18 @@ MEGATRON_MEMORY = MEGATRON_STANDARD
 PARAM_DTYPE = {"megatron": "bf16", "torchtitan": "fp32", "accelerate": "fp32", "probe": "bf16"}
 
 
-def run_memory(framework: str, policy: Policy) -> MemoryKnobs:
+#: The bench's optimizer modes: each framework's own (Megatron-Core's DDP + ``get_megatron_optimizer``), or
+#: torch's fused AdamW on the BF16 parameters for Megatron and the probe (no FP32 master: the only state that
+#: fits the full 8B depth on one H200, as the 2026-12-01 full-depth runs trained).
+OPTIMIZERS = ("framework", "adamw")
+
+
+def run_memory(framework: str, policy: Policy, optimizer: str = "framework") -> MemoryKnobs:
     """The training state the framework keeps for the policy: its knobs, or Megatron's default state."""
+    if optimizer == "adamw":
+        if policy.memory != MemoryKnobs():
+            raise ValueError("--optimizer adamw trains the default knobs only (torch AdamW on the parameters)")
+        return policy.memory
     if framework in ("megatron", "probe") and policy.memory == MemoryKnobs():
         return MEGATRON_MEMORY
     if framework == "torchtitan":  # its AdamW keeps the parameters' dtype: no knob is expressible (warned)
@@ -277,21 +314,42 @@ def run_memory(framework: str, policy: Policy) -> MemoryKnobs:
     return policy.memory
 
 
-def predicted_peak_gib(policy: Policy, shape: Shape, framework: str) -> float:
+def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: str = "framework") -> float:
     """precsearch's memory model (:func:`~precsearch.probe.memory.peak.predict_peak`) for the framework's run,
     with the framework's own optimizer step where the model knows it
-    (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer)."""
+    (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer); under
+    ``optimizer="adamw"`` Megatron's model trains with torch's AdamW, the probe's step."""
     from precsearch.probe.memory.frameworks import framework_peak
+
+    memory = run_memory(framework, policy, optimizer)
+    b = _breakdown(policy, shape, framework, optimizer)
+    return framework_peak(framework if optimizer == "framework" else "probe", b, memory) / 2**30
+
+
+def calibrated_peak_gib(policy: Policy, shape: Shape, probe_peaks: dict[int, float],
+                        optimizer: str = "framework") -> float:
+    """The probe's memory model at ``shape`` calibrated on the probe's measured peaks at other depths
+    (blocks -> GiB), as a trial calibrates on its own short probes
+    (:func:`~precsearch.probe.memory.calibration.fit_calibration`)."""
+    import dataclasses
+
+    from precsearch.probe.memory.calibration import DepthMeasurement, fit_calibration
+
+    points = [DepthMeasurement(n, _breakdown(policy, dataclasses.replace(shape, layers=n), "probe", optimizer).total,
+                               int(gib * 2**30)) for n, gib in sorted(probe_peaks.items())]
+    calibration = fit_calibration(points)
+    return calibration.correct(_breakdown(policy, shape, "probe", optimizer).total, shape.layers) / 2**30
+
+
+def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
+    """The memory model's breakdown for the framework's run of the policy at the shape."""
     from precsearch.probe.memory.peak import predict_peak
 
-    param_dtype = PARAM_DTYPE[framework]
     cfg = shape.model_config()
     precisions = {n: policy.precision_for(n, cfg.n_layers) for n in unit_names(cfg)}
     precisions[OUTPUT_LAYER] = policy.precision_for(OUTPUT_LAYER, cfg.n_layers)
-    memory = run_memory(framework, policy)
-    b = predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb, param_dtype=param_dtype,
-                     memory=memory)
-    return framework_peak(framework, b, memory) / 2**30
+    return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
+                        param_dtype=PARAM_DTYPE[framework], memory=run_memory(framework, policy, optimizer))
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:

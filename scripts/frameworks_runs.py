@@ -126,7 +126,7 @@ def megatron_model(shape: plan.Shape, mplan: dict[str, Any], export_dir: Path):
         num_attention_heads=shape.heads, num_query_groups=shape.kv_heads, normalization="RMSNorm",
         layernorm_epsilon=1e-5, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         hidden_dropout=0.0, attention_dropout=0.0, bf16=True, params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16, quant_recipe=quant, **mplan["transformer"])
+        pipeline_dtype=torch.bfloat16, quant_recipe=quant, **(plan.MEGATRON_LM_DEFAULTS | mplan["transformer"]))
     model = GPTModel(config, get_gpt_layer_with_transformer_engine_spec(), vocab_size=shape.vocab,
                      max_sequence_length=shape.seq, position_embedding_type="rope", rotary_base=500000,
                      share_embeddings_and_output_weights=False)
@@ -155,23 +155,39 @@ def run_megatron(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, A
     export_dir = Path(spec["export_dir"])
     mplan = plan.megatron_plan(policy, shape.layers)
     model, config = megatron_model(shape, mplan, export_dir)
-    ddp, opt = megatron_optimizer(model, config, mplan)
     data = batches(shape, "cuda")
     positions = torch.arange(shape.seq, device="cuda").unsqueeze(0).expand(shape.mb, -1)
+    if spec.get("optimizer", "framework") == "adamw":  # torch's fused AdamW on the BF16 parameters, no DDP
+        plan.run_memory("megatron", policy, "adamw")  # refuses a policy with memory knobs
+        ddp = model
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
+
+        def zero():
+            opt.zero_grad(set_to_none=True)
+
+        def step():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), policy.clip_grad)
+            opt.step()
+    else:
+        ddp, opt = megatron_optimizer(model, config, mplan)
+
+        def zero():
+            ddp.zero_grad_buffer()
+            opt.zero_grad()
+
+        def step():
+            ddp.finish_grad_sync()
+            opt.step()
 
     def forward(s):
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
+        zero()
         ids, targets = data[s]
         return ddp(ids, positions, None, labels=targets).float().mean()
-
-    def step():
-        ddp.finish_grad_sync()
-        opt.step()
 
     result = train(shape, forward, lambda loss: loss.backward(), step)
     result["modules"] = plan.check_modules(te_observed(model), plan.megatron_expected(policy, shape.layers))
     result["versions"] = {"megatron_core": package_info.__version__}
+    result["fusions"] = {k: getattr(config, k) for k in plan.MEGATRON_LM_DEFAULTS}
     result["config"] = {k: mplan[k] for k in ("transformer", "optimizer", "ddp", "quant_recipe")}
     return result
 
@@ -228,11 +244,18 @@ def run_torchtitan(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
 
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(tplan["recipe_name"]),
                                    module_filter_fn=keep)
+    if spec.get("compile", True):
+        # torchtitan's apply_compile: each transformer block compiled on its own (the export's comment:
+        # "[compile] enable = true"); without it torchao's casts run unfused (FP8 0.63-0.85x of BF16 on the
+        # H200, 2026-12-03). The BF16 row is compiled too, so its baseline is torchtitan's.
+        for i, block in enumerate(model.model.layers):
+            model.model.layers[i] = torch.compile(block)
+        note += "; each decoder block torch.compile'd (torchtitan's apply_compile)"
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
     result = _hf_train(shape, model, opt, tplan["max_norm"])
     from torchao.float8.float8_linear import Float8Linear
 
-    observed = {n: (plan.P.FP8_CURRENT if isinstance(m, Float8Linear) else plan.P.BF16).value
+    observed = {plan.uncompiled_name(n): (plan.P.FP8_CURRENT if isinstance(m, Float8Linear) else plan.P.BF16).value
                 for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     result["modules"] = plan.check_modules(observed, plan.hf_expected(policy, shape.layers))
     result["note"], result["versions"] = note, _versions("torchtitan", "torchao", "transformers")
@@ -275,6 +298,14 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     """Execute the exported ``accelerate_fp8.py`` as written (model, optimizer and dataloader are ours)."""
     import torch
 
+    # Accelerate imports Transformer Engine lazily, after the first forward has loaded torch's cuDNN; TE's
+    # loader then opened the device image's system cuDNN and failed with an undefined symbol (H200,
+    # 2026-12-03: the bf16 and torchao-path rows). Importing it first, as the Megatron and probe runs do,
+    # loads one cuDNN for both.
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except ImportError:
+        pass
     export_dir = Path(spec["export_dir"])
     files = {p.name: p for p in export_dir.iterdir()}
     aplan = plan.accelerate_plan(files)
@@ -289,7 +320,7 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     else:  # the export's warning: the knobs need precsearch's optimizer (TE FusedAdam), Accelerate has none
         from precsearch.backends import get_backend
 
-        opt = get_backend("te").build_optimizer(model, policy.memory, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
         note += "; optimizer: precsearch's TE FusedAdam with the policy's knobs (the export's warning)"
     loader = _TimedBatches(batches(shape, "cuda"))
     namespace = {"model": model, "optimizer": opt, "dataloader": loader, "__name__": "accelerate_fp8"}
@@ -343,8 +374,8 @@ def run_probe(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]
     from precsearch.backends import get_backend
     from precsearch.probe.runner import build_probe
 
-    policy = dataclasses.replace(policy, memory=plan.run_memory("probe", policy))
-    backend = get_backend("te")
+    policy = dataclasses.replace(policy, memory=plan.run_memory("probe", policy, spec.get("optimizer", "framework")))
+    backend = get_backend("te", torch.device("cuda"))
     model = build_probe(shape.model_config(), policy, backend, torch.device("cuda"), SEED, "bf16")
     opt = backend.build_optimizer(model, policy.memory, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     data = batches(shape, "cuda")
@@ -359,8 +390,7 @@ def run_probe(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]
         torch.nn.utils.clip_grad_norm_(model.parameters(), policy.clip_grad)
 
     result = train(shape, forward, backward, opt.step)
-    observed = {k: v for k, v in te_observed(model).items()}
-    result["modules"] = plan.check_modules({k.removesuffix(".linear"): v for k, v in observed.items()},
+    result["modules"] = plan.check_modules(plan.probe_observed(te_observed(model)),
                                            plan.megatron_expected(policy, shape.layers))
     return result
 

@@ -4,7 +4,8 @@
 # probe-vs-Megatron memory breakdown and the Megatron export GPU test. About 5 min; bounded at 8.
 #   bash scripts/make_framework_bundle.sh     # here, once: .gpu/frameworks.tar.xz (megatron/core sources)
 #   run(command="bash scripts/gpu_frameworks.sh", carry=[".gpu"], timeout_s=600)
-# Knobs: BENCH_ARGS (default: the bench's small shape, --memory-breakdown), TESTS=0 skips the GPU test.
+# Knobs: BENCH_ARGS (default: the bench's small shape, --memory-breakdown), TESTS=0 skips the GPU test,
+# NAME (default bench_frameworks) names the bench's JSON and log in $OUT, so one call can run several shapes.
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_frameworks_out
 source "$(dirname "$0")/gpu_env.sh"
@@ -35,7 +36,8 @@ if [ "${TESTS:-1}" = "1" ]; then
   echo "pytest exit $?" >> "$OUT/gpu_test_megatron_export.log"
   grep -E "passed|failed|skipped|error|^E " "$OUT/gpu_test_megatron_export.log" | tail -15
 fi
+NAME="${NAME:-bench_frameworks}"
 timeout "${BENCH_TIMEOUT:-330}" python3 scripts/bench_frameworks.py ${BENCH_ARGS:---memory-breakdown --deadline 300} \
-  --json "$OUT/bench_frameworks.json" > "$OUT/bench_frameworks.log" 2>&1
-echo "bench_frameworks exit $?" >> "$OUT/bench_frameworks.log"
-tail -45 "$OUT/bench_frameworks.log"
+  --json "$OUT/$NAME.json" > "$OUT/$NAME.log" 2>&1
+echo "bench_frameworks exit $?" >> "$OUT/$NAME.log"
+tail -45 "$OUT/$NAME.log"

@@ -7,10 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS="${WHEELS:-/tmp/wheels}"
-PIP="${PIP:-/work/venv/bin/pip}"
-PY="${PY:-/work/venv/bin/python}"
+PY="${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}"
 ls "$WHEELS"/megatron_core-0.19.2-*.whl >/dev/null 2>&1 || \
-  "$PIP" download --no-deps --python-version 3.12 --only-binary=:all: megatron-core==0.19.2 -d "$WHEELS"
+  "$PY" -m pip download --no-deps --python-version 3.12 --only-binary=:all: megatron-core==0.19.2 -d "$WHEELS"
 STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
 "$PY" -m zipfile -e "$WHEELS"/megatron_core-0.19.2-*.whl "$STAGE/site"

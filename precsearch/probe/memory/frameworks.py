@@ -12,16 +12,28 @@ what the export gives a policy without memory knobs) differs at both moments tha
 
 Against the recorded 4-block Megatron-Core runs at the 8B width (H200, 2026-12-01,
 ``scripts/results/2026-12-01_h200_bench_frameworks.json``) this puts the prediction within 0.3% of every
-standard-optimizer row, where the probe's peak read 12.7-12.9% under (``tests/probe/memory/test_frameworks_memory.py``).
+standard-optimizer row, where the probe's peak read 12.7-12.9% under (``tests/scripts/test_bench_frameworks.py``).
 With ``--use-precision-aware-optimizer`` (the memory knobs) Megatron hands its gradients to TE's ``FusedAdam``
 without the FP32 copy and its distributed optimizer holds less than the probe at the backward; that case is
 not modelled here and keeps the probe's figure (+0.9% over the one recorded run).
+
+Hugging Face's ``LlamaForCausalLM`` loss and torchtitan's both call ``F.cross_entropy`` on the logits cast to
+FP32, which holds three FP32 logit-sized tensors at the log-softmax backward (the saved output, the incoming
+gradient and the input's gradient: :data:`F_CROSS_ENTROPY_LOGIT_BYTES`) where the probe's loss holds
+:data:`~precsearch.backends.cross_entropy.LOGIT_BYTES`. With that, the BF16 rows of the 4-block torchao and
+Accelerate runs (H200, 2026-12-03) are predicted 0.8% under their peaks, where the probe's loss read 10.5%
+under. Their torchao FP8 rows are not modelled: torchao's ``Float8Linear`` saved 1.6-4.9 GiB more than the
+model counts (``docs/frameworks.md``).
 """
 
 from __future__ import annotations
 
+from precsearch.backends.cross_entropy import LOGIT_BYTES
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.probe.memory.peak import MemoryBreakdown
+
+#: Bytes per logit ``F.cross_entropy(logits.float(), ...)`` holds at its backward (three FP32 tensors).
+F_CROSS_ENTROPY_LOGIT_BYTES = 3 * 4
 
 #: Megatron-Core's default optimizer state: BF16 parameters, FP32 main parameters, FP32 moments.
 MEGATRON_STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
@@ -42,8 +54,15 @@ def megatron_peak(b: MemoryBreakdown, memory: MemoryKnobs) -> int:
     return max(backward, step)
 
 
+def fp32_cross_entropy_peak(b: MemoryBreakdown, memory: MemoryKnobs) -> int:
+    """The peak of a run whose loss is ``F.cross_entropy`` on FP32 logits (Hugging Face, torchtitan)."""
+    backward = b.backward_peak + b.logits * (F_CROSS_ENTROPY_LOGIT_BYTES - LOGIT_BYTES) // LOGIT_BYTES
+    return max(backward, b.step_peak)
+
+
 #: Framework name -> its peak from the probe's memory breakdown and the run's optimizer state.
-FRAMEWORK_PEAKS = {"probe": probe_peak, "megatron": megatron_peak}
+FRAMEWORK_PEAKS = {"probe": probe_peak, "megatron": megatron_peak, "torchtitan": fp32_cross_entropy_peak,
+                   "accelerate": fp32_cross_entropy_peak}
 
 
 def framework_peak(framework: str, b: MemoryBreakdown, memory: MemoryKnobs) -> int:
