@@ -295,6 +295,14 @@ MEGATRON_MEMORY = MEGATRON_STANDARD
 PARAM_DTYPE = {"megatron": "bf16", "torchtitan": "fp32", "accelerate": "fp32", "probe": "bf16"}
 
 
+def param_dtype(framework: str, memory: MemoryKnobs) -> str:
+    """The parameter dtype of the framework's run: :data:`PARAM_DTYPE`, except an Accelerate run with master
+    weights, whose exported snippet says to load the model in BF16 (the master keeps the FP32 copy)."""
+    if framework == "accelerate" and memory.master != "none":
+        return "bf16"
+    return PARAM_DTYPE[framework]
+
+
 #: The bench's optimizer modes: each framework's own (Megatron-Core's DDP + ``get_megatron_optimizer``), or
 #: torch's fused AdamW on the BF16 parameters for Megatron and the probe (no FP32 master: the only state that
 #: fits the full 8B depth on one H200, as the 2026-12-01 full-depth runs trained).
@@ -349,7 +357,7 @@ def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
     precisions = {n: policy.precision_for(n, cfg.n_layers) for n in unit_names(cfg)}
     precisions[OUTPUT_LAYER] = policy.precision_for(OUTPUT_LAYER, cfg.n_layers)
     return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
-                        param_dtype=PARAM_DTYPE[framework], memory=run_memory(framework, policy, optimizer))
+                        param_dtype=param_dtype(framework, policy.memory), memory=run_memory(framework, policy, optimizer))
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:

@@ -320,6 +320,9 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     else:  # the export's warning: the knobs need precsearch's optimizer (TE FusedAdam), Accelerate has none
         from precsearch.backends import get_backend
 
+        if plan.param_dtype("accelerate", policy.memory) == "bf16":  # the export's warning: load it in BF16
+            model = model.to(torch.bfloat16)
+            note += "; model cast to BF16 before the optimizer (the export's master-weights warning)"
         opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
         note += "; optimizer: precsearch's TE FusedAdam with the policy's knobs (the export's warning)"
     loader = _TimedBatches(batches(shape, "cuda"))

@@ -6,6 +6,7 @@ How it drives TE (its contract, the TE 2.x facts it relies on, FP8 primary weigh
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -191,6 +192,10 @@ class TEBackend(Backend):
         param_dtype = next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
         exp_avg, exp_avg_sq = knobs.moment_dtypes("fp32" if param_dtype == torch.float32 else "bf16")
         master = knobs.master
+        if master != "none" and param_dtype == torch.float32:
+            warnings.warn(f"master weights ({master}) on FP32 parameters are a second FP32 copy of them: cast the "
+                          "model to BF16 before building the optimizer for the memory the knobs promise",
+                          stacklevel=2)
         opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
                               master_weights=master != "none",
                               master_weight_dtype="fp16" if master == "fp16" else "fp32",

@@ -76,3 +76,10 @@ def test_accelerate_points_the_optimizer_knobs_to_build_optimizer_and_warns_on_f
     assert any("fp8_attention=dpa" in w and "TERecipeKwargs" in w for w in warnings)
     rendered = accelerate_files(Policy(default=Precision.FP8_DELAYED, memory=memory), 4, {})
     assert any("fp8_attention=dpa" in w for w in rendered.warnings)
+
+
+def test_accelerate_warns_that_master_weights_need_a_bf16_model():
+    """A Hugging Face model loads FP32 parameters; there the master copy doubles them (H200, 2026-12-03)."""
+    assert any("torch_dtype=torch.bfloat16" in w for w in accelerate_memory(MemoryKnobs(master_weights=True)))
+    assert any("torch_dtype" in w for w in accelerate_memory(MemoryKnobs(fp8_weights=True)))
+    assert not any("torch_dtype" in w for w in accelerate_memory(MemoryKnobs(moment_dtype="bf16")))
