@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "JSONs (smaller depths, same optimizer) and add each row's calibrated prediction")
     ap.add_argument("--json", type=Path, help="default: scripts/results/<date>_<gpu|cpu>_bench_frameworks.json")
     args = ap.parse_args(argv)
+    if args.calibrate and not args.merge:
+        ap.error("--calibrate needs --merge (it calibrates merged rows of earlier runs)")
     try:
         args.shape = plan.Shape(**{f: getattr(args, f) for f in plan.shape_dict(defaults)})
     except ValueError as exc:
@@ -243,8 +245,8 @@ def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
 def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rows of several bench JSONs (a later file's row replaces an earlier one of the same framework and
     policy, unless only the earlier one has a measurement), their predictions (today's memory model; the
-    run's as ``predicted_gib_at_run``) and relative columns recomputed; the first file's meta with every file's listed. The shapes
-    must agree: rows of different shapes are not comparable."""
+    run's as ``predicted_gib_at_run``) and relative columns recomputed; the first file's meta with every
+    file's listed. The shapes must agree: rows of different shapes are not comparable."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     metas = []
     for path in paths:
@@ -315,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
               "(as a trial calibrates)")
         print(f"{'framework':11s} {'policy':25s} {'peak':>6} {'calib':>6} {'vs calib':>8}")
         for r in cal:
+            vs = _fmt(100 * r["peak_vs_calibrated"], "+7.1f") + "%" if "peak_vs_calibrated" in r else "-"
             print(f"{r['framework']:11s} {r['policy']:25s} {_fmt(r.get('peak_gib'), '6.2f'):>6} "
-                  f"{r['calibrated_gib']:6.2f} {_fmt(100 * r['peak_vs_calibrated'], '+7.1f') + '%' if 'peak_vs_calibrated' in r else '-':>8}")
+                  f"{r['calibrated_gib']:6.2f} {vs:>8}")
     entries = agreement(rows)
     if entries:
         print("\nagainst each framework's BF16 run: memory saved in points of its peak (measured, memory model, "

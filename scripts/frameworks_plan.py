@@ -357,7 +357,8 @@ def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
     precisions = {n: policy.precision_for(n, cfg.n_layers) for n in unit_names(cfg)}
     precisions[OUTPUT_LAYER] = policy.precision_for(OUTPUT_LAYER, cfg.n_layers)
     return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
-                        param_dtype=param_dtype(framework, policy.memory), memory=run_memory(framework, policy, optimizer))
+                        param_dtype=param_dtype(framework, policy.memory),
+                        memory=run_memory(framework, policy, optimizer))
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:

@@ -323,7 +323,8 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
         if plan.param_dtype("accelerate", policy.memory) == "bf16":  # the export's warning: load it in BF16
             model = model.to(torch.bfloat16)
             note += "; model cast to BF16 before the optimizer (the export's master-weights warning)"
-        opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS,
+                                                                      weight_decay=WEIGHT_DECAY)
         note += "; optimizer: precsearch's TE FusedAdam with the policy's knobs (the export's warning)"
     loader = _TimedBatches(batches(shape, "cuda"))
     namespace = {"model": model, "optimizer": opt, "dataloader": loader, "__name__": "accelerate_fp8"}
