@@ -151,21 +151,21 @@ def relative(rows: list[dict[str, Any]]) -> None:
 def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 30's targets per framework run against its own BF16 run: memory saved as measured, as the memory
     model predicts it (the row's prediction over the BF16 row's) and as the probe measured it at the same policy
-    (its ``--memory-breakdown`` rows), in points of the BF16 peak; the FP8 speed-up measured and the probe's."""
+    (its ``--memory-breakdown`` rows), in points of the BF16 peak; the FP8 speed-up measured and the probe's.
+    Reads the columns :func:`relative` adds."""
     ok = {(r["framework"], r["policy"]): r for r in rows if "peak_gib" in r}
     out = []
     for (framework, policy), r in ok.items():
         base = ok.get((framework, BASELINE))
         if framework == "probe" or policy == BASELINE or base is None:
             continue
-        entry = {"framework": framework, "policy": policy,
-                 "saved_pts": 100 * (1 - r["peak_gib"] / base["peak_gib"]),
+        entry = {"framework": framework, "policy": policy, "saved_pts": -100 * r["peak_vs_bf16"],
                  "model_saved_pts": 100 * (1 - r["predicted_gib"] / base["predicted_gib"]),
-                 "speedup": r["tokens_per_s"] / base["tokens_per_s"]}
-        probe, probe_base = ok.get(("probe", policy)), ok.get(("probe", BASELINE))
-        if probe and probe_base:
-            entry["probe_saved_pts"] = 100 * (1 - probe["peak_gib"] / probe_base["peak_gib"])
-            entry["probe_speedup"] = probe["tokens_per_s"] / probe_base["tokens_per_s"]
+                 "speedup": r["speedup_vs_bf16"]}
+        probe = ok.get(("probe", policy))
+        if probe and ("probe", BASELINE) in ok:
+            entry["probe_saved_pts"] = -100 * probe["peak_vs_bf16"]
+            entry["probe_speedup"] = probe["speedup_vs_bf16"]
             entry["speedup_vs_probe"] = entry["speedup"] / entry["probe_speedup"] - 1
         entry["model_minus_measured_pts"] = entry["model_saved_pts"] - entry["saved_pts"]
         out.append(entry)
@@ -258,7 +258,8 @@ def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         for r in data["rows"]:
             for key in ("peak_vs_predicted", "speedup_vs_bf16", "peak_vs_bf16"):
                 r.pop(key, None)
-            if r["framework"] in plan.PARAM_DTYPE and r["policy"] in plan.POLICIES:  # today's memory model
+            if (r["framework"] in plan.PARAM_DTYPE and r["policy"] in plan.POLICIES  # today's memory model
+                    and math.isfinite(r["predicted_gib"])):  # (an export that failed has none)
                 r.setdefault("predicted_gib_at_run", r["predicted_gib"])
                 r["predicted_gib"] = plan.predicted_peak_gib(plan.POLICIES[r["policy"]],
                                                              plan.Shape(**data["meta"]["shape"]), r["framework"],

@@ -158,8 +158,7 @@ def run_megatron(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, A
     data = batches(shape, "cuda")
     positions = torch.arange(shape.seq, device="cuda").unsqueeze(0).expand(shape.mb, -1)
     if spec.get("optimizer", "framework") == "adamw":  # torch's fused AdamW on the BF16 parameters, no DDP
-        plan.run_memory("megatron", policy, "adamw")  # refuses a policy with memory knobs
-        ddp = model
+        ddp = model  # (a policy with memory knobs is refused before the run: plan.run_memory)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
 
         def zero():
@@ -244,13 +243,12 @@ def run_torchtitan(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
 
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(tplan["recipe_name"]),
                                    module_filter_fn=keep)
-    if spec.get("compile", True):
-        # torchtitan's apply_compile: each transformer block compiled on its own (the export's comment:
-        # "[compile] enable = true"); without it torchao's casts run unfused (FP8 0.63-0.85x of BF16 on the
-        # H200, 2026-12-03). The BF16 row is compiled too, so its baseline is torchtitan's.
-        for i, block in enumerate(model.model.layers):
-            model.model.layers[i] = torch.compile(block)
-        note += "; each decoder block torch.compile'd (torchtitan's apply_compile)"
+    # torchtitan's apply_compile: each transformer block compiled on its own (the export's comment:
+    # "[compile] enable = true"); without it torchao's casts run unfused (FP8 0.63-0.85x of BF16 on the
+    # H200, 2026-12-03). The BF16 row is compiled too, so its baseline is torchtitan's.
+    for i, block in enumerate(model.model.layers):
+        model.model.layers[i] = torch.compile(block)
+    note += "; each decoder block torch.compile'd (torchtitan's apply_compile)"
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
     result = _hf_train(shape, model, opt, tplan["max_norm"])
     from torchao.float8.float8_linear import Float8Linear
