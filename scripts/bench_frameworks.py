@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = plan.Shape()
     for field, default in plan.shape_dict(defaults).items():
         ap.add_argument(f"--{field.replace('_', '-')}", type=int, default=default)
-    ap.add_argument("--frameworks", nargs="+", choices=list(plan.FRAMEWORKS), default=list(plan.FRAMEWORKS))
+    ap.add_argument("--frameworks", nargs="+", choices=[*plan.FRAMEWORKS, "probe"], default=list(plan.FRAMEWORKS),
+                    help="default: the three frameworks; probe: precsearch's own step (as --memory-breakdown runs it)")
     ap.add_argument("--policies", nargs="+", choices=list(plan.POLICIES), default=list(plan.POLICIES))
     ap.add_argument("--memory-breakdown", action="store_true", help="also the probe and Megatron, phase by phase")
     ap.add_argument("--breakdown-policies", nargs="+", choices=list(plan.POLICIES), default=["bf16", "fp8_current"])
@@ -188,10 +189,19 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not math.isnan(value) else "-"
 
 
+def _trained(check: dict[str, Any] | None) -> str:
+    """The run's training check (``frameworks_plan.check_training``): weights that moved of all, or what not."""
+    if not check:
+        return "-"  # a row from before the check
+    if check["n_not_in_optimizer"]:
+        return f"{check['n_not_in_optimizer']} lost"  # parameters the optimizer does not hold
+    return f"{check['moved']}/{check['matrices']}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table (an error row shows its error)."""
     lines = [f"{'framework':11s} {'policy':25s} {'tok/s':>7} {'x bf16':>6} {'peak':>6} {'pred':>6} {'vs pred':>7} "
-             f"{'loss':>7} {'modules':>8} {'files':>6}"]
+             f"{'loss':>7} {'modules':>8} {'files':>6} {'trained':>7}"]
     for r in rows:
         files = r.get("files_check")
         files_s = f"{files['ok']}/{files['modules']}" if files else "-"
@@ -205,7 +215,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{head} {_fmt(r['tokens_per_s'], '7.0f')} {_fmt(r.get('speedup_vs_bf16'), '6.2f')} "
                      f"{_fmt(r['peak_gib'], '6.2f')} {_fmt(r['predicted_gib'], '6.2f')} "
                      f"{_fmt(None if vs is None else 100 * vs, '+6.1f')}% {_fmt(r['last_loss'], '7.3f')} "
-                     f"{(str(mods['ok']) + '/' + str(mods['modules'])) if mods else '-':>8} {files_s:>6}")
+                     f"{(str(mods['ok']) + '/' + str(mods['modules'])) if mods else '-':>8} {files_s:>6} "
+                     f"{_trained(r.get('trained')):>7}")
     phased = [r for r in rows if "phase_peak_gib" in r and r["framework"] in ("probe", "megatron")]
     if phased:
         lines += ["", "memory by phase (peak inside each phase of the steady steps, GiB)",

@@ -22,8 +22,8 @@ from precsearch.probe.memory.frameworks import MEGATRON_STANDARD
 from precsearch.export.megatron import ARGS_FILE, CONFIG_FILE, megatron_export, megatron_table
 from precsearch.export.registry import render
 from precsearch.export.policy_export import write_export
-from precsearch.export.accelerate import FILE as ACCELERATE_FILE
-from precsearch.export.torchtitan import CONVERTER, FILE as TITAN_FILE, is_filtered, tt_name
+from precsearch.export.accelerate import FILE as ACCELERATE_FILE, choose_path
+from precsearch.export.torchtitan import CONVERTER, FILE as TITAN_FILE, converted_precision, is_filtered, tt_name
 from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.precision_spec import SPECS
@@ -288,6 +288,19 @@ def check_modules(observed: dict[str, str], expected: dict[str, str]) -> dict[st
             "n_mismatches": len(wrong)}
 
 
+def check_training(matrices: list[str], moved: set[str], params: list[str], held: set[str] | None) -> dict[str, Any]:
+    """Did the run train every weight? ``matrices``: the 2-D parameters (Linear and embedding weights, whose
+    Adam updates outgrow a BF16 step in a few steps; a norm's weight of 1.0 would not), ``moved``: those that
+    changed; ``params``: every parameter, ``held``: those the optimizer holds (None where it holds copies,
+    as Megatron-Core's FP32 main parameters). Not trained: a matrix that did not move or a parameter the
+    optimizer does not hold."""
+    lost = [n for n in params if held is not None and n not in held]
+    still = [n for n in matrices if n not in moved]
+    return {"matrices": len(matrices), "moved": len(matrices) - len(still),
+            "not_in_optimizer": lost[:10], "n_not_in_optimizer": len(lost), "unmoved": still[:10],
+            "ok": not lost and not still}
+
+
 #: What Megatron's optimizer keeps by default (BF16 parameters, FP32 main parameters, FP32 moments).
 MEGATRON_MEMORY = MEGATRON_STANDARD
 #: Parameter dtype each framework trains with in the bench: Megatron BF16 (with FP32 main parameters),
@@ -301,6 +314,14 @@ def param_dtype(framework: str, memory: MemoryKnobs) -> str:
     if framework == "accelerate" and memory.master != "none":
         return "bf16"
     return PARAM_DTYPE[framework]
+
+
+def fp8_linear(framework: str, policy: Policy, layers: int) -> str:
+    """Which FP8 Linear the framework's run uses (:data:`~precsearch.probe.memory.peak.FP8_LINEARS`): torchao's
+    for torchtitan's converter and Accelerate's torchao path, Transformer Engine's for every other run."""
+    if framework == "torchtitan" or (framework == "accelerate" and choose_path(policy, layers)[0] == "ao"):
+        return "torchao"
+    return "te"
 
 
 #: The bench's optimizer modes: each framework's own (Megatron-Core's DDP + ``get_megatron_optimizer``), or
@@ -356,9 +377,13 @@ def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
     cfg = shape.model_config()
     precisions = {n: policy.precision_for(n, cfg.n_layers) for n in unit_names(cfg)}
     precisions[OUTPUT_LAYER] = policy.precision_for(OUTPUT_LAYER, cfg.n_layers)
+    if framework == "torchtitan":  # one converter: its other FP8 layers stay BF16 (the export warns)
+        chosen = converted_precision(policy, cfg.n_layers)
+        precisions = {n: p if p is chosen or not p.is_fp8 else Precision.BF16 for n, p in precisions.items()}
     return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
                         param_dtype=param_dtype(framework, policy.memory),
-                        memory=run_memory(framework, policy, optimizer))
+                        memory=run_memory(framework, policy, optimizer),
+                        fp8_linear=fp8_linear(framework, policy, cfg.n_layers))
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:

@@ -72,6 +72,56 @@ def train(shape: plan.Shape, forward: Callable[[int], Any], backward: Callable[[
             "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}
 
 
+#: Elements of each weight kept before the run to tell afterwards whether it moved.
+FINGERPRINT = 4096
+
+
+def fingerprints(model) -> dict[str, Any]:
+    """:data:`FINGERPRINT` elements spread evenly over every 2-D parameter, by name (a few MB of host memory).
+    Spread, not the first ones: an embedding's first row is one token's, which random batches may never
+    draw, and weight decay alone moves a BF16 weight by less than its rounding step (H200, 2026-12-03)."""
+    out = {}
+    for n, p in model.named_parameters():
+        if p.dim() == 2:
+            flat = p.detach().flatten()
+            out[plan.uncompiled_name(n)] = flat[::max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT].float().cpu().clone()
+    return out
+
+
+def trained(before: dict[str, Any], model, optimizer=None) -> dict[str, Any]:
+    """:func:`frameworks_plan.check_training` of the run: which weights moved, which the optimizer holds
+    (``optimizer=None``: not checked, for an optimizer that holds copies)."""
+    import torch
+
+    after = fingerprints(model)
+    params = {plan.uncompiled_name(n): p for n, p in model.named_parameters()}
+    held = None
+    if optimizer is not None:
+        ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        held = {n for n, p in params.items() if id(p) in ids}
+    moved = {n for n in after if n in before and not torch.equal(before[n], after[n])}
+    return plan.check_training(sorted(after), moved, sorted(params), held)
+
+
+def resident_parts(model, optimizer) -> dict[str, float]:
+    """GiB the run keeps between steps, by part: parameters (by dtype), gradients, the optimizer's states."""
+    import torch
+
+    parts: dict[str, float] = {}
+    for p in model.parameters():
+        key = f"params_{str(p.dtype).removeprefix('torch.')}"
+        parts[key] = parts.get(key, 0.0) + p.numel() * p.element_size() / GIB
+        if p.grad is not None:
+            parts["grads"] = parts.get("grads", 0.0) + p.grad.numel() * p.grad.element_size() / GIB
+    seen = set()
+    for state in optimizer.state.values():
+        for t in state.values():
+            if isinstance(t, torch.Tensor) and t.is_cuda and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                parts["optimizer_state"] = parts.get("optimizer_state", 0.0) + t.numel() * t.element_size() / GIB
+    return parts
+
+
 def te_observed(model, prefix: str = "") -> dict[str, str]:
     """TE module path -> the precision its latest forward ran (``module.fp8``, ``fp8_meta["recipe"]``)."""
     from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
@@ -183,7 +233,9 @@ def run_megatron(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, A
         ids, targets = data[s]
         return ddp(ids, positions, None, labels=targets).float().mean()
 
+    before = fingerprints(model)
     result = train(shape, forward, lambda loss: loss.backward(), step)
+    result["trained"] = trained(before, model, opt if ddp is model else None)  # Megatron's holds FP32 copies
     result["modules"] = plan.check_modules(te_observed(model), plan.megatron_expected(policy, shape.layers))
     result["versions"] = {"megatron_core": package_info.__version__}
     result["fusions"] = {k: getattr(config, k) for k in plan.MEGATRON_LM_DEFAULTS}
@@ -250,7 +302,9 @@ def run_torchtitan(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
         model.model.layers[i] = torch.compile(block)
     note += "; each decoder block torch.compile'd (torchtitan's apply_compile)"
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
+    before = fingerprints(model)
     result = _hf_train(shape, model, opt, tplan["max_norm"])
+    result["trained"] = trained(before, model, opt)
     from torchao.float8.float8_linear import Float8Linear
 
     observed = {plan.uncompiled_name(n): (plan.P.FP8_CURRENT if isinstance(m, Float8Linear) else plan.P.BF16).value
@@ -281,7 +335,7 @@ class _TimedBatches:
     """The snippet's ``dataloader``: the bench's batches, noting a synchronised time as each step starts."""
 
     def __init__(self, data: list):
-        self.data, self.starts = data, []
+        self.data, self.starts, self.resident, self.step_peaks = data, [], [], []
 
     def __iter__(self):
         import torch
@@ -289,6 +343,10 @@ class _TimedBatches:
         for ids, targets in self.data:
             torch.cuda.synchronize()
             self.starts.append(time.perf_counter())
+            self.resident.append(torch.cuda.memory_allocated())  # what stays between steps: weights, states
+            # the peak since the last step started (before the first step: since the run began, prepare())
+            self.step_peaks.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
             yield {"input_ids": ids, "labels": targets}
 
 
@@ -324,6 +382,7 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
         opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS,
                                                                       weight_decay=WEIGHT_DECAY)
         note += "; optimizer: precsearch's TE FusedAdam with the policy's knobs (the export's warning)"
+    before = fingerprints(model)
     loader = _TimedBatches(batches(shape, "cuda"))
     namespace = {"model": model, "optimizer": opt, "dataloader": loader, "__name__": "accelerate_fp8"}
     torch.cuda.reset_peak_memory_stats()
@@ -334,12 +393,17 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     finally:
         os.chdir(cwd)
     torch.cuda.synchronize()
+    loader.step_peaks.append(torch.cuda.max_memory_allocated())  # the last step's
     ends = loader.starts[1:] + [time.perf_counter()]
     gaps = [b - a for a, b in zip(ends, ends[1:])][shape.warmup_steps - 1:]
-    trained = namespace["accelerator"].unwrap_model(namespace["model"])
+    model_out = namespace["accelerator"].unwrap_model(namespace["model"])
     result = {"tokens_per_s": shape.mb * shape.seq / statistics.median(gaps),
-              "peak_gib": torch.cuda.max_memory_allocated() / GIB, "last_loss": float(namespace["loss"]),
-              "modules": plan.check_modules(_accelerate_observed(trained), plan.hf_expected(policy, shape.layers)),
+              "peak_gib": max(loader.step_peaks) / GIB,  # [0]: before the first step, then one per step
+              "step_peaks_gib": [b / GIB for b in loader.step_peaks],
+              "last_loss": float(namespace["loss"]),
+              "start_gib": loader.resident[-1] / GIB,  # the last step's start, as train()'s after the first
+              "modules": plan.check_modules(_accelerate_observed(model_out), plan.hf_expected(policy, shape.layers)),
+              "trained": trained(before, model_out, opt), "resident_gib": resident_parts(model_out, opt),
               "note": note, "versions": _versions("accelerate", "transformers", "torchao", "transformer_engine")}
     return result
 
@@ -391,7 +455,9 @@ def run_probe(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), policy.clip_grad)
 
+    before = fingerprints(model)
     result = train(shape, forward, backward, opt.step)
+    result["trained"] = trained(before, model, opt)
     result["modules"] = plan.check_modules(plan.probe_observed(te_observed(model)),
                                            plan.megatron_expected(policy, shape.layers))
     return result

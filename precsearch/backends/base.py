@@ -61,6 +61,9 @@ class Backend(ABC):
     #: the training stack does (TE): BF16 units then compute BF16 within that library's rounding,
     #: and Parameters are new and renamed, instead of untouched.
     rebuilds_stack: bool = False
+    #: Which FP8 Linear the memory model counts for this backend's FP8 layers
+    #: (:data:`~precsearch.probe.memory.peak.FP8_LINEARS`): Transformer Engine's, unless it says otherwise.
+    fp8_linear: str = "te"
 
     @abstractmethod
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:

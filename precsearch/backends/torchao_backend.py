@@ -191,6 +191,7 @@ class TorchaoBackend(Backend):
     """
 
     name = "torchao"
+    fp8_linear = "torchao"  # keeps the unquantized input and no weight copy for the backward
 
     def __init__(self, *, compile: bool = False, emulate: bool = False):
         self.compile = compile

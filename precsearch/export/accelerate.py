@@ -14,7 +14,13 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
 * ``AORecipeKwargs(config: torchao Float8LinearConfig, module_filter_func(module,
   fqn) -> bool)``: torchao's ``Float8Linear`` per selected layer, dynamic tensorwise
   scaling (precsearch ``fp8_current``; E4M3 forward, E5M2 gradients by default,
-  ``torchao/float8/config.py``). This is the per-layer path.
+  ``torchao/float8/config.py``). This is the per-layer path. The snippet sets
+  ``enable_fsdp_float8_all_gather=False``: ``AORecipeKwargs()``'s default True makes
+  ``Float8Linear.from_float`` wrap each weight in a *new* ``nn.Parameter``
+  (``WeightWithDynamicFloat8CastTensor``), and ``Accelerator._prepare_ao`` converts the
+  model without re-pointing an optimizer built before ``prepare()``: the converted
+  layers then never train (seen with accelerate 1.16 and torchao 0.18 on CPU, and in
+  the H200 run of 2026-12-03 as 4 B/param less memory: no moments for them).
 
 Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
 warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
@@ -185,8 +191,12 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
                   "    # torchao's scaled GEMM needs both dims divisible by 16 (as Accelerate's own filter checks)",
                   "    return fqn in FP8_LAYERS and module.in_features % 16 == 0 and module.out_features % 16 == 0",
                   "", ""]
-        lines += ["config = Float8LinearConfig(  # the options AORecipeKwargs() would set by default",
-                  "    pad_inner_dim=True,", "    enable_fsdp_float8_all_gather=True,"]
+        lines += ["config = Float8LinearConfig(",
+                  "    pad_inner_dim=True,  # as AORecipeKwargs() sets by default",
+                  "    # not AORecipeKwargs()'s default True: that wraps each converted weight in a new Parameter",
+                  "    # (for FSDP2's FP8 all-gather), which an optimizer built before prepare() never sees: those",
+                  "    # layers would not train",
+                  "    enable_fsdp_float8_all_gather=False,"]
         if e4m3:
             lines += ["    # the policy uses E4M3 for gradients too (torchao's default is E5M2)",
                       "    cast_config_grad_output=CastConfig(target_dtype=torch.float8_e4m3fn),"]

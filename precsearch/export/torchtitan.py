@@ -128,6 +128,11 @@ def _chosen(table: dict[str, Precision]) -> Precision | None:
     return best if counts[best] else None
 
 
+def converted_precision(policy: Policy, n_layers: int) -> Precision | None:
+    """The one low precision torchtitan runs for the policy (its other FP8 layers stay BF16, as warned)."""
+    return _chosen(layer_table(policy, n_layers))
+
+
 def _lost_warning(p: Precision, names: list[str], chosen: Precision | None) -> str:
     head = f"{len(names)} {p.value} layer(s) ({_describe(names)}) kept BF16: "
     if p in EXPRESSIBLE:
@@ -235,5 +240,5 @@ def torchtitan_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
     return Rendered({FILE: "\n".join(lines) + "\n"}, warnings)
 
 
-__all__ = ["CONVERTER", "FILE", "MX_CONVERTER", "PROJ_NAMES", "filter_fqns_for", "is_filtered", "torchtitan_export",
-           "torchtitan_files", "tt_name"]
+__all__ = ["CONVERTER", "FILE", "MX_CONVERTER", "PROJ_NAMES", "converted_precision", "filter_fqns_for", "is_filtered",
+           "torchtitan_export", "torchtitan_files", "tt_name"]

@@ -185,7 +185,8 @@ def run_probe(
     result.phase_s["eval"] = time.perf_counter() - t0
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
-             calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes)
+             calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes,
+             fp8_linear=run.backend.fp8_linear)
     if models is not None and run.backend.resets_converted:  # else the model would only hold memory
         models.keep(run.model)
     return result
@@ -365,13 +366,14 @@ def eval_losses(model: Llama3, data: TokenBatches, backend: Backend, device: tor
 
 
 def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,
-             phases: PhaseMemory | None = None, held_bytes: int = 0) -> None:
+             phases: PhaseMemory | None = None, held_bytes: int = 0, fp8_linear: str = "te") -> None:
     tokens = probe.seq_len * probe.micro_batch * probe.grad_accum  # every micro-batch's tokens, each step
     if step_times:
         result.tokens_per_s = tokens / statistics.median(step_times)
     precisions = backend_precisions(policy, cfg)
     predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
-                             param_dtype=probe.param_dtype, memory=policy.memory, grad_accum=probe.grad_accum)
+                             param_dtype=probe.param_dtype, memory=policy.memory, grad_accum=probe.grad_accum,
+                             fp8_linear=fp8_linear)
     result.predicted_memory = predicted.to_dict()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -382,7 +384,7 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
     else:
         result.peak_memory_bytes = predicted.total
         result.memory_source = "predicted"
-    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total, calibrate)
+    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total, calibrate, fp8_linear)
     result.wall_s = time.perf_counter() - start
 
 
@@ -391,14 +393,14 @@ _STEPS_TO_PEAK = 2
 
 
 def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, probe: ProbeSection,
-                    policy: Policy, predicted_bytes: int, calibrate: bool = True) -> None:
+                    policy: Policy, predicted_bytes: int, calibrate: bool = True, fp8_linear: str = "te") -> None:
     """Fill the target's predicted peak, corrected by this probe's measurement when there is one."""
     calibration = Calibration()
     if calibrate and result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
         calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_bytes, result.peak_memory_bytes)])
     prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
                                 micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory,
-                                grad_accum=probe.grad_accum)
+                                grad_accum=probe.grad_accum, fp8_linear=fp8_linear)
     result.target_memory_bytes = prediction.bytes
     result.target_breakdown = prediction.breakdown.components()
     result.target_memory_source = prediction.source

@@ -6,8 +6,8 @@ use_mxfp8_block_scaling)``, ``KwargsHandler.to_kwargs`` keeps only values that d
 defaults), ``utils/transformer_engine.py::apply_fp8_autowrap`` (one ``fp8_autocast`` around
 ``model.forward`` with ``DelayedScaling(**kwargs)`` or ``MXFP8BlockScaling(**kwargs)``), ``utils/ao.py``
 (``module_filter_func(module, fqn)``). TE defaults from NVIDIA/TransformerEngine
-``transformer_engine/common/recipe/__init__.py``. Neither library is installed here, so the snippets are
-run against recording stand-ins.
+``transformer_engine/common/recipe/__init__.py``. Most snippets run against recording stand-ins; the torchao
+path also runs with the real accelerate and torchao (test extras), on CPU, through one training step.
 """
 
 from __future__ import annotations
@@ -218,3 +218,28 @@ def test_nvfp4_policy_goes_through_the_python_api_naming_its_switches():
     rendered = render("accelerate", policy, 4, {})
     saved = yaml.safe_load(rendered.files[POLICY_FILE])["policy"]["recipe"]
     assert saved["nvfp4_rht"] is False and saved["nvfp4_2d_weights"] is True
+
+
+@pytest.mark.parametrize("policy", [Policy(default=P.FP8_CURRENT, clip_grad=1.0),
+                                    Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_CURRENT)))])
+def test_torchao_snippet_trains_every_layer_with_the_real_accelerate(policy):
+    """The snippet as a user runs it: optimizer built before ``prepare()``, one step; every weight must move.
+
+    With ``AORecipeKwargs()``'s default ``enable_fsdp_float8_all_gather=True`` torchao wraps each converted
+    weight in a new Parameter that the optimizer does not hold, and those layers silently never trained
+    (found on the H200 on 2026-12-03 as a peak 4.9 GiB under the BF16 run's).
+    """
+    pytest.importorskip("accelerate")
+    float8 = pytest.importorskip("torchao.float8.float8_linear")
+    model = _hf_llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(0, CFG.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    namespace = {"model": model, "optimizer": optimizer, "dataloader": [{"input_ids": ids, "labels": ids}]}
+    exec(compile(render("accelerate", policy, N, {}).files[FILE], FILE, "exec"), namespace)
+    trained = namespace["accelerator"].unwrap_model(namespace["model"])
+    converted = {n for n, m in trained.named_modules() if isinstance(m, float8.Float8Linear)}
+    assert converted == {n for n, p in layer_table(policy, N).items() if p is P.FP8_CURRENT}
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert [n for n, p in trained.named_parameters() if id(p) not in held] == []
+    assert [n for n, p in trained.named_parameters() if torch.equal(p.detach(), before[n])] == []

@@ -44,6 +44,9 @@ The peak is the larger of the two. What a step keeps:
   fp32 log-sum-exp per head, SwiGLU saves the fc1 output (gate and up) and
   silu(gate) (BF16), RoPE a BF16 cos/sin pair per block; FP8 does not change these.
 
+FP8 Linears other than Transformer Engine's keep other tensors: :data:`FP8_LINEARS` names each
+implementation the model knows (``fp8_linear`` of :func:`predict_peak`).
+
 On the CPU, :func:`activation_bytes` equals what autograd saves for the probe's
 plain-PyTorch layers (``tests/probe/memory/test_memory.py``). Transformer Engine's
 fused modules save less (its fused RMSNorm and RoPE keep fewer tensors), so on
@@ -162,7 +165,7 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def predict_peak(
     cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
     param_dtype: str = "fp32", memory: MemoryKnobs | None = None, state_group_elements: int | None = None,
-    grad_accum: int = 1,
+    grad_accum: int = 1, fp8_linear: str = "te",
 ) -> MemoryBreakdown:
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
 
@@ -172,13 +175,16 @@ def predict_peak(
     ``tensor_lists`` still holds the previous group's until the next group's kernel
     (measured at the 8B width: 7.5 GiB with groups of 525M elements, two FP8 moments).
     ``grad_accum``: micro-batches per step; above 1 the gradients are alive at a backward's start.
+    ``fp8_linear``: which FP8 Linear runs the FP8 units (:data:`FP8_LINEARS`).
     """
+    if fp8_linear not in FP8_LINEARS:
+        raise ValueError(f"fp8_linear={fp8_linear!r}: expected one of {', '.join(FP8_LINEARS)}")
     memory = memory or MemoryKnobs()
     tokens = seq_len * micro_batch
     n_params = cfg.num_params()
     width = _FP32 if param_dtype == "fp32" else _BF16
     copies = fp8_stored = stored_bytes = 0.0
-    for w in unit_weight_bytes(cfg, precisions, param_dtype, memory).values():
+    for w in unit_weight_bytes(cfg, precisions, param_dtype, memory, fp8_linear).values():
         copies += w.copies
         if w.fp8_stored:
             fp8_stored, stored_bytes = fp8_stored + w.elements, stored_bytes + w.stored
@@ -190,7 +196,7 @@ def predict_peak(
         grads=n_params * width,
         optimizer=int(n_params * (sum(STATE_BYTES[m] for m in moments) + master)),
         weight_copies=int(copies),
-        linear_inputs=int(tokens * saved_linear_input_bytes(cfg, precisions, param_dtype)),
+        linear_inputs=int(tokens * saved_linear_input_bytes(cfg, _as_saved(precisions, fp8_linear), param_dtype)),
         other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
                                                  param_dtype=param_dtype)
         - fp8_attention_saving(cfg, precisions, memory, tokens),
@@ -220,14 +226,16 @@ class UnitWeight:
 
 
 def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str,
-                      memory: MemoryKnobs) -> dict[str, UnitWeight]:
+                      memory: MemoryKnobs, fp8_linear: str = "te") -> dict[str, UnitWeight]:
     """Unit name -> :class:`UnitWeight` for every precision unit of ``cfg`` (missing from ``precisions``: BF16)."""
     out: dict[str, UnitWeight] = {}
     for name, (fan_in, fan_out) in _layers(cfg).items():
         p = precisions.get(name, Precision.BF16)
         n = fan_in * fan_out
         weight = 2 * WEIGHT_BYTES[p]  # FP8 data + its transpose
-        if p.is_fp8 and memory.fp8_weights:
+        if p.is_fp8 and fp8_linear == "torchao":  # the parameter itself is saved, cast to FP8 per GEMM
+            out[name] = UnitWeight(n, False, 0.0, 0.0)
+        elif p.is_fp8 and memory.fp8_weights:
             out[name] = UnitWeight(n, True, n * weight, 0.0)
         elif p.is_fp8:
             out[name] = UnitWeight(n, False, 0.0, n * weight)
@@ -242,6 +250,18 @@ STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1}
 #: Bytes per parameter of the master weights: whole FP32, FP16, or the 16 low bits of FP32.
 MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2}
 
+#: What an FP8 Linear keeps for its backward, by implementation:
+#:
+#: * ``te``: Transformer Engine (and the emulated backend, which models it) saves its input quantized to FP8
+#:   and the FP8 weight with its transpose;
+#: * ``torchao``: torchao's ``Float8Linear`` (``matmul_with_hp_or_float8_args.forward`` saves ``input_hp,
+#:   weight_hp_t``) keeps the high-precision input (cast to the autocast dtype first, like a BF16 Linear's)
+#:   and the parameter itself: it casts an FP32 weight to FP8 for each GEMM and keeps no copy, so it holds
+#:   what a BF16 Linear holds less autocast's BF16 weight cast. On the H200 (4 blocks at the 8B width, FP32
+#:   parameters, eager, 2026-12-03) the converted runs peaked exactly 2 B per converted weight element under
+#:   the BF16 run (1.62 GiB for 4 blocks, 0.81 for 2, 0.31 for the attention only).
+FP8_LINEARS = ("te", "torchao")
+
 
 def scaled_states(memory: MemoryKnobs, param_dtype: str) -> int:
     """How many states per parameter FusedAdam's step copies to FP32 (see :class:`MemoryBreakdown`)."""
@@ -249,6 +269,13 @@ def scaled_states(memory: MemoryKnobs, param_dtype: str) -> int:
     fused_bf16 = first == second == "bf16"  # unscaled inside the kernel
     moments = sum(1 for m in (first, second) if m == "fp8" or (m == "bf16" and not fused_bf16))
     return moments + (1 if memory.master == "fp16" else 0)
+
+
+def _as_saved(precisions: dict[str, Precision], fp8_linear: str) -> dict[str, Precision]:
+    """The precision each unit's saved input has: torchao's FP8 Linears save theirs unquantized (BF16)."""
+    if fp8_linear == "te":
+        return precisions
+    return {n: Precision.BF16 if p.is_fp8 else p for n, p in precisions.items()}
 
 
 def max_param_elements(cfg: ModelConfig) -> int:

@@ -235,3 +235,22 @@ def test_one_fused_unit_saves_one_input_copy_in_its_precision():
     one = predict_peak(cfg, qkv0, seq_len=128, micro_batch=1, param_dtype="bf16")
     assert one.linear_inputs - base.linear_inputs == -128 * cfg.dim
 
+
+
+def test_a_torchao_fp8_linear_holds_what_a_bf16_one_does_less_the_autocast_weight_cast():
+    """torchao's Float8Linear saves ``input_hp, weight_hp_t``: no FP8 copies, the unquantized input."""
+    cfg = ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64)
+    fp8 = {n: Precision.FP8_CURRENT for n in unit_names(cfg)}  # the blocks and the output layer
+    weights = sum(i * o for i, o in (
+        (cfg.dim, cfg.dim + 2 * cfg.n_kv_heads * cfg.head_dim), (cfg.dim, cfg.dim),
+        (cfg.dim, 2 * cfg.ffn_dim), (cfg.ffn_dim, cfg.dim))) * cfg.n_layers + cfg.dim * cfg.vocab_size
+    kw = {"seq_len": 64, "micro_batch": 1}
+    for dtype, cast in (("fp32", 2), ("bf16", 0)):
+        bf16 = predict_peak(cfg, {}, param_dtype=dtype, **kw)
+        ao = predict_peak(cfg, fp8, param_dtype=dtype, fp8_linear="torchao", **kw)
+        assert ao.linear_inputs == bf16.linear_inputs
+        assert bf16.weight_copies - ao.weight_copies == cast * weights
+        te = predict_peak(cfg, fp8, param_dtype=dtype, **kw)
+        assert te.linear_inputs < bf16.linear_inputs and te.weight_copies == 2 * weights
+    with pytest.raises(ValueError, match="fp8_linear='tensorrt'"):
+        predict_peak(cfg, fp8, fp8_linear="tensorrt", **kw)
