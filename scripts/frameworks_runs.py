@@ -84,7 +84,8 @@ def fingerprints(model) -> dict[str, Any]:
     for n, p in model.named_parameters():
         if p.dim() == 2:
             flat = p.detach().flatten()
-            out[plan.uncompiled_name(n)] = flat[::max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT].float().cpu().clone()
+            sample = flat[::max(1, flat.numel() // FINGERPRINT)][:FINGERPRINT]
+            out[plan.uncompiled_name(n)] = sample.float().cpu().clone()
     return out
 
 

@@ -19,8 +19,11 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
   ``Float8Linear.from_float`` wrap each weight in a *new* ``nn.Parameter``
   (``WeightWithDynamicFloat8CastTensor``), and ``Accelerator._prepare_ao`` converts the
   model without re-pointing an optimizer built before ``prepare()``: the converted
-  layers then never train (seen with accelerate 1.16 and torchao 0.18 on CPU, and in
-  the H200 run of 2026-12-03 as 4 B/param less memory: no moments for them).
+  layers then never train (seen with accelerate 1.16 and torchao 0.18 on CPU, and on
+  the H200 on 2026-12-03 as 4 bytes per converted weight element under the fixed run's
+  peak: no moments for them, their FP32 gradients never cleared).
+* With the memory knobs the snippet prepares precsearch's optimizer with
+  ``device_placement=False`` (:data:`_PREPARE_KNOBS`).
 
 Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
 warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
@@ -142,12 +145,25 @@ for step, batch in enumerate(dataloader):
 '''
 
 
+#: ``prepare()`` for an optimizer precsearch built (TE ``FusedAdam`` with the memory knobs): no device placement,
+#: whose ``state_dict()`` / ``load_state_dict()`` round trip (``AcceleratedOptimizer.__init__``) copies every
+#: state: on the H200 (4 blocks at the 8B width, 2026-12-03) the run peaked at 42.99 GiB before its first step,
+#: then 27.04 GiB a step (27.14 predicted).
+_PREPARE_KNOBS = ("# device_placement=False for the optimizer: its states are on the GPU already, and Accelerate's\n"
+                  "# state_dict round trip would copy them all (a 16 GiB spike at 4 blocks of the 8B width)\n"
+                  "model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader,\n"
+                  "                                                   device_placement=[True, False, True])\n")
+
+
 def _loop(policy: Policy, exact: bool) -> str:
     forward = ("    with policy.autocast(model, step):  # BF16 for the warm-up steps, FP8 after\n"
                "        loss = model(**batch).loss" if exact else "    loss = model(**batch).loss")
     clip = (f"    accelerator.clip_grad_norm_(model.parameters(), {policy.clip_grad!r})\n"
             if policy.clip_grad is not None else "")
-    return _LOOP.format(forward=forward, clip=clip)
+    loop = _LOOP.format(forward=forward, clip=clip)
+    if not policy.memory.optimizer_knobs.is_default:
+        loop = loop.replace(_LOOP.splitlines()[0] + "\n", _PREPARE_KNOBS, 1)
+    return loop
 
 
 def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) -> Rendered:

@@ -92,8 +92,7 @@ def accelerate_memory(memory: MemoryKnobs) -> list[str]:
     if memory.master != "none":
         warnings.append(f"master weights ({memory.master}) keep a copy of BF16 parameters: load the model in BF16 "
                         "(from_pretrained(..., torch_dtype=torch.bfloat16)) before building the optimizer; on the "
-                        "FP32 parameters a Hugging Face model loads by default the master is a second FP32 copy "
-                        "(H200, 4 blocks at the 8B width: 42.99 GiB against 33.88 for BF16 without the knobs)")
+                        "FP32 parameters a Hugging Face model loads by default the master is a second FP32 copy")
     if memory.fp8_attention != "off":
         warnings.append(f"fp8_attention={memory.fp8_attention}: Accelerate's TERecipeKwargs has no fp8_dpa "
                         "setting; attention stays BF16 (more activation memory than the probe measured)")

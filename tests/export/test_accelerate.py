@@ -52,7 +52,8 @@ class _Recorder:
 
 
 class _Accelerator(_Recorder):
-    def prepare(self, *objs):
+    def prepare(self, *objs, device_placement=None):
+        self.device_placement = device_placement
         return objs
 
     def backward(self, loss):
@@ -243,3 +244,15 @@ def test_torchao_snippet_trains_every_layer_with_the_real_accelerate(policy):
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert [n for n, p in trained.named_parameters() if id(p) not in held] == []
     assert [n for n, p in trained.named_parameters() if torch.equal(p.detach(), before[n])] == []
+
+
+def test_a_knob_policys_optimizer_is_prepared_without_device_placement(monkeypatch):
+    """precsearch's TE FusedAdam holds its states on the GPU already: Accelerate's device placement would
+    round-trip its state_dict (a 16 GiB spike before the first step on the H200, 2026-12-03)."""
+    from precsearch.policy import MemoryKnobs
+
+    knobs = Policy(default=P.FP8_CURRENT, memory=MemoryKnobs(master_weights=True, moment_dtype="bf16"))
+    assert _run(render("accelerate", knobs, N, {}).files[FILE], monkeypatch)["accelerator"].device_placement == [
+        True, False, True]
+    assert _run(render("accelerate", Policy(default=P.FP8_CURRENT), N, {}).files[FILE],
+                monkeypatch)["accelerator"].device_placement is None
