@@ -22,8 +22,10 @@ FP32, which holds three FP32 logit-sized tensors at the log-softmax backward (th
 gradient and the input's gradient: :data:`F_CROSS_ENTROPY_LOGIT_BYTES`) where the probe's loss holds
 :data:`~precsearch.backends.cross_entropy.LOGIT_BYTES`. With that, the BF16 rows of the 4-block torchao and
 Accelerate runs (H200, 2026-12-03) are predicted 0.8% under their peaks, where the probe's loss read 10.5%
-under. Their torchao FP8 rows are not modelled: torchao's ``Float8Linear`` saved 1.6-4.9 GiB more than the
-model counts (``docs/frameworks.md``).
+under. Their torchao FP8 rows are counted with torchao's own FP8 Linear (``fp8_linear="torchao"`` of
+:func:`~precsearch.probe.memory.peak.predict_peak`, set by the bench): eager, memory saved against BF16 as
+measured to 0.1 point; torchtitan's per-block ``torch.compile`` saves 0.4-2.3 points more, which the model,
+counting eager autograd, does not (``docs/frameworks.md``).
 """
 
 from __future__ import annotations
