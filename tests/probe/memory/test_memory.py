@@ -254,3 +254,23 @@ def test_a_torchao_fp8_linear_holds_what_a_bf16_one_does_less_the_autocast_weigh
         assert te.linear_inputs < bf16.linear_inputs and te.weight_copies == 2 * weights
     with pytest.raises(ValueError, match="fp8_linear='tensorrt'"):
         predict_peak(cfg, fp8, fp8_linear="tensorrt", **kw)
+
+
+def test_a_torchao_probe_reports_the_memory_of_torchaos_fp8_linear():
+    """The backend names its FP8 Linear (``Backend.fp8_linear``) and the probe's prediction follows it."""
+    pytest.importorskip("torchao.float8")
+    from precsearch.backends.torchao_backend import TorchaoBackend
+    from precsearch.config.space import ProbeSection
+    from precsearch.policy import Policy
+    from precsearch.probe import runner
+    from precsearch.probe.data import TokenBatches, synthetic_tokens
+
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
+    probe = ProbeSection(steps=2, micro_batch=2, seq_len=16, device="cpu")
+    data = TokenBatches(synthetic_tokens(4_000, cfg.vocab_size, 0), seq_len=16, micro_batch=2, seed=0, eval_batches=1)
+    policy = Policy(default=Precision.FP8_CURRENT)
+    result = runner.run_probe(cfg, probe, policy, data, TorchaoBackend(emulate=True), torch.device("cpu"))
+    precisions = runner.backend_precisions(policy, cfg)
+    kw = {"seq_len": 16, "micro_batch": 2, "param_dtype": probe.param_dtype, "memory": policy.memory}
+    assert result.predicted_memory == predict_peak(cfg, precisions, fp8_linear="torchao", **kw).to_dict()
+    assert result.predicted_memory != predict_peak(cfg, precisions, **kw).to_dict()
