@@ -7,6 +7,9 @@
 #   run(command="PART=rest bash scripts/gpu_frameworks_torchao.sh", carry=[".gpu"], timeout_s=600) # ~5 min
 # PART=rest re-runs what call 5 could not finish: the Accelerate knob row (with its resident memory by
 # part), torchtitan's bf16_edges row (its deadline), the probe rows (--frameworks did not take "probe").
+# Calls 7 (per-step peaks) and 8 (the knob snippet's device_placement) ran the Accelerate knob row alone:
+#   TESTS=0 NAME=call8_acc_knobs BENCH_TIMEOUT=100 BENCH_ARGS="--frameworks accelerate --policies bf16 \
+#     fp8_current+bf16_moments --deadline 90 --run-timeout 40" bash scripts/gpu_frameworks.sh
 set -uo pipefail
 export TESTS=0
 bench() {  # NAME, seconds, bench arguments
