@@ -8,7 +8,9 @@ It prints the bytes alive after the forward (everything saved for the backward, 
 bytes before it, the backward's peak above the same base, and the tensors the autograd graph saved,
 grouped by dtype and shape (``torch.autograd.graph.saved_tensors_hooks``, one count per storage; a compiled
 block's saved tensors are its AOTAutograd graph's). The vocabulary is small so that the loss does not hide
-the blocks. The memory model's rule is in ``precsearch/probe/memory/peak.py`` (``FP8_LINEARS``).
+the blocks. The list skips Parameters but not views of them: torchao saves ``weight.t()``, so its eager FP8
+list shows the FP32 weights (224 MiB each at this width) that hold no memory of their own, and its "saved"
+total exceeds "after fwd"; the two memory columns are the measurement. The memory model's rule is in ``precsearch/probe/memory/peak.py`` (``FP8_LINEARS``).
 """
 
 from __future__ import annotations
