@@ -402,7 +402,8 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
               "peak_gib": max(loader.step_peaks) / GIB,  # [0]: before the first step, then one per step
               "step_peaks_gib": [b / GIB for b in loader.step_peaks],
               "last_loss": float(namespace["loss"]),
-              "start_gib": loader.resident[-1] / GIB,  # the last step's start, as train()'s after the first
+              # resident at the last step's start (states alive), unlike train()'s start_gib (before step 0)
+              "start_gib": loader.resident[-1] / GIB,
               "modules": plan.check_modules(_accelerate_observed(model_out), plan.hf_expected(policy, shape.layers)),
               "trained": trained(before, model_out, opt), "resident_gib": resident_parts(model_out, opt),
               "note": note, "versions": _versions("accelerate", "transformers", "torchao", "transformer_engine")}
