@@ -53,7 +53,8 @@ def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
     precisions = {n: p for n in unit_names(cfg) if n != "output_layer"}
     group = cfg.num_params() if config["groups"] == "one" else None
     m = predict_peak(cfg, precisions, seq_len=meta["seq"], micro_batch=meta["mb"], param_dtype="bf16",
-                     memory=knobs_of(config), state_group_elements=group)
+                     memory=knobs_of(config), state_group_elements=group,
+                     fused_adam_fp8=config.get("optimizer", "fused_adam") == "fused_adam")
     if not config.get("compact", False):  # FusedAdam's FP8 states keep a transpose: one more byte each
         extra = cfg.num_params() * sum(1 for k in ("exp_avg", "exp_avg_sq") if config[k] == "fp8")
         m = MemoryBreakdown(**{**{k: v for k, v in m.to_dict().items() if k not in

@@ -155,9 +155,11 @@ class PolicyRuntime:
         """The AdamW the policy's memory settings ask for (master weights and their dtype, each
         moment's dtype, FP8 weights).
 
-        Default settings give ``torch.optim.AdamW``; others give Transformer Engine's
-        ``FusedAdam`` (:func:`precsearch.backends.te_optimizer.build_optimizer`: row-wise FP8
-        states, size-bounded param groups). Call it after :meth:`apply`.
+        Default settings give ``torch.optim.AdamW``; FP8 moments (``fp8``, ``fp8_block``) give
+        precsearch's fused :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW`, as the probe
+        trained with; others give Transformer Engine's ``FusedAdam``
+        (:func:`precsearch.backends.te_optimizer.build_optimizer`: row-wise FP8 states, size-bounded
+        param groups). Call it after :meth:`apply`.
         """
         backend = _backend_of(model)
         if backend is None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from precsearch.arch.units import unit_names
+from precsearch.backends import fp8_state_adam
 from precsearch.backends.base import Backend, UnsupportedRecipe, linear_modules, model_device, refuse_layers
 from precsearch.backends.capability import require_te, te_support
 from precsearch.backends.te_knobs import te_memory_knob_problem
@@ -184,7 +185,9 @@ class TEBackend(Backend):
 
     def build_optimizer(self, model: nn.Module, knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
                         weight_decay: float) -> torch.optim.Optimizer:
-        """``torch.optim.AdamW`` for the default knobs, else TE ``FusedAdam`` with them."""
+        """``torch.optim.AdamW`` for the default knobs; FP8 moments (where
+        :func:`~precsearch.backends.fp8_state_adam.applies`): the fused
+        :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW`; else TE ``FusedAdam`` with them."""
         if knobs.is_default:
             return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
         if knobs.optimizer_knobs.is_default:
@@ -196,6 +199,9 @@ class TEBackend(Backend):
             warnings.warn(f"master weights ({master}) on FP32 parameters are a second FP32 copy of them: cast the "
                           "model to BF16 before building the optimizer for the memory the knobs promise",
                           stacklevel=2)
+        if fp8_state_adam.applies(exp_avg, exp_avg_sq, master, knobs.fp8_weights):
+            return fp8_state_adam.FP8StateAdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
+                                                master=master, exp_avg_dtype=exp_avg, exp_avg_sq_dtype=exp_avg_sq)
         opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
                               master_weights=master != "none",
                               master_weight_dtype="fp16" if master == "fp16" else "fp32",

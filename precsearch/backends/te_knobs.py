@@ -40,6 +40,10 @@ def te_memory_knob_problem(knobs: MemoryKnobs, device: torch.device) -> str | No
     if knobs.is_default:
         return None
     named = ", ".join(knobs.changed())
+    if "fp8_block" in knobs.moment_dtypes("bf16") and (knobs.fp8_weights or knobs.master == "fp16"):
+        other = "fp8_weights=True" if knobs.fp8_weights else "master_dtype=fp16"
+        return (f"fp8_block moments with {other}: only precsearch's FP8StateAdamW keeps fp8_block moments, and "
+                "it steps neither FP8 weights nor FP16 masters (TE FusedAdam does, with moments fp32, bf16 or fp8)")
     if device.type != "cuda":
         return f"{named}: TE FusedAdam, FP8 weights and FP8 attention need a CUDA GPU (device is {device})"
     error = te_import_error()

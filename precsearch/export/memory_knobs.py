@@ -19,15 +19,17 @@ Checked against the stacks' sources:
   setting for this path, and its AdamW keeps states in the parameters' dtype (FP32 under FSDP2
   mixed precision): none of the optimizer knobs.
 * Accelerate: ``TERecipeKwargs`` carries no ``fp8_dpa``; the optimizer is the user's own, so the
-  snippet's ``policy.build_optimizer`` (TE ``FusedAdam``) applies the optimizer knobs.
+  snippet's ``policy.build_optimizer`` (TE ``FusedAdam``, or precsearch's ``FP8StateAdamW`` for FP8
+  moments, as in the probe) applies the optimizer knobs.
 """
 
 from __future__ import annotations
 
 from precsearch.policy.rules import MemoryKnobs
 
-#: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices).
-_MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
+#: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices); ``fp8_block`` (precsearch's
+#: own FP8StateAdamW) has no equivalent and goes out as the nearest one that trains: BF16, with a warning.
+_MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8", "fp8_block": "bf16"}
 
 
 def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[list[str], list[str]]:
@@ -59,6 +61,15 @@ def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple
             warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
                             "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
                             "same values, 2 bytes/parameter less than the probe measured")
+    if "fp8_block" in (first, second):
+        warnings.append("fp8_block moments: Megatron has no block-scaled FP8 optimizer state (its fp8 is TE "
+                        "FusedAdam's per-tensor scale, whose second moment diverged on the 8B probe); exported "
+                        "as bf16, 1 byte/parameter more per such moment than the probe measured")
+    if "fp8" in (first, second):
+        warnings.append("FP8 moments: Megatron steps them in TE FusedAdam, which dequantizes each to an FP32 copy, "
+                        "runs its kernel and re-quantizes it tensor by tensor: the same numbers as the probe's fused "
+                        "FP8StateAdamW, but a slower step and FP32 copies of a param group's moments at the step "
+                        "(docs/memory.md, why FP8 moments can raise the peak)")
     if flags:  # Megatron refuses both the precision-aware optimizer and --fp8-param-gather without it
         flags.append("--use-distributed-optimizer")
     if not memory.uses_master_weights and memory.moment_dtype != "param":
@@ -87,7 +98,8 @@ def accelerate_memory(memory: MemoryKnobs) -> list[str]:
     warnings = []
     if not memory.optimizer_knobs.is_default:
         warnings.append(f"{', '.join(memory.optimizer_knobs.changed())}: build the optimizer with "
-                        "policy.build_optimizer(model, lr=...) (TE FusedAdam, a CUDA GPU) before "
+                        "policy.build_optimizer(model, lr=...) (TE FusedAdam or precsearch's FP8StateAdamW, a "
+                        "CUDA GPU) before "
                         "accelerator.prepare; Accelerate has no setting for them")
     if memory.master != "none":
         warnings.append(f"master weights ({memory.master}) keep a copy of BF16 parameters: load the model in BF16 "

@@ -96,11 +96,11 @@ class Rule:
         )
 
 
-MomentDtype = Literal["param", "fp32", "bf16", "fp8"]
+MomentDtype = Literal["param", "fp32", "bf16", "fp8", "fp8_block"]
 """AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); ``param`` is the parameters' dtype (as
 ``torch.optim.AdamW``); the space file's knob takes the same."""
 MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
-StateDtype = Literal["fp32", "bf16", "fp8"]
+StateDtype = Literal["fp32", "bf16", "fp8", "fp8_block"]
 """One moment's own dtype (:attr:`MemoryKnobs.exp_avg_dtype`, ``exp_avg_sq_dtype``; None: ``moment_dtype``)."""
 STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
 MasterDtype = Literal["fp32", "fp16", "remainders"]
@@ -120,8 +120,10 @@ class MemoryKnobs:
         master_weights: The optimizer keeps FP32 master copies of (BF16 or FP8)
             parameters (TE ``FusedAdam(master_weights=True)``).
         moment_dtype: Both AdamW moments: ``param`` (the parameters' dtype, as
-            ``torch.optim.AdamW``), ``fp32``, ``bf16`` or ``fp8`` (E4M3 with a
-            per-tensor scale; TE ``FusedAdam`` ``exp_avg_dtype``/``exp_avg_sq_dtype``).
+            ``torch.optim.AdamW``), ``fp32``, ``bf16``, ``fp8`` (E4M3 with a
+            per-tensor scale; TE ``FusedAdam`` ``exp_avg_dtype``/``exp_avg_sq_dtype``)
+            or ``fp8_block`` (E4M3 with a scale per 128 elements, the second moment
+            as its square root: precsearch's ``FP8StateAdamW`` only).
         fp8_weights: FP8 layers keep their weights only in FP8
             (``te.quantized_model_init``); implies FP32 master weights, and BF16
             moments become FP32 (TE's FP8-parameter Adam kernel takes FP32 moments;
@@ -175,7 +177,7 @@ class MemoryKnobs:
         return replace(self, fp8_attention="off")
 
     def moment_dtypes(self, param_dtype: str) -> tuple[str, str]:
-        """The (first, second) AdamW moment dtypes, each ``fp32``, ``bf16`` or ``fp8``."""
+        """The (first, second) AdamW moment dtypes, each ``fp32``, ``bf16``, ``fp8`` or ``fp8_block``."""
         chosen = []
         for own in (self.exp_avg_dtype, self.exp_avg_sq_dtype):
             dtype = own or self.moment_dtype

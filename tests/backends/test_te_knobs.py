@@ -62,3 +62,13 @@ def test_master_weights_on_fp32_parameters_warn_that_they_are_a_second_copy(monk
             backend.build_optimizer(model, knobs, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
         assert any("second FP32 copy" in str(w.message) for w in caught) == warns, (dtype, knobs)
     assert len(built) == 3
+
+
+def test_fp8_block_moments_refuse_what_only_fused_adam_steps():
+    for knobs, named in ((MemoryKnobs(moment_dtype="fp8_block", fp8_weights=True), "fp8_weights=True"),
+                         (MemoryKnobs(master_weights=True, master_dtype="fp16", exp_avg_sq_dtype="fp8_block"),
+                          "master_dtype=fp16")):
+        problem = te_memory_knob_problem(knobs, torch.device("cpu"))
+        assert problem.startswith(f"fp8_block moments with {named}: only precsearch's FP8StateAdamW")
+    allowed = te_memory_knob_problem(MemoryKnobs(moment_dtype="fp8_block", master_weights=True), torch.device("cpu"))
+    assert allowed.endswith("need a CUDA GPU (device is cpu)")  # refused for the device only

@@ -21,7 +21,9 @@ def test_megatron_gets_the_precision_aware_optimizer_with_each_moment_dtype():
     flags, warnings = megatron_memory(FP8_STATE)
     assert flags == ["--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "bf16",
                      "--use-distributed-optimizer"]  # Megatron raises without it
-    assert warnings == []  # remainders are Megatron's default under the precision-aware optimizer
+    # remainders are Megatron's default under the precision-aware optimizer; its FP8 moments step in FusedAdam
+    assert len(warnings) == 1 and warnings[0].startswith("FP8 moments: Megatron steps them in TE FusedAdam")
+    assert megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="bf16", master_dtype="remainders"))[1] == []
 
 
 def test_megatron_fp16_master_and_remainder_default():
@@ -36,7 +38,7 @@ def test_remainders_under_a_non_delayed_recipe_warn_that_megatron_keeps_whole_fp
     scaling (OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8)."""
     _, warnings = megatron_memory(FP8_STATE, "tensorwise")
     assert any("master_dtype=remainders" in w and "tensorwise" in w for w in warnings), warnings
-    assert megatron_memory(FP8_STATE, "delayed")[1] == []
+    assert not any("master_dtype" in w for w in megatron_memory(FP8_STATE, "delayed")[1])
     _, warnings = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp8"), "blockwise")
     assert not any("store_param_remainders" in w for w in warnings)  # whole FP32 masters, as the probe's
 
@@ -83,3 +85,11 @@ def test_accelerate_warns_that_master_weights_need_a_bf16_model():
     assert any("torch_dtype=torch.bfloat16" in w for w in accelerate_memory(MemoryKnobs(master_weights=True)))
     assert any("torch_dtype" in w for w in accelerate_memory(MemoryKnobs(fp8_weights=True)))
     assert not any("torch_dtype" in w for w in accelerate_memory(MemoryKnobs(moment_dtype="bf16")))
+
+
+def test_fp8_block_moments_go_to_megatron_as_bf16_with_a_warning():
+    flags, warnings = megatron_memory(MemoryKnobs(master_weights=True, moment_dtype="fp8_block",
+                                                  master_dtype="remainders"))
+    for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
+        assert flags[flags.index(flag) + 1] == "bf16"
+    assert any(w.startswith("fp8_block moments: Megatron has no block-scaled") for w in warnings)

@@ -5,8 +5,10 @@ AdamW update exactly. A policy's memory knobs change two things about the step:
 
 * **stored moments** (``moment_dtype`` / ``exp_avg_dtype`` / ``exp_avg_sq_dtype``
   BF16 or FP8): the moments the step starts from are the state's rounded to that
-  storage (FP8: E4M3 with a per-tensor scale, as TE's ``FusedAdam`` keeps them),
-  so the update is computed from rounded averages;
+  storage (FP8: E4M3 with a per-tensor scale, as TE's ``FusedAdam`` keeps them;
+  ``fp8_block``: E4M3 with a scale per 128 elements, the second moment as its square
+  root, as ``backends.fp8_state_adam`` keeps them), so the update is computed from
+  rounded averages;
 * **where the update lands**: with FP32 master weights (or TE's param
   remainders, the same FP32 values in two tensors) every update is kept. Without
   a master copy the update is added to the parameter in its own dtype and the
@@ -38,7 +40,10 @@ from precsearch.policy import MemoryKnobs
 
 #: Storage dtypes kept with a per-tensor scale (taken from the amax of the whole tensor).
 SCALED = ("fp16", "fp8")
-STORAGE_DTYPES = ("fp32", "bf16", *SCALED)
+#: Elements of the flattened tensor sharing one ``fp8_block`` scale: a chunk that starts at a multiple of it
+#: (the reading's chunks are powers of two) holds whole blocks, so it is stored as the whole tensor is.
+QBLOCK = 128
+STORAGE_DTYPES = ("fp32", "bf16", *SCALED, "fp8_block")
 
 
 class Storage:
@@ -47,15 +52,17 @@ class Storage:
     A scaled storage (:data:`SCALED`) takes its scale from ``amax``, the largest magnitude of the whole tensor it
     keeps (the max over a tensor's chunks is that max exactly), so applied to each chunk of the tensor in turn it
     gives the whole tensor's stored values to the bit; ``amax`` may also hold one value per row (shaped to
-    broadcast, e.g. ``(K, 1)``), a storage per row. ``fp32`` and ``bf16`` are elementwise and take no ``amax``.
+    broadcast, e.g. ``(K, 1)``), a storage per row. ``fp32`` and ``bf16`` are elementwise and take no ``amax``;
+    ``fp8_block`` takes its scales from each block of :data:`QBLOCK` elements of the last dim (no ``amax``), and
+    ``root`` says it keeps the square root of the values (the second moment's).
     """
 
-    def __init__(self, dtype: str, amax: Tensor | None = None):
+    def __init__(self, dtype: str, amax: Tensor | None = None, root: bool = False):
         if dtype not in STORAGE_DTYPES:
             raise ValueError(f"unknown storage dtype {dtype!r}; valid: {', '.join(STORAGE_DTYPES)}")
         if (dtype in SCALED) != (amax is not None):
             raise ValueError(f"{dtype} storage {'needs' if dtype in SCALED else 'takes no'} amax")
-        self.dtype, self.amax, self.scale = dtype, amax, None
+        self.dtype, self.amax, self.scale, self.root = dtype, amax, None, root
         if amax is not None:
             clamped = amax.clamp(min=torch.finfo(torch.float32).tiny)
             if dtype == "fp16":  # scaled into FP16's range, as TE's FP16 master copies are
@@ -80,7 +87,21 @@ class Storage:
             return round_to_bf16(x)
         if self.dtype == "fp16":
             return round_to_fp16(x * self.scale) / self.scale
+        if self.dtype == "fp8_block":
+            return _block_stored(x, self.root)
         return quantize_dequantize(x, self.scale, "e4m3", amax=self.amax)
+
+
+def _block_stored(x: Tensor, root: bool) -> Tensor:
+    """``x`` kept as ``fp8_block``: E4M3 with a scale per :data:`QBLOCK` elements of its last dim (TE's rule per
+    block, 1 where a block is zero), its square root kept instead with ``root`` (the second moment)."""
+    kept = x.sqrt() if root else x
+    n = kept.shape[-1]
+    blocks = torch.nn.functional.pad(kept, (0, -n % QBLOCK)).reshape(*kept.shape[:-1], -1, QBLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
+    out = ((blocks * scale).to(torch.float8_e4m3fn).float() * (1.0 / scale)).reshape(*kept.shape[:-1], -1)[..., :n]
+    return out * out if root else out
 
 
 def stored(x: Tensor, dtype: str) -> Tensor:
@@ -122,8 +143,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 @dataclass(frozen=True)
 class StepDtypes:
-    """The storages a policy's step uses: each moment's (``fp32``, ``bf16``, ``fp8``) and ``keep``, the dtype the
-    updates accumulate in (``fp32``, ``bf16``, ``fp16``: :func:`_master_storage`)."""
+    """The storages a policy's step uses: each moment's (``fp32``, ``bf16``, ``fp8``, ``fp8_block``) and ``keep``,
+    the dtype the updates accumulate in (``fp32``, ``bf16``, ``fp16``: :func:`_master_storage`)."""
 
     exp_avg: str
     exp_avg_sq: str
@@ -164,7 +185,8 @@ class UnitStep:
             raise ValueError(f"a per-tensor scale needs the amax of {', '.join(sorted(missing))}")
         self.dtypes, self.args = dtypes, args
         self.exp_avg = Storage(dtypes.exp_avg, amax.get("exp_avg") if dtypes.exp_avg in SCALED else None)
-        self.exp_avg_sq = Storage(dtypes.exp_avg_sq, amax.get("exp_avg_sq") if dtypes.exp_avg_sq in SCALED else None)
+        self.exp_avg_sq = Storage(dtypes.exp_avg_sq, amax.get("exp_avg_sq") if dtypes.exp_avg_sq in SCALED else None,
+                                  root=True)
         self.keep = Storage(dtypes.keep, amax.get("weight") if dtypes.keep in SCALED else None)
 
     def baseline(self, w: Tensor, g: Tensor, m: tuple[Tensor, Tensor]) -> Tensor:

@@ -14,7 +14,8 @@ Transformer Engine runs them, AdamW) at the two moments that can hold the peak:
   the probe steps with a fused Adam (``torch.optim.AdamW(fused=True)``, or TE
   ``FusedAdam`` for the memory knobs), which allocates no temporaries for FP32
   or BF16 states; TE's scaled states (FP8 or FP16 moments, FP16 masters) get
-  FP32 copies for up to two param groups, counted as ``step_transient``; the
+  FP32 copies for up to two param groups, counted as ``step_transient`` (FP8 moments
+  the ``te`` backend steps itself, :mod:`precsearch.backends.fp8_state_adam`, get none); the
   foreach path the CPU uses would add ``sqrt(exp_avg_sq)`` for every parameter,
   which this model does not count (CPU peaks are predicted, never measured).
 
@@ -64,6 +65,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from precsearch.backends.cross_entropy import LOGIT_BYTES
+from precsearch.backends.fp8_state_adam import applies
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.precision_spec import SPECS
@@ -108,7 +110,8 @@ class MemoryBreakdown:
         master: The master-weight part of ``optimizer`` (FP32, FP16, or 16-bit remainders).
         step_transient: FP32 copies TE ``FusedAdam`` makes of scaled states (FP8 or FP16
             moments, FP16 master weights, a BF16 moment beside a non-BF16 one) for one
-            param group during the step (:mod:`precsearch.backends.te_optimizer`).
+            param group during the step (:mod:`precsearch.backends.te_optimizer`); none where
+            FP8 moments are stepped by :mod:`precsearch.backends.fp8_state_adam`.
         accumulated_grads: Gradients alive when a later micro-batch's backward starts (gradient
             accumulation; 0 without it).
     """
@@ -165,7 +168,7 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def predict_peak(
     cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
     param_dtype: str = "fp32", memory: MemoryKnobs | None = None, state_group_elements: int | None = None,
-    grad_accum: int = 1, fp8_linear: str = "te",
+    grad_accum: int = 1, fp8_linear: str = "te", fused_adam_fp8: bool = False,
 ) -> MemoryBreakdown:
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
 
@@ -176,6 +179,8 @@ def predict_peak(
     (measured at the 8B width: 7.5 GiB with groups of 525M elements, two FP8 moments).
     ``grad_accum``: micro-batches per step; above 1 the gradients are alive at a backward's start.
     ``fp8_linear``: which FP8 Linear runs the FP8 units (:data:`FP8_LINEARS`).
+    ``fused_adam_fp8``: FP8 moments step in TE ``FusedAdam`` (its FP32 copies) rather than in the ``te``
+    backend's own :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW` (none).
     """
     if fp8_linear not in FP8_LINEARS:
         raise ValueError(f"fp8_linear={fp8_linear!r}: expected one of {', '.join(FP8_LINEARS)}")
@@ -202,7 +207,7 @@ def predict_peak(
         - fp8_attention_saving(cfg, precisions, memory, tokens),
         logits=tokens * cfg.vocab_size * LOGIT_BYTES,
         master=int(n_params * master),
-        step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype),
+        step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype, fused_adam_fp8),
         accumulated_grads=n_params * width if grad_accum > 1 else 0,
     )
 
@@ -245,8 +250,9 @@ def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_
 
 
 #: Bytes per element of an AdamW moment; FP8 is one layout with a per-tensor scale
-#: (``te_optimizer.compact_fp8_states``; FusedAdam alone would also keep a transpose: 2 bytes).
-STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1}
+#: (``te_optimizer.compact_fp8_states``; FusedAdam alone would also keep a transpose: 2 bytes), ``fp8_block``
+#: one FP32 scale per 128 elements beside it (``backends.fp8_state_adam``).
+STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1, "fp8_block": 1 + 4 / 128}
 #: Bytes per parameter of the master weights: whole FP32, FP16, or the 16 low bits of FP32.
 MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2}
 
@@ -263,9 +269,16 @@ MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2
 FP8_LINEARS = ("te", "torchao")
 
 
-def scaled_states(memory: MemoryKnobs, param_dtype: str) -> int:
-    """How many states per parameter FusedAdam's step copies to FP32 (see :class:`MemoryBreakdown`)."""
+def scaled_states(memory: MemoryKnobs, param_dtype: str, fused_adam_fp8: bool = False) -> int:
+    """How many states per parameter FusedAdam's step copies to FP32 (see :class:`MemoryBreakdown`).
+
+    None where the ``te`` backend steps FP8 moments with :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW`,
+    which makes no FP32 copy (:func:`~precsearch.backends.fp8_state_adam.applies`), unless ``fused_adam_fp8``
+    says FusedAdam steps them.
+    """
     first, second = memory.moment_dtypes(param_dtype)
+    if not fused_adam_fp8 and applies(first, second, memory.master, memory.fp8_weights):
+        return 0
     fused_bf16 = first == second == "bf16"  # unscaled inside the kernel
     moments = sum(1 for m in (first, second) if m == "fp8" or (m == "bf16" and not fused_bf16))
     return moments + (1 if memory.master == "fp16" else 0)
