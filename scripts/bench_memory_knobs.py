@@ -2,7 +2,9 @@
 
 The model is ``bench_stack.Reference`` (``te.TransformerLayer`` blocks, BF16 parameters, untied BF16 head,
 written independently of precsearch's probe); the optimizer is Transformer Engine's ``FusedAdam`` (AdamW
-mode) with the knobs of each row, gradients clipped to 1.0, one outer ``te.autocast`` per step.
+mode) with the knobs of each row (rows ending ``_ps``: precsearch's ``FP8StateAdamW``, the same FP8
+moments in one fused pass per tensor, ``precsearch/backends/fp8_state_adam.py``), gradients clipped to 1.0,
+one outer ``te.autocast`` per step.
 
 For each row: ``max_memory_allocated`` over the whole run (``peak_gib``); per phase of the steady steps
 (every step after the first), the peak inside the phase (the peak counter is reset before it) and what is
@@ -39,6 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_stack import CLIP, LR, BETAS, SEED, WEIGHT_DECAY, Reference, free_gpu, model_config, token_batches  # noqa: E402
 
+from precsearch.backends.fp8_state_adam import FP8StateAdamW  # noqa: E402
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights  # noqa: E402
 from precsearch.runtime.evaluate import te_version  # noqa: E402
 
@@ -59,6 +62,7 @@ class Row:
     fp8_dpa: bool = False
     fp8_mha: bool = False
     compact: bool = True  # FP8 states row-wise only (te_optimizer.compact_fp8_states); False: as FusedAdam makes them
+    optimizer: str = "fused_adam"  # fused_adam (TE) | fp8_state (precsearch's FP8StateAdamW: the same numbers, fused)
 
 
 ROWS: dict[str, Row] = {
@@ -82,9 +86,19 @@ ROWS: dict[str, Row] = {
     "fp8_rem_m_fp8_dpa": Row(remainders=True, exp_avg="fp8", exp_avg_sq="fp8", fp8_dpa=True),
     "bf16_rem_m_fp8": Row(fp8=False, remainders=True, exp_avg="fp8", exp_avg_sq="fp8"),
 }
+#: The FP8-moment rows again under precsearch's FP8StateAdamW (TE's storage and update, one fused pass a tensor).
+ROWS |= {f"{k}_ps": Row(**{**asdict(v), "optimizer": "fp8_state", "groups": "one"}) for k, v in ROWS.items()
+         if "fp8" in (v.exp_avg, v.exp_avg_sq) and not v.fp8_weights and v.master == "fp32"
+         and not k.endswith("_compact")}
+#: precsearch's block-scaled FP8 moments (a scale per 128 elements, the second moment as its root): FP8StateAdamW.
+ROWS |= {"fp8_rem_m_fp8b_ps": Row(remainders=True, exp_avg="fp8_block", exp_avg_sq="fp8_block", optimizer="fp8_state",
+                                  groups="one"),
+         "fp8_m_fp8b_ps": Row(exp_avg="fp8_block", exp_avg_sq="fp8_block", optimizer="fp8_state", groups="one"),
+         "bf16_rem_m_fp8b_ps": Row(fp8=False, remainders=True, exp_avg="fp8_block", exp_avg_sq="fp8_block",
+                                   optimizer="fp8_state", groups="one")}
 #: The first H200 call's rows with FP8 states as FusedAdam makes them (two layouts, created at the first step).
 ROWS |= {f"{k}_te": Row(**{**asdict(v), "compact": False}) for k, v in ROWS.items()
-         if "fp8" in (v.exp_avg, v.exp_avg_sq) and not k.endswith("_compact")}
+         if "fp8" in (v.exp_avg, v.exp_avg_sq) and not k.endswith("_compact") and v.optimizer == "fused_adam"}
 #: The first call's one-group rows (FusedAdam's states, one param group: the issue's measurement).
 ROWS |= {"fp8_m_fp8_one_te": Row(exp_avg="fp8", exp_avg_sq="fp8", groups="one", compact=False),
          "fp8_rem_m_fp8_one_te": Row(remainders=True, exp_avg="fp8", exp_avg_sq="fp8", groups="one", compact=False)}
@@ -121,6 +135,11 @@ def build(cfg, row: Row):
     else:
         model = Reference(cfg)
     weights = torch.cuda.memory_allocated()
+    if row.optimizer == "fp8_state":
+        opt = FP8StateAdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                            master="remainders" if row.remainders else row.master,
+                            exp_avg_dtype=row.exp_avg, exp_avg_sq_dtype=row.exp_avg_sq)
+        return model, opt, weights
     opt = build_optimizer(model.parameters(), LR, BETAS, WEIGHT_DECAY, master_weights=True,
                           master_weight_dtype=row.master, store_param_remainders=row.remainders,
                           exp_avg_dtype=row.exp_avg, exp_avg_sq_dtype=row.exp_avg_sq,
