@@ -7,11 +7,12 @@
 #   run(command="bash scripts/gpu_fp8_state.sh", carry=[".gpu"], timeout_s=600)
 #   3. NAN=1: scripts/fp8_moment_nan.py, where FusedAdam's FP8 moments with a whole FP32 master go NaN;
 #   4. STUDY=1: the shipped 8B space's study (`precsearch run`, 16 trials), its front, its store as a tarball;
-#   5. TARGET=1: scripts/bench_target.py on that front at 24 layers (the standard baseline fits there; at 32 its
-#      FP32 master and moments do not), with the store from .carry/s8 when this machine has none.
+#   5. TARGET=1: scripts/bench_target.py on that front at LAYERS layers (default 32, the 8B target; STEPS, default
+#      10) with the store from .carry/study_store.tgz (optuna.db + precsearch.json) when this machine has none.
 # ROWS= the bench rows (default below); TESTS=0 skips the tests; BENCH=0 skips the bench.
 # Calls of 2026-12-04: 1 = defaults (before fp8_block); 2 = BENCH=0 NAN=1 STUDY=1 (the space with TE's per-tensor
-# fp8 moments: every such trial diverged); 3 = STUDY=1 (fp8_block); 4 = TESTS=0 BENCH=0 TARGET=1.
+# fp8 moments: every such trial diverged); 3 = STUDY=1 (fp8_block); 4 = BENCH=0 TARGET=1 LAYERS=24 STEPS=15;
+# 5 = TESTS=0 BENCH=0 TARGET=1 (32 layers, 10 steps; run then as the same bench_target.py command by hand).
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_fp8_state_out
 source "$(dirname "$0")/gpu_env.sh"
@@ -46,8 +47,8 @@ if [ "${STUDY:-0}" = "1" ]; then
 fi
 if [ "${TARGET:-0}" = "1" ]; then
   [ -d /tmp/s8 ] || tar xzf .carry/study_store.tgz -C /tmp
-  timeout "${TARGET_TIMEOUT:-420}" python3 scripts/bench_target.py "$SPACE" --study-dir /tmp/s8 --top "${TOP:-4}" --steps 15 \
-      --layers 24 --json "$OUT/bench_target.json" > "$OUT/bench_target.log" 2>&1
+  timeout "${TARGET_TIMEOUT:-420}" python3 scripts/bench_target.py "$SPACE" --study-dir /tmp/s8 --top "${TOP:-4}" --steps "${STEPS:-10}" \
+      --layers "${LAYERS:-32}" --json "$OUT/bench_target.json" > "$OUT/bench_target.log" 2>&1
   echo "bench_target exit $?" >> "$OUT/bench_target.log"
   grep -v -i "warn" "$OUT/bench_target.log" | tail -20
 fi

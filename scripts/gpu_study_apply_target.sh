@@ -28,7 +28,8 @@ case "${1:-}" in
     timeout 60 python3 scripts/gpu_apply_check.py "$SPACE" /tmp/s8 --json "$OUT/apply_check.json" ;;
   target)
     [ -d /tmp/s8 ] || cp -r .carry/s8 /tmp/s8
-    # --precision-only: the baseline's FP32 master weights and moments do not fit an 8B model on one GPU
+    # --precision-only: here FP8 on every Linear with the baseline's FP32 master weights and moments does not fit
+    # an 8B model on one H200 (the BF16 baseline itself peaked at 124.88 GiB on 2026-12-04: gpu_fp8_state.sh)
     timeout 420 python3 scripts/bench_target.py "$SPACE" --study-dir /tmp/s8 --top 3 --steps 15 \
         --precision-only --json "$OUT/bench_target.json" ;;
   *)
