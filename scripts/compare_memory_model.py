@@ -58,7 +58,8 @@ def predict_row(meta: dict, config: dict) -> MemoryBreakdown:
     if not config.get("compact", False):  # FusedAdam's FP8 states keep a transpose: one more byte each
         extra = cfg.num_params() * sum(1 for k in ("exp_avg", "exp_avg_sq") if config[k] == "fp8")
         m = MemoryBreakdown(**{**{k: v for k, v in m.to_dict().items() if k not in
-                                  ("backward_peak", "step_peak", "total")}, "optimizer": m.optimizer + extra})
+                                  ("forward_peak", "backward_peak", "step_peak", "total")},
+                               "optimizer": m.optimizer + extra})
     return m
 
 

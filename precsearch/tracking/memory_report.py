@@ -22,13 +22,13 @@ from precsearch.tracking.figures import png_bytes
 GIB = 2**30
 #: Components in stacking order (static state first, then what the step adds).
 COMPONENTS = ("weights", "fp8_weight_copies", "master_weights", "moments", "gradients", "activations", "logits",
-              "step_transient")
+              "step_transient", "fp8_head_transient")
 #: What a person reads for each component. ``fp8_weight_copies`` (its name in ``breakdown.json``) holds the
 #: weight copies saved for the backward, BF16 ones (autocast, FP32 parameters) in a BF16 run: "fp8" on the
 #: baseline's bar would be false.
 LABELS = {"weights": "weights", "fp8_weight_copies": "weight copies (BF16 or FP8)", "master_weights": "master",
           "moments": "moments", "gradients": "gradients", "activations": "activations", "logits": "logits",
-          "step_transient": "step transient"}
+          "step_transient": "step transient", "fp8_head_transient": "output layer's FP8 forward"}
 
 
 def breakdown(result: ProbeResult, reference: ProbeResult) -> dict[str, Any]:

@@ -19,12 +19,16 @@ from precsearch.probe.result import ProbeResult
 from precsearch.tracking.figures import png_bytes
 
 MEMORY_PARTS = ("params", "grads", "optimizer", "master", "weight_copies", "linear_inputs", "other_activations",
-                "logits", "step_transient", "total")
+                "logits", "step_transient", "head_transient", "total")
 #: The two moments of a step that can hold the peak (:class:`precsearch.probe.memory.MemoryBreakdown`), each
 #: with the components alive then; ``moments`` is ``optimizer`` less ``master``, so the rows add up.
 PHASES = (("at the start of the backward", "backward_peak",
            ("params", "moments", "master", "weight_copies", "linear_inputs", "other_activations", "logits")),
           ("during the optimizer step", "step_peak", ("params", "grads", "moments", "master", "step_transient")))
+#: The third moment, shown where a breakdown has an FP8 output layer's forward transient.
+FP8_HEAD_PHASE = ("during an FP8 output layer's forward", "forward_peak",
+                  ("params", "moments", "master", "weight_copies", "linear_inputs", "other_activations",
+                   "head_transient"))
 
 
 def policy_table(policy: Policy, n_layers: int) -> str:
@@ -60,7 +64,8 @@ def memory_table(result: ProbeResult, reference: ProbeResult) -> str:
         return "\n".join([title, ""] + _memory_rows(mine, ref, [p for p in MEMORY_PARTS if p in mine and p in ref]))
     lines = [title, "", "The peak is the larger of two moments of a training step; each table's rows add up "
              "to its total."]
-    for name, key, parts in PHASES:
+    head = any(d.get("head_transient") for d in (mine, ref)) and all("forward_peak" in d for d in (mine, ref))
+    for name, key, parts in (*PHASES, FP8_HEAD_PHASE) if head else PHASES:
         peak = "the peak" if mine[key] >= mine["total"] else "not the peak"
         lines += ["", f"**{name[0].upper()}{name[1:]}** (trial: {peak})", ""]
         lines += _memory_rows(_with_moments(mine), _with_moments(ref), [*parts, key])

@@ -244,3 +244,19 @@ def test_the_damage_reading_keeps_fp8_block_moments_as_the_optimizer_does():
         whole = Storage("fp8_block", root=root)(x)
         chunks = torch.cat([Storage("fp8_block", root=root)(c) for c in x.split(256)])
         assert torch.equal(whole, optimizer) and torch.equal(chunks, optimizer)
+
+
+@pytest.mark.parametrize("knobs, master, storage", [
+    (dict(master_weights=True, master_dtype="remainders", moment_dtype="fp8_block"), "remainders",
+     ("fp8_block", "fp8_block")),
+    (dict(master_weights=True, moment_dtype="bf16", exp_avg_dtype="fp8"), "fp32", ("fp8", "bf16")),
+])
+def test_the_te_backend_steps_fp8_moments_with_it(knobs, master, storage):
+    """The probe's (and ``policy.build_optimizer``'s) optimizer for FP8 moments; building it needs no GPU."""
+    from precsearch.backends.te import TEBackend
+    from precsearch.policy import MemoryKnobs
+
+    model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    opt = TEBackend().build_optimizer(model, MemoryKnobs(**knobs), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    assert isinstance(opt, FP8StateAdamW)
+    assert (opt.master, opt.storage["exp_avg"], opt.storage["exp_avg_sq"]) == (master, *storage)

@@ -114,6 +114,8 @@ class MemoryBreakdown:
             FP8 moments are stepped by :mod:`precsearch.backends.fp8_state_adam`.
         accumulated_grads: Gradients alive when a later micro-batch's backward starts (gradient
             accumulation; 0 without it).
+        head_transient: What TE holds beyond the rest while an FP8 output layer runs its forward
+            (:data:`FP8_HEAD_TRANSIENT_BYTES`; 0 for a BF16 head).
     """
 
     params: int
@@ -126,6 +128,13 @@ class MemoryBreakdown:
     master: int = 0
     step_transient: int = 0
     accumulated_grads: int = 0
+    head_transient: int = 0
+
+    @property
+    def forward_peak(self) -> int:
+        """Bytes alive while an FP8 output layer runs its forward (the blocks' activations saved, no logits yet)."""
+        return (self.params + self.optimizer + self.weight_copies + self.linear_inputs + self.other_activations
+                + self.accumulated_grads + self.head_transient)
 
     @property
     def backward_peak(self) -> int:
@@ -140,20 +149,21 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
-        """The predicted peak: the larger of the backward-phase and the optimizer-step peaks (bytes)."""
-        return max(self.backward_peak, self.step_peak)
+        """The predicted peak: the largest of the backward-phase, optimizer-step and FP8-head forward peaks
+        (bytes; the last exceeds the backward's only with an FP8 output layer)."""
+        return max(self.backward_peak, self.step_peak, self.forward_peak)
 
     def to_dict(self) -> dict[str, int]:
-        """Every field plus the derived ``backward_peak``, ``step_peak`` and ``total`` (bytes)."""
-        return asdict(self) | {"backward_peak": self.backward_peak, "step_peak": self.step_peak,
-                               "total": self.total}
+        """Every field plus the derived ``forward_peak``, ``backward_peak``, ``step_peak`` and ``total`` (bytes)."""
+        return asdict(self) | {"forward_peak": self.forward_peak, "backward_peak": self.backward_peak,
+                               "step_peak": self.step_peak, "total": self.total}
 
     def components(self) -> dict[str, int]:
         """The training state and activations by kind, as a memory breakdown shows them (bytes)."""
         return {"weights": self.params, "fp8_weight_copies": self.weight_copies, "master_weights": self.master,
                 "moments": self.optimizer - self.master, "gradients": self.grads,
                 "activations": self.linear_inputs + self.other_activations, "logits": self.logits,
-                "step_transient": self.step_transient}
+                "step_transient": self.step_transient, "fp8_head_transient": self.head_transient}
 
 
 def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -209,7 +219,27 @@ def predict_peak(
         master=int(n_params * master),
         step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype, fused_adam_fp8),
         accumulated_grads=n_params * width if grad_accum > 1 else 0,
+        head_transient=head_transient_bytes(cfg, precisions, fp8_linear),
     )
+
+
+#: Bytes per output-layer weight element that an FP8 output layer holds beyond the model's other terms while
+#: its forward runs, by recipe: measured on the H200 (TE 2.20.2, 2026-12-04, ``scripts/fp8_head_memory.py``:
+#: the probe at the 8B width, 2 and 4 blocks, seq 2048 and 4096) as the peak less the forward's other terms,
+#: the same within +-3% at every depth and length (so per weight element, not per logit); 7.4-7.8 GiB more than
+#: a BF16 head at vocabulary 128,256, where the FP8 weight copies account for 1 GiB. What TE allocates there was
+#: not identified. MXFP8 and NVFP4 heads were not measured (no Blackwell GPU) and get none.
+FP8_HEAD_TRANSIENT_BYTES: dict[Precision, float] = {
+    Precision.FP8_DELAYED: 17.6, Precision.FP8_CURRENT: 17.6, Precision.FP8_BLOCK: 21.6,
+}
+
+
+def head_transient_bytes(cfg: ModelConfig, precisions: dict[str, Precision], fp8_linear: str = "te") -> int:
+    """Bytes of :data:`FP8_HEAD_TRANSIENT_BYTES` for this model's output layer (0 unless TE runs it in FP8)."""
+    if fp8_linear != "te":
+        return 0
+    per_element = FP8_HEAD_TRANSIENT_BYTES.get(precisions.get(OUTPUT_LAYER, Precision.BF16), 0.0)
+    return int(per_element * cfg.vocab_size * cfg.dim)
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,11 @@ def test_blackwell_formats_bytes_per_element():
 
 
 def test_weights_dominate_at_short_sequences_so_fp8_saves_little():
-    """With few tokens, activations are small: FP8's saving must shrink towards zero."""
+    """With few tokens, activations are small: FP8's saving must shrink towards zero (blocks in FP8; an FP8
+    output layer costs memory at any length: test_memory_knobs_model.py)."""
     names = unit_names(PRESETS["llama3-8b"].with_overrides(n_layers=2))
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
-    fp8 = {n: Precision.FP8_DELAYED for n in names}
+    fp8 = {n: Precision.FP8_DELAYED for n in names if n != "output_layer"}
     short = 1 - predict_peak(cfg, fp8, seq_len=16, micro_batch=1).total / predict_peak(cfg, {}, seq_len=16, micro_batch=1).total
     long = 1 - predict_peak(cfg, fp8, seq_len=8192, micro_batch=1).total / predict_peak(cfg, {}, seq_len=8192, micro_batch=1).total
     assert 0 <= short < 0.001 < long
