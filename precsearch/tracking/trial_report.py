@@ -51,9 +51,9 @@ def policy_table(policy: Policy, n_layers: int) -> str:
 def memory_table(result: ProbeResult, reference: ProbeResult) -> str:
     """The predicted memory of the probe by component, trial against BF16 reference, in MiB ("" without one).
 
-    The peak is the larger of two moments of the step, so one list of every component would add up to
-    more than the peak (gradients are not alive at the backward): each moment gets its own table whose
-    rows add up to its total, and the peak is the larger total.
+    The peak is the largest of the moments of the step (two, three with an FP8 output layer's forward), so
+    one list of every component would add up to more than the peak (gradients are not alive at the
+    backward): each moment gets its own table whose rows add up to its total, and the peak is the largest.
     """
     mine, ref = result.predicted_memory, reference.predicted_memory
     if not mine or not ref:
@@ -62,10 +62,12 @@ def memory_table(result: ProbeResult, reference: ProbeResult) -> str:
              f"{result.peak_memory_bytes / 2**20:.1f} MiB)")
     if not all(key in d for d in (mine, ref) for _, key, _ in PHASES):  # a breakdown without its two moments
         return "\n".join([title, ""] + _memory_rows(mine, ref, [p for p in MEMORY_PARTS if p in mine and p in ref]))
-    lines = [title, "", "The peak is the larger of two moments of a training step; each table's rows add up "
-             "to its total."]
     head = any(d.get("head_transient") for d in (mine, ref)) and all("forward_peak" in d for d in (mine, ref))
-    for name, key, parts in (*PHASES, FP8_HEAD_PHASE) if head else PHASES:
+    phases = (*PHASES, FP8_HEAD_PHASE) if head else PHASES
+    count = ("two", "three")[len(phases) - 2]
+    lines = [title, "", f"The peak is the largest of {count} moments of a training step; each table's rows add up "
+             "to its total."]
+    for name, key, parts in phases:
         peak = "the peak" if mine[key] >= mine["total"] else "not the peak"
         lines += ["", f"**{name[0].upper()}{name[1:]}** (trial: {peak})", ""]
         lines += _memory_rows(_with_moments(mine), _with_moments(ref), [*parts, key])

@@ -74,6 +74,25 @@ def test_each_memory_table_adds_up_to_its_total_and_the_larger_is_the_peak():
     assert table.count("(trial: the peak)") == 1
 
 
+def test_an_fp8_output_layer_gets_a_third_table_its_forward_which_holds_the_peak():
+    from precsearch.arch.units import OUTPUT_LAYER
+    from precsearch.precision import Precision
+    from precsearch.probe.memory.peak import predict_peak
+    from precsearch.probe.model.llama3 import PRESETS
+
+    cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2)
+    mine, ref = (predict_peak(cfg, p, seq_len=4096, micro_batch=1, param_dtype="bf16").to_dict()
+                 for p in ({OUTPUT_LAYER: Precision.FP8_CURRENT}, {}))
+    table = memory_table(_result([1.0], mine), _result([1.0], ref))
+    tables = _tables(table)
+    assert len(tables) == 3 and "largest of three moments" in table, table
+    assert "**During an FP8 output layer's forward** (trial: the peak)" in table
+    for rows in tables:  # each adds up to its total here too
+        *parts, (_, trial_total, ref_total) = rows
+        assert abs(sum(r[1] for r in parts) - trial_total) <= 0.01 * len(parts), rows
+    assert "largest of two moments" in memory_table(_result([1.0], ref), _result([1.0], ref))
+
+
 def test_loss_curves_is_a_png_of_both_runs():
     import matplotlib.image
 
