@@ -47,6 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from precsearch.fp8.formats import fp8_max
+
 #: Storage of one moment, by the knob's names, and the code the kernels take.
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
                                         "fp8_block": torch.float8_e4m3fn}
@@ -55,8 +57,6 @@ KIND_CODES: dict[str, int] = {"fp32": 0, "bf16": 1, "fp8": 2, "fp8_block": 3}
 QBLOCK = 128
 #: How master weights are kept, and the code the kernels take.
 MASTER_CODES: dict[str, int] = {"none": 0, "fp32": 1, "remainders": 2}
-#: E4M3's largest finite value (TE's FP8 moments: scale_inv = amax / 448).
-E4M3_MAX = 448.0
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -81,7 +81,7 @@ def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
 
     The stored values are ``x * scale`` in E4M3 and ``scale_inv = 1 / scale``, as the kernels compute them.
     """
-    return torch.where(amax > 0, 1.0 / (amax / E4M3_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
 
 
 def _blocks(x: torch.Tensor) -> torch.Tensor:
@@ -235,13 +235,12 @@ class FP8StateAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load ``state_dict``, keeping each state's saved dtype (FP8 moments, int16 remainders, FP32 master)."""
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        super().load_state_dict(state_dict)
+        super().load_state_dict({**state_dict, "state": {}})  # the groups only: it would cast every state
         params = [p for g in self.param_groups for p in g["params"]]
         for index, p in zip(saved_ids, params):
             saved = state_dict["state"].get(index)
-            if saved is None:
-                continue
-            self.state[p] = {k: v.to(device=p.device) if torch.is_tensor(v) else v for k, v in saved.items()}
+            self.state[p] = self._new_state(p) if saved is None else {
+                k: v.to(device=p.device) if torch.is_tensor(v) else v for k, v in saved.items()}
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -275,11 +274,11 @@ class FP8StateAdamW(torch.optim.Optimizer):
         m, v = state["exp_avg"], state["exp_avg_sq"]
         grad = p.grad if p.grad.is_contiguous() else p.grad.contiguous()
         amax = torch.zeros(2, dtype=torch.float32, device=p.device)
-        ones = amax  # stands in for the scale of a moment that has none (the kernels never read it)
-        m_sinv = state.get("exp_avg_scale_inv", ones)
-        v_sinv = state.get("exp_avg_sq_scale_inv", ones)
-        new_m_sinv = torch.empty_like(m_sinv) if self.storage["exp_avg"] == "fp8" else ones
-        new_v_sinv = torch.empty_like(v_sinv) if self.storage["exp_avg_sq"] == "fp8" else ones
+        unused = amax  # the pointer passed for a scale the moment's storage has not (the kernels never read it)
+        m_sinv = state.get("exp_avg_scale_inv", unused)
+        v_sinv = state.get("exp_avg_sq_scale_inv", unused)
+        new_m_sinv = torch.empty_like(m_sinv) if self.storage["exp_avg"] == "fp8" else unused
+        new_v_sinv = torch.empty_like(v_sinv) if self.storage["exp_avg_sq"] == "fp8" else unused
         weights = p.data.view(torch.int16) if master == "remainders" else p.data
         master_t = state.get("master_param", weights)
         rem = state.get("param_remainders", weights)
@@ -288,7 +287,7 @@ class FP8StateAdamW(torch.optim.Optimizer):
         kernels.launch(n, (grad, m, v, m_sinv, v_sinv, amax, n, beta1, beta2),
                        (weights, grad, master_t, rem, m, v, m_sinv, v_sinv, amax, new_m_sinv, new_v_sinv, n,
                         lr, beta1, beta2, eps, weight_decay, 1.0 - beta1 ** step, 1.0 - beta2 ** step),
-                       master=MASTER_CODES[master], **codes)
+                       master=MASTER_CODES[master], qblock=QBLOCK, **codes)
         if self.storage["exp_avg"] == "fp8":  # per-block scales are written in place
             state["exp_avg_scale_inv"] = new_m_sinv
         if self.storage["exp_avg_sq"] == "fp8":

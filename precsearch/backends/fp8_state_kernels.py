@@ -23,8 +23,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-#: Elements per ``fp8_block`` scale (and per tile row).
-QBLOCK = 128
 #: Tile rows per program.
 GROUPS = 8
 
@@ -140,9 +138,11 @@ def update_kernel(p_ptr, g_ptr, master_ptr, rem_ptr, m_ptr, v_ptr, m_sinv_ptr, v
                  True)
 
 
-def launch(n: int, args_amax: tuple, args_update: tuple, *, master: int, m_kind: int, v_kind: int) -> None:
-    """Run the step over ``n`` elements (pass 1 only when a moment is per-tensor FP8)."""
-    grid = (triton.cdiv(n, QBLOCK * GROUPS),)
+def launch(n: int, args_amax: tuple, args_update: tuple, *, master: int, m_kind: int, v_kind: int,
+           qblock: int) -> None:
+    """Run the step over ``n`` elements (pass 1 only when a moment is per-tensor FP8); ``qblock`` elements per
+    ``fp8_block`` scale (``fp8_state_adam.QBLOCK``), and per tile row."""
+    grid = (triton.cdiv(n, qblock * GROUPS),)
     if m_kind == 2 or v_kind == 2:
-        amax_kernel[grid](*args_amax, M_KIND=m_kind, V_KIND=v_kind, QBLOCK=QBLOCK, GROUPS=GROUPS)
-    update_kernel[grid](*args_update, MASTER=master, M_KIND=m_kind, V_KIND=v_kind, QBLOCK=QBLOCK, GROUPS=GROUPS)
+        amax_kernel[grid](*args_amax, M_KIND=m_kind, V_KIND=v_kind, QBLOCK=qblock, GROUPS=GROUPS)
+    update_kernel[grid](*args_update, MASTER=master, M_KIND=m_kind, V_KIND=v_kind, QBLOCK=qblock, GROUPS=GROUPS)

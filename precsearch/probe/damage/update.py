@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from precsearch.backends.fp8_state_adam import dequantize_state, quantize_state
 from precsearch.fp8.formats import fp8_max, quantize_dequantize
 from precsearch.probe.damage.rounding import round_to_bf16, round_to_fp16
 from precsearch.policy import MemoryKnobs
@@ -40,9 +41,6 @@ from precsearch.policy import MemoryKnobs
 
 #: Storage dtypes kept with a per-tensor scale (taken from the amax of the whole tensor).
 SCALED = ("fp16", "fp8")
-#: Elements of the flattened tensor sharing one ``fp8_block`` scale: a chunk that starts at a multiple of it
-#: (the reading's chunks are powers of two) holds whole blocks, so it is stored as the whole tensor is.
-QBLOCK = 128
 STORAGE_DTYPES = ("fp32", "bf16", *SCALED, "fp8_block")
 
 
@@ -53,8 +51,10 @@ class Storage:
     keeps (the max over a tensor's chunks is that max exactly), so applied to each chunk of the tensor in turn it
     gives the whole tensor's stored values to the bit; ``amax`` may also hold one value per row (shaped to
     broadcast, e.g. ``(K, 1)``), a storage per row. ``fp32`` and ``bf16`` are elementwise and take no ``amax``;
-    ``fp8_block`` takes its scales from each block of :data:`QBLOCK` elements of the last dim (no ``amax``), and
-    ``root`` says it keeps the square root of the values (the second moment's).
+    ``fp8_block`` takes its scales from each block of ``fp8_state_adam.QBLOCK`` elements of the flattened values
+    (no ``amax``): a chunk that starts at a multiple of it (the reading's chunks are powers of two) holds whole
+    blocks, so it is stored as the whole tensor is; ``root`` says it keeps the square root of the values (the
+    second moment's).
     """
 
     def __init__(self, dtype: str, amax: Tensor | None = None, root: bool = False):
@@ -88,20 +88,9 @@ class Storage:
         if self.dtype == "fp16":
             return round_to_fp16(x * self.scale) / self.scale
         if self.dtype == "fp8_block":
-            return _block_stored(x, self.root)
+            # the optimizer's own rounding (backends.fp8_state_adam), so the reading sees its stored values
+            return dequantize_state(*quantize_state(x, "fp8_block", root=self.root), "fp8_block", root=self.root)
         return quantize_dequantize(x, self.scale, "e4m3", amax=self.amax)
-
-
-def _block_stored(x: Tensor, root: bool) -> Tensor:
-    """``x`` kept as ``fp8_block``: E4M3 with a scale per :data:`QBLOCK` elements of its last dim (TE's rule per
-    block, 1 where a block is zero), its square root kept instead with ``root`` (the second moment)."""
-    kept = x.sqrt() if root else x
-    n = kept.shape[-1]
-    blocks = torch.nn.functional.pad(kept, (0, -n % QBLOCK)).reshape(*kept.shape[:-1], -1, QBLOCK)
-    amax = blocks.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
-    out = ((blocks * scale).to(torch.float8_e4m3fn).float() * (1.0 / scale)).reshape(*kept.shape[:-1], -1)[..., :n]
-    return out * out if root else out
 
 
 def stored(x: Tensor, dtype: str) -> Tensor:

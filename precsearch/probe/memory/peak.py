@@ -65,7 +65,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from precsearch.backends.cross_entropy import LOGIT_BYTES
-from precsearch.backends.fp8_state_adam import applies
+from precsearch.backends.fp8_state_adam import QBLOCK, applies
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.precision_spec import SPECS
@@ -282,7 +282,7 @@ def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_
 #: Bytes per element of an AdamW moment; FP8 is one layout with a per-tensor scale
 #: (``te_optimizer.compact_fp8_states``; FusedAdam alone would also keep a transpose: 2 bytes), ``fp8_block``
 #: one FP32 scale per 128 elements beside it (``backends.fp8_state_adam``).
-STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1, "fp8_block": 1 + 4 / 128}
+STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1, "fp8_block": 1 + 4 / QBLOCK}
 #: Bytes per parameter of the master weights: whole FP32, FP16, or the 16 low bits of FP32.
 MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2}
 

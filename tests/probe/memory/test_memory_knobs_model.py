@@ -105,16 +105,16 @@ def test_the_model_today_stays_within_three_percent_of_the_h200_measurements():
 
 
 def test_an_fp8_output_layer_peaks_in_its_forward_as_measured_on_the_h200():
-    """The model against scripts/fp8_head_memory.py's H200 runs (2026-12-04), recomputed with today's model: the
-    FP8 heads' peaks (TE's forward transient, FP8_HEAD_TRANSIENT_BYTES) within 3%, and the BF16-head rows keep
-    their backward peak (the term is 0 there)."""
+    """The model against scripts/fp8_head_memory.py's H200 runs (2026-12-04), recomputed with today's model.
+
+    FP8_HEAD_TRANSIENT_BYTES was fitted on these same runs (one constant per recipe), so this guards the
+    model's use of it (the FP8 heads' peaks in their forward, within 3% at each depth and length), not its
+    accuracy elsewhere; the BF16-head rows keep their backward peak (the term is 0 there)."""
     from precsearch.arch.units import OUTPUT_LAYER
 
-    rows = [r for name in ("2026-12-04_h200_fp8_head_memory.json", "2026-12-04_h200_fp8_head_memory_seq2048.json")
-            for r in json.loads((RESULTS / name).read_text())["rows"]]
-    seqs = {"2026-12-04_h200_fp8_head_memory.json": 4096, "2026-12-04_h200_fp8_head_memory_seq2048.json": 2048}
     checked = 0
-    for name, seq in seqs.items():
+    for name, seq in (("2026-12-04_h200_fp8_head_memory.json", 4096),
+                      ("2026-12-04_h200_fp8_head_memory_seq2048.json", 2048)):
         for r in json.loads((RESULTS / name).read_text())["rows"]:
             if not r["policy"].startswith("head "):
                 continue
@@ -124,7 +124,7 @@ def test_an_fp8_output_layer_peaks_in_its_forward_as_measured_on_the_h200():
             assert m.total == m.forward_peak > m.backward_peak
             assert abs(m.total / 2**30 / r["peak_gib"] - 1) <= 0.03, (name, r["layers"], r["policy"])
             checked += 1
-    assert checked == 9 and len(rows) == 15
+    assert checked == 9
     bf16 = predict_peak(PRESETS["llama3-8b"].with_overrides(n_layers=2), {}, seq_len=4096, micro_batch=1,
                         param_dtype="bf16")
     assert bf16.head_transient == 0 and bf16.total == bf16.backward_peak
