@@ -101,12 +101,13 @@ def time_startup(cuda: bool) -> dict[str, float]:
 
 
 def run_study_process(space_path: Path, n_trials: int, out_dir: Path,
-                      env: dict[str, str] | None = None) -> tuple[float, float]:
-    """``precsearch run`` in a subprocess; its start and end (epoch seconds). Raises with its log on failure."""
-    cmd = [sys.executable, "-m", "precsearch", "run", str(space_path), "--n-trials", str(n_trials),
-           "--output-dir", str(out_dir), "--no-progress"]
+                      env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[float, float]:
+    """``precsearch run`` in a subprocess (from ``cwd``: ``python -m`` imports the package found there first);
+    its start and end (epoch seconds). Raises with its log on failure."""
+    cmd = [sys.executable, "-m", "precsearch", "run", str(space_path.resolve()), "--n-trials", str(n_trials),
+           "--output-dir", str(out_dir.resolve()), "--no-progress"]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     t1 = time.time()
     (out_dir / "bench_study.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -190,7 +191,7 @@ def overhead_at(totals: dict[str, float], n_run: int, n_target: int) -> float:
 
 
 def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.device,
-                    env: dict[str, str] | None = None) -> dict[str, Any]:
+                    env: dict[str, str] | None = None, code: Path | None = None) -> dict[str, Any]:
     """Run the study (in ``env``), time a start-up-only process, and split the mean trial's wall time."""
     work.mkdir(parents=True, exist_ok=True)
     space_path = work / "space.yaml"
@@ -200,7 +201,7 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
     out_dir.mkdir(parents=True)
     startup = time_startup(device.type == "cuda")
     print(f"done: start-up process {startup['process_s']:.1f}s", file=sys.stderr, flush=True)
-    t0, t1 = run_study_process(space_path, n_trials, out_dir, env)
+    t0, t1 = run_study_process(space_path, n_trials, out_dir, env, cwd=code)
     print(f"done: {n_trials}-trial study {t1 - t0:.1f}s", file=sys.stderr, flush=True)
     runs = trial_runs(out_dir)
     totals = breakdown(t0, t1, runs, reference_walls(out_dir), startup)
@@ -220,7 +221,8 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
             "fixed_overhead_share_at_study_n_trials": overhead_at(
                 totals, len(runs), space_data.get("study", {}).get("n_trials", n_trials)),
             "trials": [{k: v for k, v in r.items() if k != "probe_result"} | {"phase_s": (r["probe_result"] or {})
-                        .get("phase_s")} for r in runs], "output_dir": str(out_dir)}
+                        .get("phase_s")} for r in runs], "output_dir": str(out_dir),
+            "code": str(code) if code is not None else "this checkout"}
 
 
 def print_breakdown(b: dict[str, Any]) -> None:
@@ -246,10 +248,13 @@ def print_breakdown(b: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- before / after
 
-def variant_env(variant: str, device: torch.device) -> dict[str, str]:
-    """The environment of the BEFORE (inline records; CPU: a thread per core) or AFTER (defaults) study."""
+def variant_env(variant: str, device: torch.device, before_code: Path | None = None) -> dict[str, str]:
+    """The environment of the BEFORE (inline records; CPU: a thread per core) or AFTER (defaults) study; with
+    ``before_code`` (another checkout) BEFORE runs that code with the defaults, its tree first on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PRECSEARCH_SYNC_RECORD", "PRECSEARCH_CPU_THREADS")}
-    if variant == "before":
+    if variant == "before" and before_code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(before_code), env.get("PYTHONPATH", "")]))
+    elif variant == "before":
         env["PRECSEARCH_SYNC_RECORD"] = "1"
         if device.type == "cpu" and "OMP_NUM_THREADS" not in env:
             env["PRECSEARCH_CPU_THREADS"] = str(len(os.sched_getaffinity(0)))  # torch's own default
@@ -260,10 +265,11 @@ VARIANTS = ("before", "after")
 
 
 def compare(space_data: dict, n_trials: int, work: Path, device: torch.device,
-            variants: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+            variants: tuple[str, ...] = VARIANTS, before_code: Path | None = None) -> dict[str, Any]:
     """The study BEFORE and AFTER, back to back in this one call, and the ratios of the two (``variants``
-    one of them: its breakdown alone, for :func:`merge`)."""
-    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device)) for v in variants}
+    one of them: its breakdown alone, for :func:`merge`). ``before_code``: BEFORE is that checkout's code."""
+    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device, before_code),
+                               before_code if v == "before" else None) for v in variants}
     return ratios(runs) if len(runs) == 2 else runs
 
 
@@ -277,7 +283,9 @@ def ratios(runs: dict[str, Any]) -> dict[str, Any]:
 def print_compare(c: dict[str, Any]) -> None:
     """The two breakdowns side by side."""
     before, after = c["before"], c["after"]
-    print(f"\n[compare] {before['n_trials']}-trial study, BEFORE (inline records) vs AFTER (recorder thread)")
+    what = (f"the code of {before['code']}" if before.get("code", "this checkout") != "this checkout"
+            else "inline records")
+    print(f"\n[compare] {before['n_trials']}-trial study, BEFORE ({what}) vs AFTER (this checkout)")
     print(f"{'component':46s} {'before s/trial':>15} {'after s/trial':>14}")
     for name in before["per_trial_s"]:
         print(f"{name:46s} {before['per_trial_s'][name]:15.2f} {after['per_trial_s'][name]:14.2f}")
@@ -335,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", action="store_true",
                     help="run the study BEFORE (PRECSEARCH_SYNC_RECORD=1) and AFTER, side by side")
     ap.add_argument("--only", choices=VARIANTS, help="run one of --compare's two studies (for --merge)")
+    ap.add_argument("--before-code", type=Path, metavar="DIR",
+                    help="with --compare: BEFORE runs the precsearch of this checkout (e.g. a git worktree of the "
+                         "commit before a change) with the defaults, instead of this code with inline records")
     ap.add_argument("--merge", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
                     help="compare two --only JSON reports instead of running anything")
     ap.add_argument("--json", type=Path)
@@ -354,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
                         base_dir=None if args.smoke else args.space.resolve().parent)
     device = resolve_device(space.probe.device)
     report: dict[str, Any] = {"meta": meta(args, space, device)}
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_probe_"))
+    work = (args.workdir or Path(tempfile.mkdtemp(prefix="bench_probe_"))).resolve()
+    before_code = args.before_code.resolve() if args.before_code else None
+    if before_code is not None and not (before_code / "precsearch" / "__init__.py").is_file():
+        raise SystemExit(f"--before-code {before_code}: no precsearch package there")
     if args.compare or args.only:
-        report["compare"] = compare(data, args.trials, work, device, (args.only,) if args.only else VARIANTS)
+        report["compare"] = compare(data, args.trials, work, device, (args.only,) if args.only else VARIANTS,
+                                    before_code)
     else:
         report["trial_breakdown"] = trial_breakdown(data, args.trials, work, device)
     print(f"\n{report['meta']['device']}, torch {torch.__version__}, TE {report['meta']['transformer_engine']}")

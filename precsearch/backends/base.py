@@ -134,6 +134,15 @@ class Backend(ABC):
         """
         return False
 
+    def plain_tensors(self, model: nn.Module, plain: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each Parameter of the plain model (``plain``: name -> Parameter, taken before :meth:`convert`) mapped
+        to the tensor of the converted ``model`` that holds its values, in the plain shape and layout.
+
+        Writing into these sets the converted model's weights in place (:mod:`precsearch.probe.model.reuse`).
+        The default: the plain Parameters themselves, which a backend that wraps layers keeps.
+        """
+        return dict(plain)
+
     @abstractmethod
     def converted_layers(self, model: nn.Module) -> dict[str, Precision]:
         """Fully qualified name -> precision, for every layer this backend converted."""

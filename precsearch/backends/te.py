@@ -251,6 +251,55 @@ class TEBackend(Backend):
             convert_linears(model, recipes, shared, self.fp8_weights)
         return model
 
+    #: A kept probe model is set again in place (:meth:`reset_converted`); with FP8 primary weights it is built.
+    resets_converted = True
+
+    def reset_converted(self, model: nn.Module) -> bool:
+        """Every TE module's FP8 state as a fresh build leaves it; False with FP8 primary weights (their FP8 copies
+        and masters are made at build), which then rebuild.
+
+        Only delayed scaling keeps state between steps: each module's ``scaling_fwd``/``scaling_bwd`` recipe state,
+        a scale (ones when made) and an amax history (zeros). They are reset in place, because TE's global amax
+        buffers hold these same tensors; the recipe objects are the ones the model was built with (the key of a
+        kept model is its recipes), so TE does not make new ones. Current and block scaling keep none.
+        """
+        if self.fp8_weights:
+            return False
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, TEPrecisionLinear):
+                    module.fp8_enabled, module.track_stats, module.last_stats, module.last_numel = True, False, {}, {}
+                meta = getattr(module, "fp8_meta", None)
+                for key in ("scaling_fwd", "scaling_bwd"):
+                    state = meta.get(key) if isinstance(meta, dict) else None
+                    if state is not None and hasattr(state, "amax_history"):
+                        state.amax_history.zero_()
+                        state.scale.fill_(1.0)
+        return True
+
+    def plain_tensors(self, model: nn.Module, plain: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The TE stack's tensors for the plain probe's Parameters: a unit's weight (:meth:`unit_weight`), the
+        RMSNorm weight TE fused into a unit's module, and the plain Parameters TE left in place (embedding, final
+        norm, a BF16 output layer). Any other model keeps its plain Parameters."""
+        if not _is_probe(model):
+            return dict(plain)
+        norms = {u: m.linear.layer_norm_weight for m in _units(model) for u in m.units[:1]
+                 if getattr(m.linear, "layer_norm_weight", None) is not None}
+        units = set(unit_names(model.cfg))
+        out = {}
+        for name, tensor in plain.items():
+            owner, _, leaf = name.rpartition(".")
+            if owner in units and leaf == "weight":
+                out[name] = self.unit_weight(model, owner)
+            elif owner in norms and leaf == "layer_norm_weight":
+                out[name] = norms[owner]
+            else:
+                out[name] = model.get_parameter(name)
+            if out[name].shape != tensor.shape:
+                raise RuntimeError(f"the TE stack holds {name} as {tuple(out[name].shape)}, "
+                                   f"the plain probe as {tuple(tensor.shape)}")
+        return out
+
     def unit_weight(self, model: nn.Module, unit: str) -> torch.Tensor:
         """A unit's weight; an MLP fused into one ``te.LayerNormMLP`` holds both units' (``fc1_weight`` and
         ``fc2_weight``, in the plain layout)."""

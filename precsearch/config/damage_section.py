@@ -43,11 +43,12 @@ class DamageSection(Section):
         "default, update_norm, does not depend on tokens_per_step and sees the memory knobs")
     limit: float | None = Field(None, gt=0, description="stable when the reading (the largest over the states) is "
                                 "at most this; default: the measure's (DEFAULT_LIMITS: 0.01 for update_norm)")
-    keep_states: Literal["host", "device"] = Field(
-        "host", description="where the BF16 run's states (FP32 weights and AdamW moments) are kept between trials: "
+    keep_states: Literal["auto", "host", "device"] = Field(
+        "auto", description="where the BF16 run's states (FP32 weights and AdamW moments) are kept between trials: "
         "host = page-locked host memory, copied to the accelerator by every reading; device = on the accelerator, "
         "no copies, at about 3 x 4 bytes per unit weight plus 4 bytes per other parameter per state of device "
-        "memory; on CPU both are the same")
+        "memory; auto = on the accelerator when they fit there beside what is held and the trials' working set, "
+        "decided per clipping value (precsearch/probe/damage/placement.py); on CPU all are the same")
     compile_compare: bool = Field(
         True, description="on CUDA, fuse each chunk's compare step (two AdamW updates, the errors) into a few "
         "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "

@@ -30,8 +30,8 @@ from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
 from precsearch.probe.measure.events import StepMonitor
 from precsearch.probe.memory.peak import predict_peak
 from precsearch.probe.memory.phases import PhaseMemory
-from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model, init_plan
-from precsearch.probe.model.reuse import BuildKey, ModelCache
+from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
+from precsearch.probe.model.reuse import BuildKey, Built, ModelCache, named_plan
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.measure.signal_recorder import SignalRecorder
 
@@ -80,8 +80,9 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     return _build(cfg, policy, backend, device, seed, param_dtype, init, split, weights)[0]
 
 
-def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, split=None, weights=None):
-    """:func:`build_probe`'s model and the init plan of its plain model (:func:`llama3.init_plan`)."""
+def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, split=None, weights=None) -> Built:
+    """:func:`build_probe`'s model, the init plan of its plain model by Parameter name, and its plain view
+    (:meth:`Backend.plain_tensors`): what :class:`ModelCache` needs to set it again in place."""
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
     if init is not None:
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
@@ -91,26 +92,31 @@ def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, sp
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
         split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
-    plan = init_plan(model)  # the plain model's Parameters, which a converted layer keeps
+    plan = named_plan(model)  # the plain model's Parameters by name, in init order
+    plain = dict(model.named_parameters())
     recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
     torch.manual_seed(seed)
-    return backend.convert(model, recipes), plan
+    model = backend.convert(model, recipes)
+    return model, plan, backend.plain_tensors(model, plain)
 
 
 def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend: Backend, device: torch.device,
-                 parallel: Parallel, init: CheckpointStart | None, models: ModelCache | None) -> Llama3:
-    """The probe's model: ``models``'s kept one initialised again where it was built for the same key (one
-    process, seeded random init), else a fresh build (:mod:`precsearch.probe.model.reuse`)."""
+                 parallel: Parallel, init: CheckpointStart | None, models: ModelCache | None,
+                 weights: dict[str, torch.Tensor] | None = None) -> Llama3:
+    """The probe's model: ``models``'s kept one set again where it was built for the same key (one process,
+    seeded random init or ``weights``), else a fresh build (:mod:`precsearch.probe.model.reuse`)."""
     if models is None or init is not None or parallel is not ONE_PROCESS:
-        return build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init, parallel.split)
+        return build_probe(cfg, policy, backend, device, probe.seed, probe.param_dtype, init, parallel.split,
+                           weights)
     recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     key = BuildKey(cfg, str(device), probe.param_dtype, (backend.name, repr(policy.memory)),
                    tuple(recipes.items()))
     return models.take(key, probe.seed, backend.reset_converted,
-                       lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype))
+                       lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype, weights=weights),
+                       weights=weights)
 
 
 def _lr_lambda(probe: ProbeSection, steps: int | None = None) -> Callable[[int], float]:

@@ -72,7 +72,8 @@ class ProbeHost:
         """The space's fixed-state reader, made at the first trial it reads (its BF16 side is kept)."""
         if self._damage is None:
             self._damage = DamageReader(self.cfg, self.space.probe, self.data, self.backend, self.device,
-                                        self.space.objectives.damage, self.start, self.space.baseline_knobs())
+                                        self.space.objectives.damage, self.start, self.space.baseline_knobs(),
+                                        models=self.models)
         return self._damage
 
 

@@ -73,3 +73,22 @@ def test_merge_refuses_two_of_one_variant_and_studies_that_differ(tmp_path):
     other = _only_report(tmp_path / "a.json", "after", 480.0, 7.5, steps=20)
     with pytest.raises(SystemExit, match="differ in their settings"):
         bench.merge([b1, other])
+
+
+def test_before_code_runs_the_study_with_another_checkouts_package(tmp_path, monkeypatch):
+    """``--before-code DIR``: the BEFORE study is ``python -m precsearch`` of DIR's package with the defaults (no
+    inline records), not this checkout's; otherwise the "before/after" ratio would compare this code with itself."""
+    monkeypatch.setenv("PRECSEARCH_SYNC_RECORD", "1")
+    tree = tmp_path / "old"
+    (tree / "precsearch").mkdir(parents=True)
+    (tree / "precsearch" / "__init__.py").write_text("")
+    (tree / "precsearch" / "__main__.py").write_text("import os, precsearch; print('ran', precsearch.__file__, "
+                                                     "os.environ.get('PRECSEARCH_SYNC_RECORD'))\n")
+    env = bench.variant_env("before", torch.device("cuda"), tree)
+    assert env["PYTHONPATH"].split(__import__("os").pathsep)[0] == str(tree)
+    assert "PRECSEARCH_SYNC_RECORD" not in env
+    out = tmp_path / "study"
+    out.mkdir()
+    bench.run_study_process(tmp_path / "space.yaml", 1, out, env, cwd=tree)
+    log = (out / "bench_study.log").read_text()
+    assert f"ran {tree / 'precsearch' / '__init__.py'} None" in log

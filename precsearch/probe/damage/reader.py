@@ -20,10 +20,12 @@ from precsearch.arch.hf_checkpoint import CheckpointStart
 from precsearch.backends.base import Backend
 from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
+from precsearch.probe.damage.placement import states_fit
 from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state, side_grams
 from precsearch.probe.damage.states import State, reference_states, state_steps
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import ModelConfig
+from precsearch.probe.model.reuse import ModelCache
 
 
 class DamageReader:
@@ -31,19 +33,25 @@ class DamageReader:
 
     def __init__(self, cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, backend: Backend,
                  device: torch.device, settings: DamageSection, init: CheckpointStart | None = None,
-                 baseline: MemoryKnobs | None = None):
+                 baseline: MemoryKnobs | None = None, models: ModelCache | None = None):
         self.cfg, self.probe, self.data, self.backend = cfg, probe, data, backend
         self.device, self.settings, self.init = device, settings, init
         self.baseline = baseline or MemoryKnobs()
+        self.models = models  # the probe process's kept model: a trial's reading sets its weights to each state
         self._bf16: dict[float | None, list[tuple[State, Side]]] = {}
+        self.states_on: dict[float | None, str] = {}  # clipping value -> "device" or "host", where its states went
 
     def bf16_sides(self, clip_grad: float | None) -> list[tuple[State, Side]]:
         """The states of the BF16 run with ``clip_grad`` and the BF16 side at each, with its own Gram matrices
         (computed once)."""
         if clip_grad not in self._bf16:
+            if self.models is not None:
+                self.models.clear()  # the BF16 run builds its own model: the kept one would only add to the peak
             at = state_steps(self.settings.states, self.probe.steps)
+            on_device = self._states_on_device(len(at))
+            self.states_on[clip_grad] = "device" if on_device else "host"
             states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init,
-                                      keep_on_device=self.settings.keep_states == "device")
+                                      keep_on_device=on_device)
             reference = Policy.bf16(clip_grad, self.baseline)
             sides = []
             for state in states:
@@ -60,15 +68,21 @@ class DamageReader:
         return sum(t.numel() * t.element_size() for sides in self._bf16.values() for state, side in sides
                    for t in (*_state_tensors(state), *_grad_tensors(side)) if t.device.type != "cpu")
 
+    def _states_on_device(self, n_states: int) -> bool:
+        """Where this clipping value's states go: ``keep_states``, or for ``auto`` :func:`.placement.states_fit`."""
+        if self.settings.keep_states != "auto":
+            return self.settings.keep_states == "device"
+        return states_fit(self.cfg, self.probe, self.settings, self.device, n_states, self.device_bytes())
+
     def _side(self, state: State, policy: Policy) -> Side:
         return measure_side(self.cfg, self.probe, self.data, self.backend, self.device, state, policy,
-                            self.settings)
+                            self.settings, self.models)
 
     def read(self, policy: Policy) -> dict[str, Any]:
         """``policy``'s reading: the chosen figure's largest value over the states, and every figure; with its
         time, and the time by part (``side``: building the policy's model at each state and its backward and
         held-out passes; ``compare``: the figures, with the AdamW updates and, for states kept on the host,
-        their copies of the state to the device)."""
+        their copies of the state to the device); and where the states are kept (``states_on``)."""
         start = time.perf_counter()
         clock = _Clock(self.device)
         states = []
@@ -77,7 +91,8 @@ class DamageReader:
             states.append(clock.timed("compare", read_state, bf16, side, state, policy, self.probe, self.settings,
                                       self.device))
         return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start,
-                                                      "seconds_by_part": clock.seconds}
+                                                      "seconds_by_part": clock.seconds,
+                                                      "states_on": self.states_on[policy.clip_grad]}
 
 
 def reading_dict(states: list[StateReading], settings: DamageSection) -> dict[str, Any]:

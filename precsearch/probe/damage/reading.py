@@ -53,6 +53,7 @@ from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.compare import GRAMS, StepArgs, baseline_grams, compare_unit
 from precsearch.probe.damage.update import StepDtypes
 from precsearch.probe.data import TokenBatches
+from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.runner import eval_losses
 from precsearch.arch.units import unit_names
 from precsearch.probe.model.llama3 import ModelConfig
@@ -73,9 +74,10 @@ class Side:
 
 
 def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, backend: Backend, device: torch.device,
-                 state: State, policy: Policy, settings: DamageSection) -> Side:
-    """The gradients and held-out losses of ``policy``'s probe at ``state`` (BF16: ``Policy.bf16``)."""
-    model = state_model(cfg, state, policy, backend, device, probe.seed, probe.param_dtype)
+                 state: State, policy: Policy, settings: DamageSection, models: ModelCache | None = None) -> Side:
+    """The gradients and held-out losses of ``policy``'s probe at ``state`` (BF16: ``Policy.bf16``); ``models``
+    keeps the model for the next state or trial (:mod:`precsearch.probe.model.reuse`)."""
+    model = state_model(cfg, state, policy, backend, device, probe, models)
     fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
     units = unit_names(cfg)
     recipes = policy.layer_recipes(units, cfg.n_layers).values()
@@ -88,6 +90,8 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
         grads.append({u: backend.unit_weight(model, u).grad.detach().clone() for u in units})
     model.zero_grad(set_to_none=True)
     losses = eval_losses(model, data, backend, device, fp8_on)
+    if models is not None and backend.for_memory(policy.memory).resets_converted:
+        models.keep(model)
     del model
     return Side(grads=grads, eval_losses=losses)
 

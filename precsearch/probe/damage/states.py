@@ -28,7 +28,8 @@ from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import TokenBatches
 from precsearch.arch.units import unit_names
 from precsearch.probe.model.llama3 import ModelConfig
-from precsearch.probe.runner import _lr_lambda, _train_step, build_probe
+from precsearch.probe.model.reuse import ModelCache
+from precsearch.probe.runner import ONE_PROCESS, _lr_lambda, _probe_model, _train_step, build_probe
 
 #: The reading's batches are drawn as training steps from here on: far past any probe's steps, so they are
 #: batches the run never trained on, and the same for every trial (a function of the data seed only).
@@ -117,10 +118,12 @@ def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[st
 
 
 def state_model(cfg: ModelConfig, state: State, policy: Policy, backend: Backend, device: torch.device,
-                seed: int, param_dtype: str) -> torch.nn.Module:
-    """The probe at ``state``'s weights in ``param_dtype``, its units converted per ``policy`` by ``backend``."""
+                probe: ProbeSection, models: ModelCache | None = None) -> torch.nn.Module:
+    """The probe at ``state``'s weights in ``probe.param_dtype``, its units converted per ``policy`` by ``backend``:
+    ``models``'s kept model with the weights copied in where it was built for the same policy (the trial's
+    probe, the previous state's), else a fresh build."""
     backend = backend.for_memory(policy.memory)
-    return build_probe(cfg, policy, backend, device, seed, param_dtype, weights=state.weights)
+    return _probe_model(cfg, probe, policy, backend, device, ONE_PROCESS, None, models, weights=state.weights)
 
 
 def reading_batch(data: TokenBatches, k: int) -> tuple[Tensor, Tensor]:

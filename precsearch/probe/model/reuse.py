@@ -8,24 +8,31 @@ keeps the last model with what it was built for (:class:`BuildKey`); the next pr
 key gets it back with its weights drawn again from its own seed, exactly as a fresh build draws
 them (:func:`precsearch.probe.model.llama3.apply_init`, same generator, same order), and its
 converted layers reset by the backend (:meth:`precsearch.backends.base.Backend.reset_converted`).
-Any other key, or a backend that cannot reset its layers, builds afresh, the old model freed
-first so that a GPU's measured peak never holds two models.
+A probe that starts from given weights instead of a seed (the fixed-state reading's model at a state of
+the BF16 run, :mod:`precsearch.probe.damage.states`) gets the kept model with those weights copied in,
+as a fresh build loads them. Any other key, or a backend that cannot reset its layers, builds afresh,
+the old model freed first so that a GPU's measured peak never holds two models.
+
+The weights are set through the model's *plain view* (:meth:`precsearch.backends.base.Backend.plain_tensors`):
+each Parameter name of the plain probe mapped to the tensor of the converted model that holds its values,
+the plain Parameters themselves for a backend that keeps them, Transformer Engine's for the TE stack.
 
 A model is handed out by :meth:`ModelCache.take` and comes back only through
 :meth:`ModelCache.keep` once its probe finished: a probe that raised leaves nothing cached.
-``tests/probe/test_model_reuse.py`` checks that a reused model trains to the same losses, bit for
-bit, as a fresh one, across a change of policy.
+``tests/probe/model/test_model_reuse.py`` checks that a reused model trains to the same losses, bit for
+bit, as a fresh one, across a change of policy and from given weights; ``tests/backends/test_gpu_te_reuse.py``
+does for the TE stack on a GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from precsearch.probe.model.llama3 import Llama3, apply_init
+from precsearch.probe.model.llama3 import Llama3, apply_init, init_plan
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,12 @@ class BuildKey:
 class _Kept:
     key: BuildKey
     model: Llama3
-    plan: list[tuple[torch.Tensor, str]]
+    plan: list[tuple[str, str]]  # (plain Parameter name, "normal" | "ones"), in init order
+    plain: dict[str, torch.Tensor]  # plain Parameter name -> the converted model's tensor holding it
+
+
+#: What a build hands the cache: the converted model, its init plan by plain name, and its plain view.
+Built = tuple[Llama3, list[tuple[str, str]], dict[str, torch.Tensor]]
 
 
 class ModelCache:
@@ -63,23 +75,31 @@ class ModelCache:
         self.reused = 0  # probes that got a kept model (read by tests and the bench)
 
     def take(self, key: BuildKey, seed: int, reset: Callable[[torch.nn.Module], bool],
-             build: Callable[[], tuple[Llama3, list[tuple[torch.Tensor, str]]]]) -> Llama3:
-        """The model for ``key`` initialised with ``seed``: the kept one re-initialised if ``key`` matches and
-        ``reset`` (the backend's ``reset_converted``) succeeds, else ``build()``'s (model, init plan)."""
+             build: Callable[[], Built], weights: Mapping[str, torch.Tensor] | None = None) -> Llama3:
+        """The model for ``key`` initialised with ``seed`` (or holding ``weights``, a plain ``state_dict``): the
+        kept one set again if ``key`` matches and ``reset`` (the backend's ``reset_converted``) succeeds, else
+        ``build()``'s (model, init plan, plain view)."""
         kept, self._kept, self._pending = self._kept, None, None
         if kept is not None and kept.key == key:
             # seeded first, as build_probe seeds torch before converting: the emulated NVFP4 rounding
             # streams start from torch.initial_seed()
             torch.manual_seed(seed)
             if reset(kept.model):
-                _reinitialise(kept, seed)
+                if weights is None:
+                    _reinitialise(kept, seed)
+                else:
+                    _load(kept, weights)
                 self._pending = kept
                 self.reused += 1
                 return kept.model
         del kept  # freed before the build: never two models on the device at once
-        model, plan = build()
-        self._pending = _Kept(key, model, plan)
+        model, plan, plain = build()
+        self._pending = _Kept(key, model, plan, plain)
         return model
+
+    def clear(self) -> None:
+        """Free the kept model (before work that needs its device memory and cannot take it)."""
+        self._kept = None
 
     def keep(self, model: Llama3) -> None:
         """Keep ``model`` (the one :meth:`take` last gave) for the next probe; its probe finished."""
@@ -91,8 +111,30 @@ class ModelCache:
 def _reinitialise(kept: _Kept, seed: int) -> None:
     """The kept model as a fresh build with ``seed`` leaves it: weights drawn again, no gradients, training mode."""
     model = kept.model
-    apply_init(kept.plan, seed, next(model.parameters()).device)
+    apply_init([(kept.plain[name], how) for name, how in kept.plan], seed, next(model.parameters()).device)
+    _fresh(model)
+
+
+def _load(kept: _Kept, weights: Mapping[str, torch.Tensor]) -> None:
+    """The kept model as a fresh build from ``weights`` leaves it: a build loads them into the plain model, casts
+    it to the parameter dtype and hands the values to the backend, so each is copied in with the same rounding."""
+    if set(weights) != set(kept.plain):
+        raise ValueError(f"weights for another model: {sorted(set(weights) ^ set(kept.plain))[:3]} differ")
+    with torch.no_grad():
+        for name, tensor in kept.plain.items():
+            tensor.copy_(weights[name])  # a cast rounds to nearest even, as model.to(dtype) does
+    _fresh(kept.model)
+
+
+def _fresh(model: Llama3) -> None:
+    """No gradients, RoPE frequencies recomputed, training mode: as a build leaves a model."""
     model.rotary_pos_emb.reset_inv_freq()
     for param in model.parameters():
         param.grad = None
     model.train()
+
+
+def named_plan(model: Llama3) -> list[tuple[str, str]]:
+    """:func:`~precsearch.probe.model.llama3.init_plan` of the plain ``model``, by Parameter name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [(names[id(t)], how) for t, how in init_plan(model)]

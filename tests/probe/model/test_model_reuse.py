@@ -76,3 +76,40 @@ def test_a_backend_that_cannot_reset_its_layers_builds_every_probe():
         runner.run_probe(CFG, _probe(seed), FP8, DATA, NoReset(), CPU, models=models)
     assert models.reused == 0
     assert models._kept is None  # not even held: a model no probe can take would only hold (device) memory
+
+
+def test_a_kept_model_given_a_states_weights_is_the_model_a_fresh_build_makes_from_them():
+    """The fixed-state reading sets the trial's model to each state's weights: the same Parameters, to the bit, as
+    ``build_probe(weights=...)`` gives, in FP32 and BF16 parameters (the FP32 state rounded once, as a build's
+    cast rounds it)."""
+    for param_dtype in ("fp32", "bf16"):
+        models = ModelCache()
+        _run(FP8, 0, models, param_dtype)
+        weights = {k: v.float() * 1.37 + 0.01 for k, v in runner.build_probe(CFG, BF16, EmulatedBackend(), CPU, 5)
+                   .state_dict().items()}  # values no seed draws, FP32 as a state holds them
+        probe = _probe(0, param_dtype)
+        kept = runner._probe_model(CFG, probe, FP8, EmulatedBackend(), CPU, runner.ONE_PROCESS, None, models, weights)
+        fresh = runner.build_probe(CFG, FP8, EmulatedBackend(), CPU, 0, param_dtype, weights=weights)
+        assert models.reused == 1
+        for (name, a), (_, b) in zip(kept.state_dict().items(), fresh.state_dict().items(), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_a_reading_through_the_probe_process_model_equals_one_that_builds_every_model():
+    """A trial's reading takes the trial's model and sets it to each state (two reuses per reading here): the
+    figures must be those of fresh builds, for a delayed-scaling policy whose amax history the trial's probe
+    filled and whose reading must start it afresh."""
+    from precsearch.config.space import DamageSection
+    from precsearch.probe.damage import DamageReader
+
+    settings = DamageSection(states=[0.5, 1.0], batches=3, warm_batches=1)
+    readings, cache = [], ModelCache()
+    for models in (cache, None):
+        reader = DamageReader(CFG, _probe(0), DATA, EmulatedBackend(), CPU, settings, models=models)
+        reader.bf16_sides(None)  # its second state reuses the first's BF16 model
+        if models is not None:
+            _run(FP8, 0, models)  # a new structure: built, then kept
+        reading = reader.read(FP8)
+        readings.append(repr({k: v for k, v in reading.items() if not k.startswith("seconds")}))  # NaN == NaN
+    assert readings[0] == readings[1]
+    assert cache.reused == 3  # the BF16 side's second state, then the trial's model at both states
