@@ -27,6 +27,7 @@ from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.data import TokenBatches
 from precsearch.arch.units import unit_names
+from precsearch.utils.pinned import PinnedBlock
 from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.runner import ONE_PROCESS, _lr_lambda, _probe_model, _train_step, build_probe
@@ -53,6 +54,7 @@ class State:
     weights: dict[str, Tensor]
     moments: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
     lr: float = 0.0
+    pinned: PinnedBlock | None = field(default=None, repr=False)  # the host memory the tensors are views into
 
 
 def state_steps(fractions: list[float], steps: int) -> list[int]:
@@ -87,17 +89,6 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
     return states
 
 
-def _host(t: Tensor) -> Tensor:
-    """A float32 copy of ``t`` in host memory, page-locked when it comes from a GPU: every trial copies it back
-    (a state of an 8B-wide probe is ~20 GB, which pageable copies take seconds for). From a GPU the copy goes
-    straight into the page-locked buffer (no pageable copy first, which is then copied again to be pinned)."""
-    if not t.is_cuda:
-        return t.detach().float().clone()
-    out = torch.empty(t.shape, dtype=torch.float32, pin_memory=True)
-    out.copy_(t.detach())  # a cast on the way (BF16 weights): the copy kernel converts
-    return out
-
-
 def _on_device(t: Tensor) -> Tensor:
     """A float32 copy of ``t`` where it is (never a view: the run trains on after the snapshot)."""
     return t.detach().to(dtype=torch.float32, copy=True)
@@ -105,16 +96,26 @@ def _on_device(t: Tensor) -> Tensor:
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float,
               keep_on_device: bool = False) -> State:
-    """The run's weights and unit moments now, copied to host memory (:func:`_host`) or kept on the device."""
-    keep = _on_device if keep_on_device else _host
+    """The run's weights and unit moments now, as float32 copies on the device, or in host memory: page-locked
+    when they come from a GPU (every reading copies them back; a state of an 8B-wide probe is ~18 GB, which
+    pageable copies take seconds for), all in one :class:`~precsearch.utils.pinned.PinnedBlock` of their size."""
     params = dict(model.named_parameters())
     moments = {}
     for unit in units:
         st = opt.state.get(params[f"{unit}.weight"], {})
         if "exp_avg" in st:
-            moments[unit] = (keep(st["exp_avg"]), keep(st["exp_avg_sq"]))
-    weights = {k: keep(v) for k, v in model.state_dict().items()}
-    return State(step=step, weights=weights, moments=moments, lr=lr)
+            moments[unit] = (st["exp_avg"], st["exp_avg_sq"])
+    weights = model.state_dict()
+    sources = [*weights.values(), *(m for pair in moments.values() for m in pair)]
+    if keep_on_device:
+        keep, block = _on_device, None
+    elif any(t.is_cuda for t in sources):
+        block = PinnedBlock([t.shape for t in sources])
+        keep = lambda t: block.take(t.shape).copy_(t.detach())  # noqa: E731 - a cast on the way: the copy converts
+    else:
+        keep, block = (lambda t: t.detach().float().clone()), None
+    return State(step=step, weights={k: keep(v) for k, v in weights.items()},
+                 moments={u: (keep(a), keep(b)) for u, (a, b) in moments.items()}, lr=lr, pinned=block)
 
 
 def state_model(cfg: ModelConfig, state: State, policy: Policy, backend: Backend, device: torch.device,
