@@ -80,9 +80,10 @@ def build_probe(cfg: ModelConfig, policy: Policy, backend: Backend, device: torc
     return _build(cfg, policy, backend, device, seed, param_dtype, init, split, weights)[0]
 
 
-def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, split=None, weights=None) -> Built:
-    """:func:`build_probe`'s model, the init plan of its plain model by Parameter name, and its plain view
-    (:meth:`Backend.plain_tensors`): what :class:`ModelCache` needs to set it again in place."""
+def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, split=None, weights=None,
+           view: bool = False) -> Built:
+    """:func:`build_probe`'s model, and with ``view`` the init plan of its plain model by Parameter name and its
+    plain view (:meth:`Backend.plain_tensors`): what :class:`ModelCache` needs to set it again in place."""
     model = build_model(cfg, seed, device)  # a seed gives the same weights on the same kind of device
     if init is not None:
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
@@ -92,15 +93,15 @@ def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, sp
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
         split(model)  # tensor parallelism: this rank's slices, before the backend builds its units from them
-    plan = named_plan(model)  # the plain model's Parameters by name, in init order
-    plain = dict(model.named_parameters())
+    plan = named_plan(model) if view else []  # the plain model's Parameters by name, in init order
+    plain = dict(model.named_parameters()) if view else {}
     recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     backend.check_supported(recipes, device)
     # the emulated NVFP4 stochastic-rounding streams start from torch.initial_seed(), which an unseeded
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
     torch.manual_seed(seed)
     model = backend.convert(model, recipes)
-    return model, plan, backend.plain_tensors(model, plain)
+    return model, plan, backend.plain_tensors(model, plain) if view else {}
 
 
 def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend: Backend, device: torch.device,
@@ -115,7 +116,8 @@ def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend:
     key = BuildKey(cfg, str(device), probe.param_dtype, (backend.name, repr(policy.memory)),
                    tuple(recipes.items()))
     return models.take(key, probe.seed, backend.reset_converted,
-                       lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype, weights=weights),
+                       lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype, weights=weights,
+                                      view=True),
                        weights=weights)
 
 
