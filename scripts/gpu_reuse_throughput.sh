@@ -10,6 +10,7 @@
 #   run(command="STAGE=tests bash scripts/gpu_reuse_throughput.sh", carry=[".gpu"], timeout_s=600)
 # The AFTER study's MLflow store says where each reading's states were kept (damage.json's states_on).
 #   run(command="STAGE=compare bash scripts/gpu_reuse_throughput.sh", carry=[".gpu", ".before"], timeout_s=600)
+#   run(command="STAGE=all bash scripts/gpu_reuse_throughput.sh", carry=[".gpu", ".before"], timeout_s=600)
 # Make .before here first: git worktree add --detach /tmp/before COMMIT && cp -r /tmp/before/precsearch .before/
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_reuse_out
@@ -17,6 +18,14 @@ source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 SPACE="${SPACE:-search_spaces/llama3_8b_h100.yaml}"
 case "${STAGE:-tests}" in
+  all)  # one call for both, when the session's device time allows only one: the reuse tests, then an 8-trial compare
+    timeout "${TEST_TIMEOUT:-170}" python3 -m pytest -q -p no:cacheprovider -s tests/backends/test_gpu_te_reuse.py \
+        tests/utils/test_gpu_pinned.py > "$OUT/gpu_tests_reuse.log" 2>&1
+    echo "pytest exit $?" >> "$OUT/gpu_tests_reuse.log"
+    grep -E "passed|failed|error|FAILED|^E |kept-fresh" "$OUT/gpu_tests_reuse.log" | tail -30
+    STAGE=compare TRIALS="${TRIALS:-8}" COMPARE_TIMEOUT="${COMPARE_TIMEOUT:-390}" NAME="${NAME:-compare8}" \
+        bash "$0"
+    ;;
   tests)
     timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -s tests/backends/test_gpu_te_reuse.py \
         tests/backends/test_gpu_damage.py tests/utils/test_gpu_pinned.py > "$OUT/gpu_tests_reuse.log" 2>&1
