@@ -115,7 +115,7 @@ def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend:
     recipes = policy.layer_recipes(unit_names(cfg), cfg.n_layers)
     key = BuildKey(cfg, str(device), probe.param_dtype, (backend.name, repr(policy.memory)),
                    tuple(recipes.items()))
-    return models.take(key, probe.seed, backend.reset_converted,
+    return models.take(key, probe.seed, backend,
                        lambda: _build(cfg, policy, backend, device, probe.seed, probe.param_dtype, weights=weights,
                                       view=True),
                        weights=weights)
@@ -195,7 +195,7 @@ def run_probe(
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
              calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes,
              fp8_linear=run.backend.fp8_linear)
-    if models is not None and run.backend.resets_converted:  # else the model would only hold memory
+    if models is not None:
         models.keep(run.model)
     return result
 

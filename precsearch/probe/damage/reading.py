@@ -90,7 +90,7 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
         grads.append({u: backend.unit_weight(model, u).grad.detach().clone() for u in units})
     model.zero_grad(set_to_none=True)
     losses = eval_losses(model, data, backend, device, fp8_on)
-    if models is not None and backend.for_memory(policy.memory).resets_converted:
+    if models is not None:
         models.keep(model)
     del model
     return Side(grads=grads, eval_losses=losses)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -62,6 +62,14 @@ class _Kept:
     plain: dict[str, torch.Tensor]  # plain Parameter name -> the converted model's tensor holding it
 
 
+class Resets(Protocol):
+    """What the cache needs of a backend (:class:`precsearch.backends.base.Backend` has both)."""
+
+    resets_converted: bool
+
+    def reset_converted(self, model: torch.nn.Module) -> bool: ...
+
+
 #: What a build hands the cache: the converted model, its init plan by plain name, and its plain view.
 Built = tuple[Llama3, list[tuple[str, str]], dict[str, torch.Tensor]]
 
@@ -74,17 +82,18 @@ class ModelCache:
         self._pending: _Kept | None = None  # handed out by take, not back yet
         self.reused = 0  # probes that got a kept model (read by tests and the bench)
 
-    def take(self, key: BuildKey, seed: int, reset: Callable[[torch.nn.Module], bool],
-             build: Callable[[], Built], weights: Mapping[str, torch.Tensor] | None = None) -> Llama3:
+    def take(self, key: BuildKey, seed: int, backend: Resets, build: Callable[[], Built],
+             weights: Mapping[str, torch.Tensor] | None = None) -> Llama3:
         """The model for ``key`` initialised with ``seed`` (or holding ``weights``, a plain ``state_dict``): the
-        kept one set again if ``key`` matches and ``reset`` (the backend's ``reset_converted``) succeeds, else
-        ``build()``'s (model, init plan, plain view)."""
+        kept one set again if ``key`` matches and the backend's ``reset_converted`` succeeds, else ``build()``'s
+        (model, init plan, plain view). A backend that cannot reset its layers (``resets_converted`` false) gets
+        its model built and never kept: it would only hold (device) memory."""
         kept, self._kept, self._pending = self._kept, None, None
         if kept is not None and kept.key == key:
             # seeded first, as build_probe seeds torch before converting: the emulated NVFP4 rounding
             # streams start from torch.initial_seed()
             torch.manual_seed(seed)
-            if reset(kept.model):
+            if backend.reset_converted(kept.model):
                 if weights is None:
                     _reinitialise(kept, seed)
                 else:
@@ -94,7 +103,7 @@ class ModelCache:
                 return kept.model
         del kept  # freed before the build: never two models on the device at once
         model, plan, plain = build()
-        self._pending = _Kept(key, model, plan, plain)
+        self._pending = _Kept(key, model, plan, plain) if backend.resets_converted else None
         return model
 
     def clear(self) -> None:
@@ -102,7 +111,8 @@ class ModelCache:
         self._kept = None
 
     def keep(self, model: Llama3) -> None:
-        """Keep ``model`` (the one :meth:`take` last gave) for the next probe; its probe finished."""
+        """Keep ``model`` (the one :meth:`take` last gave) for the next probe; its probe finished. A model the cache
+        did not hand out, or one of a backend that cannot reset it, is not kept."""
         if self._pending is not None and self._pending.model is model:
             self._kept = self._pending
         self._pending = None
