@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -15,25 +16,39 @@ from precsearch.errors import UserError
 from precsearch.export.pick import PICKS
 from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
+from precsearch.utils import trace
 from precsearch.utils.numbers import MAX_LAYERS
 from precsearch.utils.writable import check_writable
 
+STARTED = time.time()  # near this process's start (the imports above are light): the timeline's start-up span
 EXIT_USER_ERROR = 2
 RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
 
 
 def _load_checked_space(path: Path, gpu: bool = True):
     """The space at ``path``, every check passed (``gpu=False``: all but those of :func:`gpu_checks_left`)."""
+    space = _load_space_file(path)
+    _check_on_this_machine(space, path, gpu)
+    return space
+
+
+def _load_space_file(path: Path):
+    """The space at ``path``, the file's own checks passed (fields, groups, units), nothing of this machine's."""
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
-    from precsearch.runtime.preflight import preflight
 
     space = load_space(path)
     check_space(space, file=str(path))
-    preflight(space, file=str(path), gpu=gpu)  # this machine: files, data, backend, GPUs (gpu=False: no GPU's)
+    return space
+
+
+def _check_on_this_machine(space, path: Path, gpu: bool = True) -> None:
+    """The space's checks on this machine: files, data, backend, GPUs (``gpu=False``: no GPU's)."""
+    from precsearch.runtime.preflight import preflight
+
+    preflight(space, file=str(path), gpu=gpu)
     if gpu:
         _print_emulation_note(space)
-    return space
 
 
 def _print_emulation_note(space) -> None:
@@ -79,20 +94,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
+    if args.output_dir is not None:  # before the space's data is read (the default dir is checked by run_study)
+        check_writable(args.output_dir, "--output-dir", directory=True)
+    space = _load_space_file(args.space)
+    check_workers(args.workers, args.gpus is not None, space.probe.nproc)
+    executor = None
+    if args.workers == 1 and args.gpus is None and space.probe.nproc == 1:
+        from precsearch.runtime.executor import probe_process
+
+        # the probe process imports torch and the backend and loads the data while this one checks the
+        # space on this machine (the same imports) and opens the stores: seconds less before the first probe
+        executor = probe_process(space)
+    try:
+        return _run(args, space, executor)
+    finally:
+        if executor is not None:
+            executor.close()
+
+
+def _run(args: argparse.Namespace, space, executor) -> int:
     from precsearch.search.front import format_table
     from precsearch.runtime.launcher import parse_gpus
     from precsearch.runtime.study import run_study
 
-    at_least("--n-trials", args.n_trials, 1, "the study's total of finished trials")
-    if args.output_dir is not None:  # before the space's data is read (the default dir is checked by run_study)
-        check_writable(args.output_dir, "--output-dir", directory=True)
-    space = _load_checked_space(args.space)
-    check_workers(args.workers, args.gpus is not None, space.probe.nproc)
+    _check_on_this_machine(space, args.space)
     gpus = parse_gpus(args.gpus)
     check_gpus_present(args.gpus)
+    trace.write("study process: start-up", STARTED, time.time())
     try:
         rows = run_study(space, args.space.read_text(), args.output_dir, n_trials=args.n_trials,
-                         progress=not args.no_progress, workers=args.workers, gpus=gpus)
+                         progress=not args.no_progress, workers=args.workers, gpus=gpus, executor=executor)
     except KeyboardInterrupt:
         return _stopped()
     from precsearch.runtime.workspace import Workspace

@@ -51,6 +51,8 @@ from precsearch.backends import resolve_device
 from precsearch.runtime.evaluate import te_version
 from precsearch.config.loader import parse_space
 from precsearch.config.space import Space
+from precsearch.runtime.timeline import format_table, probe_time
+from precsearch.utils import trace
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 DEFAULT_SPACE = Path("search_spaces/llama3_8b_h100.yaml")
@@ -201,8 +203,11 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
     out_dir.mkdir(parents=True)
     startup = time_startup(device.type == "cuda")
     print(f"done: start-up process {startup['process_s']:.1f}s", file=sys.stderr, flush=True)
+    trace_path = out_dir / "trace.jsonl"  # code that writes no trace (an older checkout) leaves no file
+    env = dict(os.environ if env is None else env) | {trace.ENV: str(trace_path)}
     t0, t1 = run_study_process(space_path, n_trials, out_dir, env, cwd=code)
     print(f"done: {n_trials}-trial study {t1 - t0:.1f}s", file=sys.stderr, flush=True)
+    timeline = probe_time(trace.read(trace_path), t0, t1) if trace_path.is_file() else None
     runs = trial_runs(out_dir)
     totals = breakdown(t0, t1, runs, reference_walls(out_dir), startup)
     per_trial = {k: v / len(runs) for k, v in totals.items()}
@@ -220,6 +225,7 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
             "study_n_trials": space_data.get("study", {}).get("n_trials", n_trials),
             "fixed_overhead_share_at_study_n_trials": overhead_at(
                 totals, len(runs), space_data.get("study", {}).get("n_trials", n_trials)),
+            "probe_process_s": timeline,
             "trials": [{k: v for k, v in r.items() if k != "probe_result"} | {"phase_s": (r["probe_result"] or {})
                         .get("phase_s")} for r in runs], "output_dir": str(out_dir),
             "code": str(code) if code is not None else "this checkout"}
@@ -244,6 +250,13 @@ def print_breakdown(b: dict[str, Any]) -> None:
           f"target <= 10%  {'ok' if share <= 0.10 else 'ABOVE'}")
     print(f"  same costs spread over the space's study.n_trials = {b['study_n_trials']}: "
           f"{100 * b['fixed_overhead_share_at_study_n_trials']:.1f}%")
+    if b.get("probe_process_s"):
+        print_timeline(b["probe_process_s"], b["process_wall_s"])
+
+
+def print_timeline(parts: dict[str, float], wall: float) -> None:
+    """The probe process's time (it holds the GPU): its requests' parts, and what it waited for."""
+    print("\n[3] from the run's trace, " + format_table(parts, wall))
 
 
 # ---------------------------------------------------------------- before / after
@@ -265,10 +278,13 @@ VARIANTS = ("before", "after")
 
 
 def compare(space_data: dict, n_trials: int, work: Path, device: torch.device,
-            variants: tuple[str, ...] = VARIANTS, before_code: Path | None = None) -> dict[str, Any]:
+            variants: tuple[str, ...] = VARIANTS, before_code: Path | None = None,
+            before_space: dict | None = None) -> dict[str, Any]:
     """The study BEFORE and AFTER, back to back in this one call, and the ratios of the two (``variants``
-    one of them: its breakdown alone, for :func:`merge`). ``before_code``: BEFORE is that checkout's code."""
-    runs = {v: trial_breakdown(space_data, n_trials, work / v, device, variant_env(v, device, before_code),
+    one of them: its breakdown alone, for :func:`merge`). ``before_code``: BEFORE is that checkout's code;
+    ``before_space``: BEFORE runs this space (the shipped file as it was) instead of ``space_data``."""
+    spaces = {"before": before_space or space_data, "after": space_data}
+    runs = {v: trial_breakdown(spaces[v], n_trials, work / v, device, variant_env(v, device, before_code),
                                before_code if v == "before" else None) for v in variants}
     return ratios(runs) if len(runs) == 2 else runs
 
@@ -328,6 +344,7 @@ def meta(args: argparse.Namespace, space: Space, device: torch.device) -> dict[s
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU {platform.machine()}",
             "torch": torch.__version__, "transformer_engine": te_version(), "python": platform.python_version(),
             "settings": {"space": "smoke" if args.smoke else str(args.space), "steps": space.probe.steps,
+                         "before_space": str(args.before_space) if args.before_space else None,
                          "n_trials": args.trials, "compare": args.compare,
                          "load_average_at_start": os.getloadavg()[0],
                          "probe": space.probe.model_dump(mode="json"), "backend": space.backend.value}}
@@ -346,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before-code", type=Path, metavar="DIR",
                     help="with --compare: BEFORE runs the precsearch of this checkout (e.g. a git worktree of the "
                          "commit before a change) with the defaults, instead of this code with inline records")
+    ap.add_argument("--before-space", type=Path, metavar="FILE",
+                    help="with --compare: BEFORE runs this space file (e.g. the shipped space as it was at the "
+                         "BEFORE commit) and AFTER the positional one; --steps applies to both")
     ap.add_argument("--merge", type=Path, nargs=2, metavar=("BEFORE", "AFTER"),
                     help="compare two --only JSON reports instead of running anything")
     ap.add_argument("--json", type=Path)
@@ -370,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     if before_code is not None and not (before_code / "precsearch" / "__init__.py").is_file():
         raise SystemExit(f"--before-code {before_code}: no precsearch package there")
     if args.compare or args.only:
+        before_space = load_space_data(args.before_space, False, steps) if args.before_space else None
         report["compare"] = compare(data, args.trials, work, device, (args.only,) if args.only else VARIANTS,
-                                    before_code)
+                                    before_code, before_space)
     else:
         report["trial_breakdown"] = trial_breakdown(data, args.trials, work, device)
     print(f"\n{report['meta']['device']}, torch {torch.__version__}, TE {report['meta']['transformer_engine']}")

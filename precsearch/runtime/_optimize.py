@@ -51,6 +51,7 @@ from precsearch.search.rungs import (
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count
+from precsearch.utils import trace
 from precsearch.utils.retry import with_retry
 
 
@@ -107,6 +108,8 @@ def work(ctx: StudyRun, target: int) -> None:
                                       _eta(ctx))
     try:
         _work(ctx, target)
+        if ctx.executor is not None:  # no probe is left: its process frees its memory while the records are written
+            ctx.executor.release()
     except KeyboardInterrupt as exc:
         if ctx.recorder is not None and not isinstance(exc, ProbeInterrupted):
             # a second Ctrl-C or SIGTERM: stop at once; the journal keeps what is not recorded yet
@@ -117,7 +120,8 @@ def work(ctx: StudyRun, target: int) -> None:
     finally:
         try:
             if ctx.recorder is not None:  # the told trials' records first (also on the first Ctrl-C)
-                ctx.recorder.close()
+                with trace.span("recorder drain"):
+                    ctx.recorder.close()
         finally:
             ctx.recorder = None
             ctx.status.close()
@@ -133,9 +137,10 @@ def _eta(ctx: StudyRun) -> terminal.Eta:
 def _work(ctx: StudyRun, target: int) -> None:
     in_a_row = 0
     while not ctx.stop.requested:
-        _fail_stale(ctx)
-        finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
-                              budget_s=ctx.space.study.store_retry_s)
+        with trace.span("heartbeats + count"):
+            _fail_stale(ctx)
+            finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
+                                  budget_s=ctx.space.study.store_retry_s)
         if finished >= target:
             # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
             action = _promotions(ctx) if target >= ctx.space.study.n_trials else "done"
@@ -190,7 +195,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     worker holds the ask lock (another local worker may have asked since the count outside it).
     """
     retry_s = ctx.space.study.store_retry_s
-    with _ask_lock(ctx):
+    with _ask_lock(ctx), trace.span("ask"):
         if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
             return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
@@ -216,8 +221,9 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
     if promotion.is_promoted(trial):
         twin = None
     else:  # another worker may be running the same policy: its result is this one's
-        twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
-                          lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
+        with trace.span("twin check"):
+            twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
+                              lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
         say(ctx, f"trial {trial.number}: the same policy as trial {twin.number}, already scored; told its "
@@ -226,17 +232,20 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
     if REQUEUED_FROM in trial.user_attrs:
         say(ctx, f"trial {trial.number} runs the params of trial {trial.user_attrs[REQUEUED_FROM]} again "
                   "(queued when that one was interrupted)")
-    run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
-    trial.set_user_attr("mlflow_run_id", run_id)
+    with trace.span("MLflow run start"):
+        run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
+        trial.set_user_attr("mlflow_run_id", run_id)
     ctx.run_ids[trial.number] = run_id
     try:
-        reference = _reference(ctx, policy, rung)
+        with trace.span("references"):
+            reference = _reference(ctx, policy, rung)
         leg = trial_leg(ctx.space, ctx.workspace.output_dir, trial.number, rung, source)
         if source is not None and leg.resume_from is None:
             say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
                       f"running its {rung} steps from step 0")
-        result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
-                        trial=trial.number, leg=leg)
+        with trace.span("trial probe", trial=trial.number):
+            result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
+                            trial=trial.number, leg=leg)
         stressed = _stressed_result(ctx, trial, policy, source)
     except (UserError, KeyboardInterrupt):
         _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
@@ -249,7 +258,8 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
         say(ctx, f"trial {trial.number} failed: {reason}")
         return True
     try:
-        record(ctx, trial, run_id, policy, result, reference, stressed, rung)
+        with trace.span("record", trial=trial.number):
+            record(ctx, trial, run_id, policy, result, reference, stressed, rung)
     except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
         if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")

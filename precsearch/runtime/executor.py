@@ -28,6 +28,7 @@ from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.runner import StepCallback
+from precsearch.utils import trace
 from precsearch.utils.processes import die_with_parent
 
 #: Exceptions after which the child's CUDA context (or heap) cannot be trusted: start a fresh child.
@@ -72,6 +73,7 @@ class ProbeExecutor:
         self._ctx = mp.get_context("spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
+        self._released: list[mp.process.BaseProcess] = []  # children told to exit, not waited for yet
 
     def run(self, probe: ProbeSection, policy: Policy, label: str, on_step: StepCallback | None = None,
             trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
@@ -122,15 +124,32 @@ class ProbeExecutor:
         """Start the child now (it loads the space's data and backend) instead of at the first probe."""
         self._ensure_child()
 
-    def close(self) -> None:
-        """Stop the child (it finishes nothing: call between probes)."""
+    def watch(self, stop_requested: Callable[[], bool]) -> None:
+        """Poll ``stop_requested`` while a probe runs from now on (for an executor started before its study)."""
+        self._stop_requested = stop_requested
+
+    def release(self) -> None:
+        """Tell the child to exit and go on without waiting: the OS and the driver take its memory back while
+        the study writes its last records (the next probe, if any, starts a fresh child; :meth:`close` waits).
+        Call between probes."""
         if self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(None)
-                self._proc.join(timeout=10)
+                self._released.append(self._proc)
             except (OSError, EOFError):
-                pass
-        self._kill()
+                self._kill()
+        self._proc = None
+
+    def close(self) -> None:
+        """Stop the child (it finishes nothing: call between probes), and wait for released ones."""
+        self.release()
+        for proc in self._released:
+            with trace.span("probe process exit"):
+                proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        self._released = []
 
     def __enter__(self) -> "ProbeExecutor":
         return self
@@ -142,8 +161,8 @@ class ProbeExecutor:
         if self._proc is not None and self._proc.is_alive():
             return
         parent_end, child_end = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child_end, self._space_json), daemon=True,
-                                       name="precsearch-probe")
+        self._proc = self._ctx.Process(target=_child_main, args=(child_end, self._space_json, time.time()),
+                                       daemon=True, name="precsearch-probe")
         self._proc.start()
         child_end.close()
         self._conn = parent_end
@@ -177,13 +196,25 @@ class ProbeExecutor:
         self._proc = None
 
 
-def _child_main(conn, space_json: dict) -> None:
+def probe_process(space: Space, stop_requested: Callable[[], bool] | None = None) -> ProbeExecutor:
+    """The space's probe process, started now: it imports torch and the backend and loads the data while the
+    caller goes on (``precsearch run`` starts it before its checks on this machine, which import the same)."""
+    executor = ProbeExecutor(space, space.study.trial_timeout_s, stop_requested)
+    executor.start()
+    return executor
+
+
+def _child_main(conn, space_json: dict, spawned_at: float | None = None) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides what Ctrl-C means
+    trace.set_role("probe")
+    if spawned_at is not None:  # the interpreter's start and this module's imports
+        trace.write("probe process: start", spawned_at, time.time())
     from precsearch.runtime.probe_host import ProbeHost
 
     try:
-        host = ProbeHost(Space.model_validate(space_json))
+        with trace.span("probe process: set-up"):
+            host = ProbeHost(Space.model_validate(space_json))
         setup_error = None
     except Exception as exc:  # noqa: BLE001 - it would recur for every probe: answer each request with it
         host, setup_error = None, ("setup_error", *_setup_problem(exc))
@@ -198,8 +229,9 @@ def _child_main(conn, space_json: dict) -> None:
             conn.send(setup_error)
             continue
         try:
-            result = host.run(request, on_step=lambda *step: conn.send(("step", *step)))
-            conn.send(("done", result.to_dict()))
+            with trace.span("probe request", label=request.get("label"), trial=request.get("trial")):
+                result = host.run(request, on_step=lambda *step: conn.send(("step", *step)))
+                conn.send(("done", result.to_dict()))
         except Exception as exc:  # noqa: BLE001 - reported to the worker, which records it
             conn.send(("error", type(exc).__name__, _describe(exc)))
             if type(exc).__name__ in _POISONING:

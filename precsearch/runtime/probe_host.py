@@ -25,6 +25,7 @@ from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
 from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.result import ProbeResult
+from precsearch.utils import trace
 from precsearch.utils.cpu_threads import choose_threads
 
 FAULTS_ENV = "PRECSEARCH_FAULTS"
@@ -51,12 +52,13 @@ class ProbeHost:
         probe = ProbeSection.model_validate(request["probe"])
         policy = Policy.from_dict(request["policy"])
         leg = Leg.from_dict(request.get("leg"))
-        with _injected(fault_for(request.get("trial"))):
+        with _injected(fault_for(request.get("trial"))), trace.span("probe"):
             result = runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
                                       target=self.space.model.target(), leg=leg, init=self.start,
                                       models=self.models, held_bytes=self._held_bytes())
         if self._reads_damage(request) and not result.diverged:
-            result.damage = self.damage_reader().read(policy)
+            with trace.span("fixed-state reading"):
+                result.damage = self.damage_reader().read(policy)
         return result
 
     def _held_bytes(self) -> int:

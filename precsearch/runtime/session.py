@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.runtime import progress as terminal
 from precsearch.runtime import stores
-from precsearch.runtime.executor import ProbeExecutor
+from precsearch.runtime.executor import ProbeExecutor, probe_process
 from precsearch.runtime.liveness import WorkerId
 from precsearch.runtime.recorder import Recorder
 from precsearch.runtime.lost_stores import lost_runs
@@ -31,6 +32,7 @@ from precsearch.runtime.study_store import run_ids as _run_ids
 from precsearch.runtime.workspace import Workspace
 from precsearch.search import guided
 from precsearch.tracking import Tracker
+from precsearch.utils import trace
 
 
 @dataclass
@@ -60,16 +62,19 @@ class StudyRun:
 
 @contextmanager
 def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | None = None,
-             parent_id: str | None = None, probes: bool = True, name: str = "", sampler_offset: int = 0):
+             parent_id: str | None = None, probes: bool = True, name: str = "", sampler_offset: int = 0,
+             executor: ProbeExecutor | None = None):
     """Open the study's storage, MLflow tracker and (with ``probes``) a probe process; close them after.
 
     The probe process starts first: it imports torch and the backend (Transformer Engine: about 12 s)
-    while the stores open, rather than when the first probe is asked for.
+    while the stores open, rather than when the first probe is asked for. ``executor`` is one started
+    earlier still (:func:`probe_process`, before the space's checks on this machine): it is used and closed.
     """
     stop = StopRequest()
-    executor = ProbeExecutor(space, space.study.trial_timeout_s, lambda: stop.requested) if probes else None
     if executor is not None:
-        executor.start()
+        executor.watch(lambda: stop.requested)
+    elif probes:
+        executor = probe_process(space, lambda: stop.requested)
     try:
         yield from _open_with(space, ws, progress, executor, stop, space_text=space_text, parent_id=parent_id,
                               name=name, sampler_offset=sampler_offset)
@@ -80,6 +85,7 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
 
 def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecutor | None, stop: StopRequest, *,
                space_text: str | None, parent_id: str | None, name: str, sampler_offset: int):
+    opened = time.time()
     with FileLock(ws.output_dir / "stores.lock"):  # two runs started at once: one creates the stores' tables
         storage = stores.open_storage(ws.storage_url, space.study)
         tracker = stores.open_tracker(ws, parent_id, retry_s=space.study.store_retry_s)
@@ -104,6 +110,7 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
     ctx.sensitivity = guided.table_of(study)
     ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: say(ctx, message))
     ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
+    trace.write("open stores", opened, time.time())
     with ctx.stop:
         yield ctx
 

@@ -23,21 +23,25 @@ from pathlib import Path
 
 from precsearch.config.space import Space
 from precsearch.runtime._optimize import recover_dead_trials, work
+from precsearch.runtime.executor import ProbeExecutor
 from precsearch.runtime.front_update import update_front
 from precsearch.runtime.identity import check_directory
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun, open_run, start_guided
 from precsearch.runtime.workspace import Workspace
+from precsearch.utils import trace
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count
 
 
 def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, n_trials: int | None = None,
-              progress: bool = True, workers: int = 1, gpus: list[int] | None = None) -> list[dict]:
+              progress: bool = True, workers: int = 1, gpus: list[int] | None = None,
+              executor: ProbeExecutor | None = None) -> list[dict]:
     """Run (or resume) the study a space file describes; return the final trial rows.
 
     With ``workers`` > 1 or ``gpus``, trials run in that many worker processes (one per GPU slice).
+    ``executor``: a probe process started already (one worker only), which the study uses and closes.
     """
     ws = Workspace.for_space(space, output_dir)
     ws.prepare()
@@ -48,7 +52,7 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         from precsearch.runtime.launcher import run_parallel
 
         return run_parallel(space, space_text, ws, target, workers=workers, gpus=gpus, progress=progress)
-    with open_run(space, ws, progress, space_text=space_text) as ctx:
+    with open_run(space, ws, progress, space_text=space_text, executor=executor) as ctx:
         recover_dead_trials(ctx)
         start_guided(ctx)
         say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials already "
@@ -58,11 +62,13 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         except KeyboardInterrupt:
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise
-        update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
+        with trace.span("front update"):
+            update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
         if ctx.stop.requested:
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise KeyboardInterrupt
-        ctx.tracker.close("FINISHED")
+        with trace.span("MLflow close"):
+            ctx.tracker.close("FINISHED")
         return trial_rows(ctx.study, objective_names(space.objectives))
 
 

@@ -83,3 +83,33 @@ def test_a_stop_request_kills_the_probe_in_flight_within_a_second(space):
             ex.run(long, Policy.bf16(1.0), "long", on_step=on_step)
         assert time.monotonic() - stop_at.pop() < 1.0
         assert len(ex.run(space.probe, Policy.bf16(1.0), "next").losses) == 4  # a fresh child serves the next
+
+
+def test_a_released_child_exits_on_its_own_and_a_later_probe_gets_a_fresh_one(space):
+    """release() lets the study write its last records while the child frees its memory: the child ends
+    without a kill, close() only waits for it, and a probe asked for after a release is still served."""
+    with ProbeExecutor(space) as ex:
+        ex.run(space.probe, Policy.bf16(1.0), "first")
+        child = ex._proc
+        ex.release()
+        child.join(timeout=30)
+        assert child.exitcode == 0  # it exited by itself (os._exit(0)), nobody killed it
+        assert len(ex.run(space.probe, Policy.bf16(1.0), "after").losses) == 4
+        assert ex._proc is not child
+    assert ex._released == [] and ex._proc is None
+
+
+def test_a_started_executor_watches_the_stop_flag_given_later(space):
+    """``precsearch run`` starts the probe process before its study exists; the study's stop flag, given
+    with watch(), must still kill a probe in flight."""
+    from precsearch.runtime.executor import ProbeInterrupted, probe_process
+
+    ex = probe_process(space)
+    try:
+        stop = []
+        ex.watch(lambda: bool(stop))
+        with pytest.raises(ProbeInterrupted):
+            ex.run(space.probe.model_copy(update={"steps": 100_000}), Policy.bf16(1.0), "long",
+                   on_step=lambda step, loss, g: stop.append(step) if step == 1 else None)
+    finally:
+        ex.close()

@@ -196,3 +196,27 @@ def test_a_corrupt_manifest_is_refused_naming_the_file_and_left_for_the_user(tmp
     assert code == 2
     _one_line_error(err, "precsearch.json")
     assert (out / "precsearch.json").read_text() == "{not json"
+
+
+def test_a_space_refused_on_this_machine_leaves_no_probe_process(tmp_path, capsys, monkeypatch):
+    """``precsearch run`` starts the probe process before the space's checks on this machine (to overlap their
+    imports): a refusal there (a data file that is not there) must end that process too, and say one line."""
+    import multiprocessing as mp
+
+    from precsearch.runtime import executor
+
+    started = []
+    real = executor.probe_process
+
+    def counted(space):
+        started.append(real(space))
+        return started[-1]
+
+    monkeypatch.setattr(executor, "probe_process", counted)
+    data = {"source": "tokens", "path": str(tmp_path / "missing.bin"), "dtype": "uint16"}
+    space = write_space(tmp_path, tiny_space_dict(**QUICK, data=data))
+    code, err = _run(capsys, space, "--output-dir", str(tmp_path / "out"))
+    assert code == 2
+    _one_line_error(err, "data.path")
+    assert len(started) == 1  # the refusal came after the probe process started
+    assert not [p for p in mp.active_children() if p.name == "precsearch-probe"]

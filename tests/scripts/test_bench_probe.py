@@ -92,3 +92,21 @@ def test_before_code_runs_the_study_with_another_checkouts_package(tmp_path, mon
     bench.run_study_process(tmp_path / "space.yaml", 1, out, env, cwd=tree)
     log = (out / "bench_study.log").read_text()
     assert f"ran {tree / 'precsearch' / '__init__.py'} None" in log
+
+
+def test_before_space_runs_the_before_study_on_that_file_and_after_on_the_other(tmp_path, monkeypatch):
+    """``--before-space``: a shipped space that changed with the code (fewer reference seeds) is compared as it
+    was against as it is; each study writes the space it runs, so the files must differ only there."""
+    seen = {}
+
+    def fake_breakdown(space_data, n_trials, work, device, env=None, code=None):
+        seen[work.name] = space_data
+        return {"trials_per_gpu_hour": 100.0 if work.name == "before" else 150.0, "trial_s": 1.0}
+
+    monkeypatch.setattr(bench, "trial_breakdown", fake_breakdown)
+    after, before = {"objectives": {"reference_seeds": 1}}, {"objectives": {"reference_seeds": 3}}
+    report = bench.compare(after, 4, tmp_path, torch.device("cpu"), before_space=before)
+    assert seen == {"before": before, "after": after}
+    assert report["trials_per_gpu_hour_ratio"] == 1.5
+    bench.compare(after, 4, tmp_path, torch.device("cpu"))
+    assert seen == {"before": after, "after": after}  # without it both run the same space

@@ -89,3 +89,19 @@ def test_unknown_reading_and_window_are_refused():
         ObjectivesSection(reading="early")
     with pytest.raises(ValidationError, match="tail_fraction"):
         ObjectivesSection(reading="tail", tail_fraction=0.0)
+
+
+@pytest.mark.parametrize("value", [0.002, 0.05])
+def test_the_damage_verdict_does_not_read_the_seed_noise_floor(value):
+    """With ``reading: damage`` the verdict is the fixed-state reading, the loss gap's spikes and divergence
+    against the paired seed: the extra BF16 seeds' spread (the noise floor) is reported and enters nothing
+    else, which is why a damage space can run one reference seed (search_spaces/llama3_8b_h100.yaml)."""
+    objectives = ObjectivesSection(reading="damage", damage={"limit": 0.01})
+    ref = _result(REFERENCE, eval_loss=2.0)
+    pol = _result(REFERENCE, eval_loss=2.02)
+    pol.damage = {"value": value, "se": 0.0001}
+    scores = [score(pol, ref, objectives, noise_floor=floor) for floor in (math.nan, 0.001, 0.03)]
+    verdicts = {(s.stable, s.feasible, s.constraint, s.instability, s.loss_gap) for s in scores}
+    assert len(verdicts) == 1
+    assert scores[0].feasible is (value <= 0.01)
+    assert math.isnan(scores[0].gap_in_noise) and scores[2].gap_in_noise == pytest.approx(0.01 / 0.03)

@@ -1,0 +1,72 @@
+"""The opt-in timeline (``PRECSEARCH_TRACE``) and where a study's time went by it (runtime.timeline)."""
+
+import multiprocessing as mp
+
+import pytest
+
+from precsearch.runtime.timeline import probe_time
+from precsearch.utils import trace
+
+
+def test_nothing_is_written_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv(trace.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with trace.span("quiet"):
+        pass
+    trace.write("quiet", 0.0, 1.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_span_is_written_when_it_ends_also_when_it_raises(tmp_path, monkeypatch):
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(trace.ENV, str(path))
+    with pytest.raises(ValueError), trace.span("failing", trial=3):
+        raise ValueError("boom")
+    (s,) = trace.read(path)
+    assert s["name"] == "failing" and s["trial"] == 3 and s["role"] == "study" and s["t1"] >= s["t0"]
+
+
+def _child(path: str) -> None:
+    trace.set_role("probe")
+    for i in range(200):
+        trace.write("child", float(i), float(i) + 0.5, filler="x" * 300)
+
+
+def test_lines_of_several_processes_do_not_interleave(tmp_path, monkeypatch):
+    """Each process appends whole lines: 2 x 200 lines of ~400 bytes come back as 400 spans."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(trace.ENV, str(path))
+    procs = [mp.get_context("spawn").Process(target=_child, args=(str(path),)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for i in range(200):
+        trace.write("parent", float(i), float(i) + 0.25)
+    for p in procs:
+        p.join(timeout=60)
+    spans = trace.read(path)
+    assert len(spans) == 600 and len(path.read_text().splitlines()) == 600
+    assert {s["role"] for s in spans} == {"study", "probe"}
+
+
+def _span(name, t0, t1, role="study"):
+    return {"name": name, "role": role, "t0": t0, "t1": t1, "pid": 1}
+
+
+def test_the_probe_process_time_is_split_into_its_work_and_what_it_waited_for():
+    """A constructed 10 s run: the probe process starts (0-3 s) while the study starts up (0-2) and opens its
+    stores (2-4); one request 4-8 s (a probe 4-6, a reading 6-7.5, sending 7.5-8) inside the study's wait
+    ("trial probe" is not charged); then the study records (8-9) and nothing is traced (9-10)."""
+    spans = [
+        _span("study process: start-up", 0, 2), _span("open stores", 2, 4),
+        _span("probe process: start", 0, 1, "probe"), _span("probe process: set-up", 1, 3, "probe"),
+        _span("trial probe", 3.5, 8), _span("probe request", 4, 8, "probe"), _span("probe", 4, 6, "probe"),
+        _span("fixed-state reading", 6, 7.5, "probe"), _span("record", 8, 9),
+    ]
+    parts = probe_time(spans, 0.0, 10.0)
+    assert parts == pytest.approx({
+        "idle: probe process: start": 1.0, "idle: probe process: set-up": 2.0,  # charged first: nothing ran yet
+        "idle: open stores": 1.0,                      # 3-4: the child is ready, the study still opening
+        "busy: probe": 2.0, "busy: fixed-state reading": 1.5, "busy: other": 0.5,
+        "idle: record": 1.0, "idle: other": 1.0,
+    })
+    assert sum(parts.values()) == pytest.approx(10.0)
