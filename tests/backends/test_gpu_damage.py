@@ -100,7 +100,8 @@ def test_states_kept_on_the_device_are_there_counted_and_read_as_the_host_ones(d
     run-to-run noise: each reader trains its own BF16 run)."""
     backend = get_backend("emulated", DEV)
     policy = _fp8(Precision.FP8_CURRENT)
-    host = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS)
+    # named: the default (auto) puts this small probe's states on the device
+    host = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS.model_copy(update={"keep_states": "host"}))
     device = DamageReader(CFG, PROBE, data, backend, DEV, SETTINGS.model_copy(update={"keep_states": "device"}))
     a, b = host.read(policy), device.read(policy)
 
