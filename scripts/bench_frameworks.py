@@ -78,8 +78,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(framework, policy) in run order: each framework's BF16 first; the breakdown's probe and Megatron last."""
+    """(framework, policy) in run order: each framework's BF16 first; the breakdown's probe and Megatron last.
+    With torchtitan and the probe, the probe also runs each policy torchtitan runs differently, as it runs it
+    (:func:`frameworks_plan.as_torchtitan_runs`): what that torchtitan row's speed-up is compared with."""
     out = [(fw, p) for fw in args.frameworks for p in dict.fromkeys([BASELINE, *args.policies])]
+    if "torchtitan" in args.frameworks and "probe" in args.frameworks:
+        out += [("probe", p + plan.AS_TORCHTITAN) for p in args.policies
+                if plan.runs_differently_in_torchtitan(p, args.shape.layers)]
     if args.memory_breakdown:
         out += [(fw, p) for p in args.breakdown_policies for fw in ("probe", "megatron")
                 if (fw, p) not in out]
@@ -89,7 +94,7 @@ def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
 def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path,
             optimizer: str = "framework") -> dict[str, Any]:
     """Export the policy for the framework and check the files on the CPU: the row's static part."""
-    policy = plan.POLICIES[policy_name]
+    policy = plan.policy_named(policy_name, shape.layers)
     if optimizer != "framework" and framework not in ("megatron", "probe"):
         raise ValueError(f"--optimizer {optimizer} is for Megatron-Core and the probe, not {framework}")
     row: dict[str, Any] = {"framework": framework, "policy": policy_name, "optimizer": optimizer,
@@ -163,8 +168,11 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry = {"framework": framework, "policy": policy, "saved_pts": -100 * r["peak_vs_bf16"],
                  "model_saved_pts": 100 * (1 - r["predicted_gib"] / base["predicted_gib"]),
                  "speedup": r["speedup_vs_bf16"]}
-        probe = ok.get(("probe", policy))
+        # torchtitan runs some policies with fewer FP8 layers: compared with the probe of what it runs, if that ran
+        as_run = ok.get(("probe", policy + plan.AS_TORCHTITAN)) if framework == "torchtitan" else None
+        probe = as_run or ok.get(("probe", policy))
         if probe and ("probe", BASELINE) in ok:
+            entry["probe_policy"] = probe["policy"]
             entry["probe_saved_pts"] = -100 * probe["peak_vs_bf16"]
             entry["probe_speedup"] = probe["speedup_vs_bf16"]
             entry["speedup_vs_probe"] = entry["speedup"] / entry["probe_speedup"] - 1
@@ -175,10 +183,10 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def agreement_table(entries: list[dict[str, Any]]) -> str:
     """The :func:`agreement` entries as text: saved points (measured, model, probe), speed-ups."""
-    lines = [f"{'framework':11s} {'policy':25s} {'saved':>6} {'model':>6} {'m-meas':>6} {'probe':>6} "
+    lines = [f"{'framework':11s} {'policy':36s} {'saved':>6} {'model':>6} {'m-meas':>6} {'probe':>6} "
              f"{'x bf16':>6} {'probe x':>7} {'vs probe':>8}"]
     for e in entries:
-        lines.append(f"{e['framework']:11s} {e['policy']:25s} {e['saved_pts']:+6.1f} {e['model_saved_pts']:+6.1f} "
+        lines.append(f"{e['framework']:11s} {e['policy']:36s} {e['saved_pts']:+6.1f} {e['model_saved_pts']:+6.1f} "
                      f"{e['model_minus_measured_pts']:+6.1f} {_fmt(e.get('probe_saved_pts'), '+6.1f'):>6} "
                      f"{e['speedup']:6.2f} {_fmt(e.get('probe_speedup'), '7.2f'):>7} "
                      f"{_fmt(100 * e['speedup_vs_probe'], '+7.1f') + '%' if 'speedup_vs_probe' in e else '-':>8}")
@@ -200,12 +208,12 @@ def _trained(check: dict[str, Any] | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table (an error row shows its error)."""
-    lines = [f"{'framework':11s} {'policy':25s} {'tok/s':>7} {'x bf16':>6} {'peak':>6} {'pred':>6} {'vs pred':>7} "
+    lines = [f"{'framework':11s} {'policy':36s} {'tok/s':>7} {'x bf16':>6} {'peak':>6} {'pred':>6} {'vs pred':>7} "
              f"{'loss':>7} {'modules':>8} {'files':>6} {'trained':>7}"]
     for r in rows:
         files = r.get("files_check")
         files_s = f"{files['ok']}/{files['modules']}" if files else "-"
-        head = f"{r['framework']:11s} {r['policy']:25s}"
+        head = f"{r['framework']:11s} {r['policy']:36s}"
         if "error" in r:
             lines.append(f"{head} {'':>7} {'':>6} {'':>6} {_fmt(r['predicted_gib'], '6.2f')} {'':>7} {'':>7} "
                          f"{'':>8} {files_s:>6}  {r['error'][:110]}")
@@ -220,10 +228,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     phased = [r for r in rows if "phase_peak_gib" in r and r["framework"] in ("probe", "megatron")]
     if phased:
         lines += ["", "memory by phase (peak inside each phase of the steady steps, GiB)",
-                  f"{'framework':11s} {'policy':25s} {'start':>6} {'fwd':>6} {'bwd':>6} {'step':>6} {'peak':>6}"]
+                  f"{'framework':11s} {'policy':36s} {'start':>6} {'fwd':>6} {'bwd':>6} {'step':>6} {'peak':>6}"]
         for r in phased:
             ph = r["phase_peak_gib"]
-            lines.append(f"{r['framework']:11s} {r['policy']:25s} {r['start_gib']:6.2f} {ph['forward']:6.2f} "
+            lines.append(f"{r['framework']:11s} {r['policy']:36s} {r['start_gib']:6.2f} {ph['forward']:6.2f} "
                          f"{ph['backward']:6.2f} {ph['step']:6.2f} {r['peak_gib']:6.2f}")
     return "\n".join(lines)
 
@@ -269,12 +277,13 @@ def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         for r in data["rows"]:
             for key in ("peak_vs_predicted", "speedup_vs_bf16", "peak_vs_bf16"):
                 r.pop(key, None)
-            if (r["framework"] in plan.PARAM_DTYPE and r["policy"] in plan.POLICIES  # today's memory model
+            shape = plan.Shape(**data["meta"]["shape"])
+            if (r["framework"] in plan.PARAM_DTYPE  # today's memory model
+                    and r["policy"].partition(plan.AS_TORCHTITAN)[0] in plan.POLICIES
                     and math.isfinite(r["predicted_gib"])):  # (an export that failed has none)
                 r.setdefault("predicted_gib_at_run", r["predicted_gib"])
-                r["predicted_gib"] = plan.predicted_peak_gib(plan.POLICIES[r["policy"]],
-                                                             plan.Shape(**data["meta"]["shape"]), r["framework"],
-                                                             r.get("optimizer", "framework"))
+                r["predicted_gib"] = plan.predicted_peak_gib(plan.policy_named(r["policy"], shape.layers), shape,
+                                                             r["framework"], r.get("optimizer", "framework"))
             key = (r["framework"], r["policy"])
             if "peak_gib" in r or "peak_gib" not in rows.get(key, {}):
                 rows[key] = r
@@ -298,8 +307,8 @@ def calibrate(rows: list[dict[str, Any]], shape: plan.Shape, optimizer: str, pat
     for r in rows:
         if r["framework"] in ("megatron", "probe") and r["policy"] in peaks:
             r["calibrated_on"] = sorted(peaks[r["policy"]])
-            r["calibrated_gib"] = plan.calibrated_peak_gib(plan.POLICIES[r["policy"]], shape, peaks[r["policy"]],
-                                                           optimizer)
+            r["calibrated_gib"] = plan.calibrated_peak_gib(plan.policy_named(r["policy"], shape.layers), shape,
+                                                           peaks[r["policy"]], optimizer)
             if "peak_gib" in r:
                 r["peak_vs_calibrated"] = r["peak_gib"] / r["calibrated_gib"] - 1
 
@@ -327,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     if cal:
         print(f"\nthe probe's memory model calibrated on the probe's own peaks at {cal[0]['calibrated_on']} blocks "
               "(as a trial calibrates)")
-        print(f"{'framework':11s} {'policy':25s} {'peak':>6} {'calib':>6} {'vs calib':>8}")
+        print(f"{'framework':11s} {'policy':36s} {'peak':>6} {'calib':>6} {'vs calib':>8}")
         for r in cal:
             vs = _fmt(100 * r["peak_vs_calibrated"], "+7.1f") + "%" if "peak_vs_calibrated" in r else "-"
-            print(f"{r['framework']:11s} {r['policy']:25s} {_fmt(r.get('peak_gib'), '6.2f'):>6} "
+            print(f"{r['framework']:11s} {r['policy']:36s} {_fmt(r.get('peak_gib'), '6.2f'):>6} "
                   f"{r['calibrated_gib']:6.2f} {vs:>8}")
     entries = agreement(rows)
     if entries:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,34 @@ POLICIES: dict[str, Policy] = {
 }
 #: Framework -> export format.
 FRAMEWORKS = {"megatron": "megatron", "torchtitan": "torchtitan", "accelerate": "accelerate"}
+#: A policy name with this suffix is the policy as torchtitan runs it (:func:`as_torchtitan_runs`): the probe's
+#: row of it is what a torchtitan run of a policy with more than one low precision is compared with.
+AS_TORCHTITAN = "@torchtitan"
+
+
+def as_torchtitan_runs(policy: Policy, n_layers: int) -> Policy:
+    """``policy`` with the layers torchtitan's one converter cannot run kept BF16, as its export warns and
+    :func:`_breakdown` models: every low precision but :func:`converted_precision`'s becomes BF16."""
+    chosen = converted_precision(policy, n_layers)
+
+    def runs(p: Precision) -> Precision:
+        return p if p is chosen or not p.is_fp8 else P.BF16
+
+    return replace(policy, rules=tuple(replace(r, precision=runs(r.precision)) for r in policy.rules),
+                   default=runs(policy.default))
+
+
+def policy_named(name: str, n_layers: int) -> Policy:
+    """The bench's policy ``name`` (:data:`POLICIES`), or with :data:`AS_TORCHTITAN` the policy as torchtitan runs
+    it."""
+    base, suffix, _ = name.partition(AS_TORCHTITAN)
+    return as_torchtitan_runs(POLICIES[base], n_layers) if suffix else POLICIES[base]
+
+
+def runs_differently_in_torchtitan(name: str, n_layers: int) -> bool:
+    """Whether torchtitan runs policy ``name`` with fewer low-precision layers than the policy gives."""
+    policy = POLICIES[name]
+    return as_torchtitan_runs(policy, n_layers) != policy
 
 
 @dataclass(frozen=True)

@@ -471,7 +471,8 @@ RUNNERS = {"megatron": run_megatron, "torchtitan": run_torchtitan, "accelerate":
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
-    shape, policy = plan.Shape(**spec["shape"]), plan.POLICIES[spec["policy"]]
+    shape = plan.Shape(**spec["shape"])
+    policy = plan.policy_named(spec["policy"], shape.layers)
     try:
         import torch
 

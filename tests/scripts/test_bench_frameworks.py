@@ -287,3 +287,42 @@ def test_fingerprints_spread_over_the_whole_weight():
         model.weight[10000:] += 1.0  # only rows the first 4096 elements do not reach
     assert runs.trained(before, model)["ok"]
     assert not runs.trained(runs.fingerprints(model), model)["ok"]  # nothing moved since
+
+
+def test_torchtitan_is_compared_with_the_probe_of_the_policy_it_runs(tmp_path):
+    """torchtitan runs one low precision: the mixed policy's delayed MLPs run BF16 there (warned). Its FP8
+    speed-up compared with the probe of the whole policy (1.14x against torchtitan's 1.01x on 2026-12-03) says
+    nothing about the probe; the probe runs the policy as torchtitan does, and that row is the comparison."""
+    mixed = "attn_current+mlp_delayed"
+    as_run = plan.policy_named(mixed + plan.AS_TORCHTITAN, 4)
+    assert as_run.precision_for("layers.1.self_attention.linear_qkv", 4) is plan.P.FP8_CURRENT
+    assert as_run.precision_for("layers.1.mlp.linear_fc1", 4) is plan.P.BF16
+    assert as_run.precision_for("output_layer", 4) is plan.P.BF16
+    assert plan.runs_differently_in_torchtitan(mixed, 4)
+    assert not any(plan.runs_differently_in_torchtitan(p, 4) for p in ("fp8_current", "bf16_edges+fp8_current"))
+    # the memory model of the derived probe row is torchtitan's precisions (its own FP8 Linear aside)
+    args = bench.parse_args(["--frameworks", "torchtitan", "probe", "--policies", mixed, "fp8_current", *SMALL])
+    assert ("probe", mixed + plan.AS_TORCHTITAN) in bench.runs(args)
+    assert ("probe", "fp8_current" + plan.AS_TORCHTITAN) not in bench.runs(args)
+    assert not any("@" in p for _, p in bench.runs(bench.parse_args(["--frameworks", "probe", *SMALL])))
+
+    def row(fw, policy, tps):
+        return {"framework": fw, "policy": policy, "tokens_per_s": tps, "peak_gib": 10.0, "predicted_gib": 10.0}
+    rows = [row("torchtitan", "bf16", 100.0), row("torchtitan", mixed, 101.0), row("megatron", "bf16", 100.0),
+            row("megatron", mixed, 118.0), row("probe", "bf16", 100.0), row("probe", mixed, 114.0),
+            row("probe", mixed + plan.AS_TORCHTITAN, 103.0)]
+    bench.relative(rows)
+    entries = {e["framework"]: e for e in bench.agreement(rows)}
+    assert entries["torchtitan"]["probe_speedup"] == pytest.approx(1.03)
+    assert entries["torchtitan"]["probe_policy"] == mixed + plan.AS_TORCHTITAN
+    assert entries["megatron"]["probe_speedup"] == pytest.approx(1.14)
+    assert set(entries) == {"torchtitan", "megatron"}  # the derived probe row is no framework run of its own
+
+
+def test_smoke_prepares_the_derived_probe_row(tmp_path):
+    row = bench.prepare("probe", "attn_current+mlp_delayed" + plan.AS_TORCHTITAN, plan.Shape(layers=4, seq=256),
+                        tmp_path)
+    assert row["files_check"]["ok"] == row["files_check"]["modules"] == 16
+    full = bench.prepare("probe", "attn_current+mlp_delayed", plan.Shape(layers=4, seq=256), tmp_path)
+    # the probe's files are the derived policy's: no delayed scaling left, where the whole policy has it
+    assert "delayed" not in json.dumps(row["config"]) and "delayed" in json.dumps(full["config"])
