@@ -26,8 +26,8 @@ def test_a_span_is_written_when_it_ends_also_when_it_raises(tmp_path, monkeypatc
     assert s["name"] == "failing" and s["trial"] == 3 and s["role"] == "study" and s["t1"] >= s["t0"]
 
 
-def _child(path: str) -> None:
-    trace.set_role("probe")
+def _child() -> None:
+    trace.set_role("probe")  # the trace file comes with the environment, as for the probe process
     for i in range(200):
         trace.write("child", float(i), float(i) + 0.5, filler="x" * 300)
 
@@ -36,7 +36,7 @@ def test_lines_of_several_processes_do_not_interleave(tmp_path, monkeypatch):
     """Each process appends whole lines: 2 x 200 lines of ~400 bytes come back as 400 spans."""
     path = tmp_path / "trace.jsonl"
     monkeypatch.setenv(trace.ENV, str(path))
-    procs = [mp.get_context("spawn").Process(target=_child, args=(str(path),)) for _ in range(2)]
+    procs = [mp.get_context("spawn").Process(target=_child) for _ in range(2)]
     for p in procs:
         p.start()
     for i in range(200):
