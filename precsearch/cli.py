@@ -18,6 +18,7 @@ from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
 from precsearch.utils import trace
 from precsearch.utils.numbers import MAX_LAYERS
+from precsearch.utils.processes import dump_stacks_on_signal
 from precsearch.utils.writable import check_writable
 
 STARTED = time.time()  # near this process's start (the imports above are light): the timeline's start-up span
@@ -380,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    dump_stacks_on_signal()  # `kill -USR1 PID`: where a run that looks stuck is waiting
     warnings.filterwarnings("ignore", category=UserWarning, module="optuna")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # MLflow's own HTTP retries would wait minutes per call; precsearch retries with its own budget

@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from precsearch.tracking.local_server import free_port, wait_until_up
 from precsearch.tracking.server import mlflow_server_command
+from precsearch.utils.processes import dump_stacks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +67,23 @@ class MlflowServer:
 def precsearch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
     full_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.Popen([sys.executable, "-m", "precsearch", *args], env=full_env, text=True, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """``proc.communicate(timeout)``'s output; past the timeout, fail with where each of its precsearch
+    processes waits (their stacks, printed into the same output) and its process tree, after killing it."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        import psutil
+
+        tree = dump_stacks(proc.pid)
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        out = proc.communicate()[0] or ""
+        pytest.fail(f"still running after {timeout:.0f} s; its processes:\n" + "\n".join(tree)
+                    + "\n--- its output, with their stacks (last 12000 characters) ---\n" + out[-12000:])
 
 
 def load(name: str, url: str) -> optuna.Study:

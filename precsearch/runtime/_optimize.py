@@ -17,7 +17,6 @@ from contextlib import contextmanager
 
 import optuna
 from filelock import FileLock
-from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import TrialState
 
 from precsearch.config.space import ProbeSection
@@ -28,7 +27,7 @@ from precsearch.probe.result import ProbeResult
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.executor import ProbeInterrupted
-from precsearch.runtime.liveness import WorkerId, trial_worker
+from precsearch.runtime.liveness import Heartbeat, WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
 from precsearch.runtime.regime_gate import gate_regime
 from precsearch.runtime.study_log import say
@@ -210,7 +209,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         ctx.status.trial_started(trial.number)
     # one heartbeat from the twin check to the tell: a gap (the MLflow run being started) let another worker
     # waiting on a twin, which checks heartbeats at every poll, fail this live trial as stale (CI, three workers)
-    with get_heartbeat_thread(trial._trial_id, ctx.study._storage):
+    with Heartbeat(trial._trial_id, ctx.study._storage):
         return _run_asked(ctx, trial, rung, source, policy)
 
 

@@ -29,7 +29,7 @@ from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.runner import StepCallback
 from precsearch.utils import trace
-from precsearch.utils.processes import die_with_parent
+from precsearch.utils.processes import die_with_parent, dump_stacks_on_signal
 
 #: Exceptions after which the child's CUDA context (or heap) cannot be trusted: start a fresh child.
 _POISONING = ("OutOfMemoryError", "AcceleratorError", "CudaError", "MemoryError")
@@ -206,6 +206,7 @@ def probe_process(space: Space, stop_requested: Callable[[], bool] | None = None
 
 def _child_main(conn, space_json: dict, spawned_at: float | None = None) -> None:
     die_with_parent()
+    dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker decides what Ctrl-C means
     trace.set_role("probe")
     if spawned_at is not None:  # the interpreter's start and this module's imports

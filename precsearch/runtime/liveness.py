@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import asdict, dataclass
 
 import optuna
 import psutil
 from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial
 
 from precsearch.utils.log import logger
@@ -84,6 +86,40 @@ def _start_time(pid: int) -> int | None:
 
 def trial_worker(trial: FrozenTrial) -> WorkerId | None:
     return WorkerId.from_dict(trial.user_attrs.get("worker"))
+
+
+class Heartbeat:
+    """Record ``trial_id``'s heartbeat every ``heartbeat_interval`` s while the block runs (RDB storages).
+
+    Optuna's own heartbeat thread is not a daemon: a SIGTERM that lands between its start and the block
+    (or in its stop) leaves it beating after the worker's main thread has ended, and the worker never
+    exits, so its trial looks alive for ever and a resumed study waits on it. This one is a daemon: the
+    process's end ends it, and the trial goes to the dead-worker and stale-heartbeat checks.
+    """
+
+    def __init__(self, trial_id: int, storage: optuna.storages.BaseStorage):
+        self._trial_id, self._storage = trial_id, storage
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Heartbeat":
+        if is_heartbeat_enabled(self._storage):
+            interval = self._storage.get_heartbeat_interval()
+            self._thread = threading.Thread(target=self._beat, args=(interval,), name="precsearch-heartbeat",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self, interval: float) -> None:
+        while True:
+            self._storage.record_heartbeat(self._trial_id)
+            if self._stop.wait(timeout=interval):
+                return
 
 
 class StaleTrialHandler:

@@ -8,9 +8,11 @@ started, and asks Linux to signal it when its parent dies, even by SIGKILL (``PR
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import subprocess
+import sys
 
 PR_SET_PDEATHSIG = 1
 """``prctl`` option: the signal Linux sends this process when its parent dies."""
@@ -45,6 +47,60 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def dump_stacks_on_signal(signum: int = signal.SIGUSR1) -> None:
+    """On ``signum`` (``kill -USR1 PID``), print every thread's Python stack to stderr and go on running.
+
+    Set in each precsearch process (the CLI, its workers, the probe process), so that a run that looks
+    stuck says where it waits; the tests send it to a run that outlives its timeout before failing.
+    """
+    for stream in (sys.stderr, sys.__stderr__):  # the first with a file descriptor (tests capture sys.stderr)
+        try:
+            faulthandler.register(signum, file=stream, all_threads=True, chain=False)
+            return
+        except (AttributeError, ValueError, OSError):
+            continue
+
+
+def dump_stacks(pid: int, settle_s: float = 3.0) -> list[str]:
+    """Ask ``pid`` and its descendants that catch SIGUSR1 (precsearch's: see :func:`dump_stacks_on_signal`)
+    to print their stacks; return a line per process of the tree (pid, status, command).
+
+    The others (an MLflow server) are listed, not signalled: SIGUSR1 would end them.
+    """
+    import time
+
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    lines = []
+    for proc in procs:
+        try:
+            cmd = " ".join(proc.cmdline())
+            lines.append(f"{proc.pid} {proc.status()} {cmd[:200]}")
+            if _catches(proc.pid, signal.SIGUSR1):
+                proc.send_signal(signal.SIGUSR1)
+        except psutil.Error:
+            continue
+    time.sleep(settle_s)
+    return lines
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """True when ``pid`` has a handler for ``signum`` (the ``SigCgt`` mask of ``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import optuna
 from optuna.trial import TrialState
 
-from _cluster import precsearch
+from _cluster import finish, precsearch
 from _spaces import tiny_space_dict, write_space
 
 
@@ -18,7 +18,7 @@ def test_each_kind_of_probe_failure_is_recorded_and_the_study_completes(tmp_path
     proc = precsearch("run", str(space), "--no-progress", "--output-dir", str(out),
                       env={"PRECSEARCH_FAULTS": "0:raise,1:oom,2:nan,3:segv,4:kill"},
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    log, _ = proc.communicate(timeout=900)
+    log = finish(proc, 900)
     assert proc.returncode == 0, log[-3000:]
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{out / 'optuna.db'}")
     by_number = {t.number: t for t in study.trials}

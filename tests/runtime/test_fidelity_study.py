@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from _cluster import precsearch, wait_for
+from _cluster import finish, precsearch, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
@@ -204,7 +204,7 @@ def test_two_workers_run_each_promotion_once(tmp_path):
     out = tmp_path / "out"
     proc = precsearch("run", str(space), "--workers", "2", "--no-progress", "--output-dir", str(out),
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    log, _ = proc.communicate(timeout=900)
+    log = finish(proc, 900)
     assert proc.returncode == 0, log[-3000:]
     study = _study(out)
     complete = [t for t in study.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]

@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from _cluster import precsearch, trials_in_state, wait_for
+from _cluster import finish, precsearch, trials_in_state, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.errors import UserError
 from precsearch.utils.processes import dying_with_parent
@@ -79,7 +79,7 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
     assert 2 <= len(first) < 6, "the kill must land mid-study"
 
     again = precsearch(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    log, _ = again.communicate(timeout=900)
+    log = finish(again, 900)
     assert again.returncode == 0, log[-3000:]
     study = optuna.load_study(study_name="tiny", storage=storage())
     assert finished_count(study) == 6

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from optuna.trial import TrialState
 
-from _cluster import MlflowServer, load, postgres_ctl, postgres_url, precsearch, unique_study, wait_for
+from _cluster import MlflowServer, finish, load, postgres_ctl, postgres_url, precsearch, unique_study, wait_for
 from _spaces import tiny_space_dict, write_space
 from precsearch.search.front import trial_rows
 from precsearch.search.duplicate_trials import is_duplicate  # a policy proposed again runs no probe, has no MLflow run
@@ -48,7 +48,7 @@ def test_three_workers_one_study_no_trial_lost_or_repeated(tmp_path, server):
     start = time.monotonic()
     proc = precsearch("run", str(space), "--workers", "3", "--no-progress", "--output-dir", str(tmp_path / "out"),
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = proc.communicate(timeout=900)
+    out = finish(proc, 900)
     wall = time.monotonic() - start
     assert proc.returncode == 0, out[-3000:]
     study = load(name, url)
@@ -88,7 +88,7 @@ def test_sigkilled_worker_trial_is_failed_by_heartbeat_and_retried(tmp_path, ser
     victim.wait()
     survivor = precsearch(*args, "--name", "survivor", "--output-dir", str(tmp_path / "b"), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = survivor.communicate(timeout=900)
+    out = finish(survivor, 900)
     assert survivor.returncode == 0, out[-3000:]
     study = load(name, url)
     assert finished_count(study) == 5
@@ -126,7 +126,7 @@ def test_mlflow_server_lost_mid_study_is_retried_and_nothing_logged_twice(tmp_pa
     server.kill()
     time.sleep(4)
     server.start()
-    out, _ = proc.communicate(timeout=900)
+    out = finish(proc, 900)
     assert proc.returncode == 0, out[-3000:]
     study = load(name, url)
     assert finished_count(study) == 4
@@ -147,7 +147,7 @@ def test_mlflow_server_gone_for_good_stops_with_a_clear_error_then_resumes(tmp_p
     done_before = {t.number: t.datetime_complete for t in load(name, url).trials if t.state is TrialState.COMPLETE}
     server.start()
     again = precsearch(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out, _ = again.communicate(timeout=900)
+    out = finish(again, 900)
     assert again.returncode == 0, out[-3000:]
     study = load(name, url)
     assert finished_count(study) == 4
@@ -173,7 +173,7 @@ def test_postgres_lost_mid_study_is_retried_and_the_study_completes(tmp_path, se
         time.sleep(5)
     finally:
         postgres_ctl("start")
-    out, _ = proc.communicate(timeout=900)
+    out = finish(proc, 900)
     assert proc.returncode == 0, out[-3000:]
     assert "retrying" in out  # it did meet the outage
     study = load(name, url)
@@ -196,7 +196,7 @@ def test_rungs_over_postgres_two_separate_workers_promote_each_policy_once(tmp_p
                           str(tmp_path / f"w{i}"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                for i in range(2)]
     for w in workers:
-        out, _ = w.communicate(timeout=900)
+        out = finish(w, 900)
         assert w.returncode == 0, out[-3000:]
     study = load(name, url)
     # a policy both workers proposed at once is told its twin's values (COMPLETE, uncounted): not a run

@@ -48,3 +48,53 @@ def test_nothing_is_raised_without_a_signal(sigint_raises):
     with deferred_signals():
         pass
     assert signal.getsignal(signal.SIGINT) is _interrupting
+
+
+# a worker that SIGTERM interrupts while a non-daemon thread it started still runs: without the deadline, the
+# interpreter's exit waits on that thread for ever
+_STUCK_AFTER_SIGTERM = """
+import sys, threading, time
+from precsearch.runtime.stopping import StopRequest
+def beating_for_ever():
+    while True:
+        time.sleep(0.1)
+with StopRequest(term_grace_s=float(sys.argv[1])):
+    threading.Thread(target=beating_for_ever).start()
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_process_sigterm_cannot_end_ends_itself_after_the_grace_and_says_where_it_waited():
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK_AFTER_SIGTERM, "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert 1.5 < time.monotonic() - sent < 30
+    assert "still running 2 s after SIGTERM" in err and "beating_for_ever" in err
+
+
+def test_a_process_that_ends_in_time_after_sigterm_is_not_held_by_the_deadline():
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\nfrom precsearch.runtime.stopping import StopRequest\n"
+            "with StopRequest(term_grace_s=60):\n    print('ready', flush=True)\n    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 20  # the daemon timer does not keep it for its 60 s
+    assert "KeyboardInterrupt" in err and "still running" not in err

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 from mlflow.tracking import MlflowClient
 
-from _cluster import precsearch
+from _cluster import finish, precsearch
 from _spaces import tiny_space_dict, write_space
 from precsearch.cli import main
 from precsearch.search.front import trial_rows
@@ -30,7 +30,7 @@ def _again(space: Path, out: Path, n_trials: int = 2) -> tuple[int, str]:
     """A new process, as a user's next command is (MLflow caches a store's engine per process)."""
     proc = precsearch("run", str(space), "--output-dir", str(out), "--no-progress", "--n-trials", str(n_trials),
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    log, _ = proc.communicate(timeout=600)
+    log = finish(proc, 600)
     return proc.returncode, log
 
 
@@ -100,7 +100,7 @@ def test_two_runs_started_at_once_on_a_fresh_directory_share_the_study(tmp_path)
     out = tmp_path / "out"
     procs = [precsearch("run", str(space), "--output-dir", str(out), "--no-progress", stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT) for _ in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
+    logs = [finish(p, 600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-2000:] for log in logs)
     study = _study(out)
     assert finished_count(study) == 3
