@@ -209,3 +209,25 @@ def test_the_reader_counts_the_device_memory_it_keeps(data):
                                              {"u": torch.empty(3, dtype=torch.bfloat16, device="meta")}],
                                       eval_losses=[]))]
     assert reader.device_bytes() == 10 * 4 * 4 + 3 * 2
+
+
+def test_the_reader_writes_its_parts_into_the_run_trace(data, tmp_path, monkeypatch):
+    """With the run's trace on, a reading names its parts: the BF16 side once (the first trial of a clipping
+    value), then a side and a compare per state, each inside the reading's time (``runtime/timeline.py``)."""
+    import time
+
+    from precsearch.utils import trace
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(trace.ENV, str(path))
+    reader = _reader(data)
+    t0 = time.time()
+    reader.read(everywhere(Precision.FP8_CURRENT))
+    reader.read(everywhere(Precision.FP8_DELAYED))
+    spans = trace.read(path)
+    names = [s["name"] for s in spans]
+    assert names.count("reading: BF16 side") == 2  # the second is the cached lookup, a moment long
+    assert names.count("reading: side") == 2 * len(SETTINGS.states) == names.count("reading: compare")
+    first_bf16, second_bf16 = (s for s in spans if s["name"] == "reading: BF16 side")
+    assert first_bf16["t1"] - first_bf16["t0"] > 10 * (second_bf16["t1"] - second_bf16["t0"])
+    assert all(t0 <= s["t0"] <= s["t1"] for s in spans)

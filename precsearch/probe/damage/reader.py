@@ -26,6 +26,7 @@ from precsearch.probe.damage.states import State, reference_states, state_steps
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.model.reuse import ModelCache
+from precsearch.utils import trace
 
 
 class DamageReader:
@@ -86,7 +87,9 @@ class DamageReader:
         start = time.perf_counter()
         clock = _Clock(self.device)
         states = []
-        for state, bf16 in self.bf16_sides(policy.clip_grad):
+        with trace.span("reading: BF16 side"):  # the first trial of each clipping value only: its states
+            sides = self.bf16_sides(policy.clip_grad)
+        for state, bf16 in sides:
             side = clock.timed("side", self._side, state, policy)
             states.append(clock.timed("compare", read_state, bf16, side, state, policy, self.probe, self.settings,
                                       self.device))
@@ -119,9 +122,10 @@ class _Clock:
 
     def timed(self, part: str, fn, *args):
         t0 = time.perf_counter()
-        out = fn(*args)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        with trace.span(f"reading: {part}"):  # the run's trace splits the reading the same way
+            out = fn(*args)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
         self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
         return out
 
