@@ -8,7 +8,8 @@
 * A second Ctrl-C, or SIGTERM, raises ``KeyboardInterrupt`` at once, wherever
   the worker is; a trial it leaves RUNNING is recovered by the next run.
 * After SIGTERM the process has :data:`TERM_GRACE_S` to close its trial and
-  exit. Past that it prints every thread's stack and ends itself: an interrupt
+  exit. Past that it prints every thread's stack and ends itself (status 1,
+  :func:`precsearch.utils.processes.exit_after`): an interrupt
   lands anywhere, and a wait it broke half-way (a lock, a thread it never
   stopped) must not keep a killed run's worker alive, holding its trial
   RUNNING for the resumed run to wait on.
@@ -18,15 +19,13 @@ Handlers are installed only in the main thread (Python's rule for signals).
 
 from __future__ import annotations
 
-import faulthandler
-import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
 from precsearch.utils.log import logger
+from precsearch.utils.processes import exit_after
 
 
 #: Seconds a process has after SIGTERM to close its trial and exit (an MLflow call's timeout is 30 s).
@@ -41,7 +40,6 @@ class StopRequest:
         self._say = say or logger().info
         self._saved: dict[int, object] = {}
         self._term_grace_s = term_grace_s
-        self._deadline: threading.Timer | None = None
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
@@ -63,19 +61,8 @@ class StopRequest:
 
     def _on_sigterm(self, signum, frame) -> None:
         self.requested = True
-        if self._deadline is None:  # a daemon: it does not delay an exit that comes in time
-            self._deadline = threading.Timer(self._term_grace_s, _exit_now, args=(self._term_grace_s,))
-            self._deadline.daemon = True
-            self._deadline.start()
+        exit_after(self._term_grace_s)  # the first SIGTERM's deadline stands (a second one does not move it)
         raise KeyboardInterrupt
-
-
-def _exit_now(grace_s: float) -> None:
-    """End the process (status 143, as SIGTERM's default), saying where it was stuck."""
-    print(f"precsearch: still running {grace_s:g} s after SIGTERM; exiting now (a trial it leaves running "
-          "is recovered by the next run). Where it waited:", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(all_threads=True)
-    os._exit(128 + signal.SIGTERM)
 
 
 @contextmanager

@@ -55,9 +55,32 @@ def dump_stacks_on_signal(signum: int = signal.SIGUSR1) -> None:
     Set in each precsearch process (the CLI, its workers, the probe process), so that a run that looks
     stuck says where it waits; the tests send it to a run that outlives its timeout before failing.
     """
-    for stream in (sys.stderr, sys.__stderr__):  # the first with a file descriptor (tests capture sys.stderr)
+    _with_stderr(lambda stream: faulthandler.register(signum, file=stream, all_threads=True, chain=False))
+
+
+_exit_armed: list[float] = []
+
+
+def exit_after(seconds: float) -> None:
+    """End this process in ``seconds`` unless it has ended by then, printing every thread's stack first
+    (``Timeout (h:mm:ss)!`` and the stacks on stderr, then exit status 1). Armed once: later calls keep the
+    first deadline.
+
+    faulthandler's watchdog is a C thread: it fires while the interpreter is stuck anywhere, and arming it
+    takes no Python lock (a ``threading.Timer`` started from a signal handler could wait on a lock the
+    interrupted main thread holds).
+    """
+    if not _exit_armed:
+        _exit_armed.append(seconds)
+        _with_stderr(lambda stream: faulthandler.dump_traceback_later(seconds, exit=True, file=stream))
+
+
+def _with_stderr(arm) -> None:
+    """Call ``arm(stream)`` with the first of stderr and the process's original stderr that has a file
+    descriptor (tests capture ``sys.stderr``)."""
+    for stream in (sys.stderr, sys.__stderr__):
         try:
-            faulthandler.register(signum, file=stream, all_threads=True, chain=False)
+            arm(stream)
             return
         except (AttributeError, ValueError, OSError):
             continue
