@@ -69,9 +69,10 @@ def precsearch(*args: str, env: dict | None = None, **popen) -> subprocess.Popen
     return subprocess.Popen([sys.executable, "-m", "precsearch", *args], env=full_env, text=True, **popen)
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> str:
+def finish(proc: subprocess.Popen, timeout: float, logs: tuple[Path, ...] = ()) -> str:
     """``proc.communicate(timeout)``'s output; past the timeout, fail with where each of its precsearch
-    processes waits (their stacks, printed into the same output) and its process tree, after killing it."""
+    processes waits (their stacks, printed into the same output) and its process tree, after killing it,
+    and the tails of ``logs`` (an earlier run's output: its workers outlive it, no longer ``proc``'s)."""
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
@@ -82,8 +83,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> str:
             child.kill()
         proc.kill()
         out = proc.communicate()[0] or ""
+        earlier = "".join(f"\n--- {log} (last 6000 characters) ---\n" + log.read_text(errors="replace")[-6000:]
+                          for log in logs if log.exists())
         pytest.fail(f"still running after {timeout:.0f} s; its processes:\n" + "\n".join(tree)
-                    + "\n--- its output, with their stacks (last 12000 characters) ---\n" + out[-12000:])
+                    + "\n--- its output, with their stacks (last 12000 characters) ---\n" + out[-12000:] + earlier)
 
 
 def load(name: str, url: str) -> optuna.Study:

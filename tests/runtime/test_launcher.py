@@ -69,7 +69,9 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
     def done() -> int:
         return finished_count(optuna.load_study(study_name="tiny", storage=storage()))
 
-    driver = precsearch(*cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_log = tmp_path / "first_run.log"  # its workers' last words (a stuck one prints its stacks at its deadline)
+    with open(first_log, "w") as log:
+        driver = precsearch(*cmd, stdout=log, stderr=subprocess.STDOUT)
     wait_for(lambda: trials_in_state(out) >= 2, 600, "two finished trials")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
@@ -79,7 +81,7 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
     assert 2 <= len(first) < 6, "the kill must land mid-study"
 
     again = precsearch(*cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    log = finish(again, 900)
+    log = finish(again, 900, logs=(first_log,))
     assert again.returncode == 0, log[-3000:]
     study = optuna.load_study(study_name="tiny", storage=storage())
     assert finished_count(study) == 6

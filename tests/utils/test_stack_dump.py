@@ -48,12 +48,15 @@ def test_a_process_asked_for_its_stacks_prints_them_and_goes_on():
     assert "waiting_for_a_lost_trial" in out and "Current thread" in out
 
 
-def test_finish_fails_a_run_past_its_timeout_with_its_stacks_and_kills_its_tree():
+def test_finish_fails_a_run_past_its_timeout_with_its_stacks_and_kills_its_tree(tmp_path):
     proc, child = _start()
+    earlier = tmp_path / "first_run.log"
+    earlier.write_text("an earlier run's worker said this\n")
     with pytest.raises(pytest.fail.Exception) as failed:
-        finish(proc, 1.0)
+        finish(proc, 1.0, logs=(earlier, tmp_path / "never_written.log"))
     message = str(failed.value)
     assert "still running after 1 s" in message and "waiting_for_a_lost_trial" in message
+    assert "an earlier run's worker said this" in message and "never_written" not in message
     assert f"{child} " in message  # the tree's listing
     assert proc.poll() is not None
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
