@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from precsearch.tracking.experiment_view import KIND, KIND_TAG, experiment_tags
@@ -234,16 +235,16 @@ class Tracker:
         for number, run_id in run_ids.items():
             have = self.client.get_run(run_id).data.tags
             changed = [RunTag(k, v) for k, v in trial_look(number, number in front).items() if have.get(k) != v]
-            if changed:
-                self.client.log_batch(run_id, tags=changed)
+            if changed:  # another run of the study may write the same new tags now
+                _again_if_raced(lambda: self.client.log_batch(run_id, tags=changed))
 
     def set_view(self, param_names: list[str], unit: str = "relative") -> None:
         """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params, with
         instability in the study's ``stability_unit``."""
         have = self.client.get_experiment(self.experiment_id).tags
         for key, value in experiment_tags(param_names, unit).items():
-            if have.get(key) != value:
-                self.client.set_experiment_tag(self.experiment_id, key, value)
+            if have.get(key) != value:  # another run of the study may write the same new tag now
+                _again_if_raced(lambda: self.client.set_experiment_tag(self.experiment_id, key, value))
 
     def log_study(self, metrics: dict[str, float]) -> None:
         """Study-level metrics on the study run (a new value at the next step each time)."""
@@ -269,3 +270,25 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001 - best effort, see above
             say(f"could not close the study's MLflow run now ({type(exc).__name__}); it stays RUNNING until the "
                 "study runs again")
+
+
+def _again_if_raced(write: Callable[[], Any]) -> None:
+    """``write()`` a tag that another process of the study may be writing at this moment, again if it lost.
+
+    MLflow's SQL store reads a tag's row, then inserts it when there was none: two runs writing a new tag at
+    once both insert, and the second fails on the unique key (CI, 2026-12-05: two runs started at once on one
+    directory, writing the experiment's views). The row exists then, and writing again updates it.
+    """
+    try:
+        write()
+    except MlflowException as exc:
+        if not _lost_insert_race(exc):
+            raise
+        write()
+
+
+def _lost_insert_race(exc: Exception) -> bool:
+    """An insert that failed on a unique key: SQLite's and PostgreSQL's wording, as MLflow passes them on."""
+    text = str(exc)
+    return any(s in text for s in ("UNIQUE constraint failed", "IntegrityError", "UniqueViolation",
+                                   "duplicate key value"))
