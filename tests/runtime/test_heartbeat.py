@@ -17,6 +17,15 @@ def _storage(tmp_path, interval: int = 1) -> optuna.storages.RDBStorage:
                                       grace_period=2 * interval)
 
 
+def _until_stale(storage, study_id: int, trial_id: int, timeout_s: float = 20.0) -> None:
+    """Wait until the trial's heartbeat is older than the grace period (2 s, read against the database's clock,
+    whole seconds in SQLite): a thread still beating would keep it fresh for ever."""
+    deadline = time.monotonic() + timeout_s
+    while storage._get_stale_trial_ids(study_id) != [trial_id]:
+        assert time.monotonic() < deadline, f"trial {trial_id} still has a fresh heartbeat after {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
 def test_the_heartbeat_is_recorded_while_the_block_runs_and_stops_after(tmp_path):
     storage = _storage(tmp_path)
     study = optuna.create_study(storage=storage, study_name="s")
@@ -26,8 +35,7 @@ def test_the_heartbeat_is_recorded_while_the_block_runs_and_stops_after(tmp_path
         time.sleep(0.3)
         assert storage._get_stale_trial_ids(study._study_id) == []
     assert not beat._thread.is_alive()
-    time.sleep(2.5)  # past the grace with no beat: the trial is stale
-    assert storage._get_stale_trial_ids(study._study_id) == [trial._trial_id]
+    _until_stale(storage, study._study_id, trial._trial_id)  # past the grace with no beat
 
 
 def test_no_thread_without_heartbeats(tmp_path):
@@ -60,5 +68,4 @@ def test_a_worker_whose_main_thread_ended_mid_trial_exits_and_stops_beating(tmp_
     assert out.strip() == "beating" and proc.returncode != 0
     storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=2)
     study = optuna.load_study(study_name="s", storage=storage)
-    time.sleep(2.5)
-    assert storage._get_stale_trial_ids(study._study_id) == [study.trials[0]._trial_id]
+    _until_stale(storage, study._study_id, study.trials[0]._trial_id)
