@@ -4,11 +4,18 @@
 #   STAGE=compare  scripts/bench_probe.py --compare: the TRIALS-trial (default 16) study with the code and the
 #                  shipped space before (BEFORE: .before/precsearch and .before/llama3_8b_h100.yaml, the package and
 #                  the space file at the commit before) and this checkout's (AFTER), back to back in one call;
+#   STAGE=pair     the same two studies, each in its own bench_probe process (--only before, then --only after,
+#                  TIMEOUT_BEFORE / TIMEOUT_AFTER seconds): a study cut short keeps the other's JSON; merge them here
+#                  with `python scripts/bench_probe.py --merge BEFORE.json AFTER.json`;
 #   STAGE=long     the AFTER study alone, TRIALS (default 64) trials, for the share of a long study.
+# BEFORE=DIR picks another tree than .before (DIR/precsearch, DIR/llama3_8b_h100.yaml); SPACE the AFTER study's
+# space. The issue's own baseline, the code and space of 7e7c4bd (2026-11-30, the day issue 29's 11.44 s a trial was
+# measured) against this code on that same space (the same work on both sides):
+#   BEFORE=.before_issue SPACE=.before_issue/llama3_8b_h100.yaml NAME=issue16 STAGE=compare bash scripts/gpu_study_throughput.sh
 #   run(command="STAGE=compare bash scripts/gpu_study_throughput.sh", carry=[".gpu", ".before"], timeout_s=600)
 #   run(command="STAGE=long bash scripts/gpu_study_throughput.sh", carry=[".gpu"], timeout_s=600)
 # Make .before here first: git archive COMMIT precsearch | tar -x -C .before &&
-#   git show COMMIT:search_spaces/llama3_8b_h100.yaml > .before/llama3_8b_h100.yaml
+#   git show COMMIT:search_spaces/llama3_8b_h100.yaml > .before/llama3_8b_h100.yaml (the same for .before_issue)
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_study_out
 source "$(dirname "$0")/gpu_env.sh"
@@ -21,13 +28,28 @@ if [ -n "${ONLY_ON:-}" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 
 fi
 case "${STAGE:-compare}" in
   compare)
-    [ -f .before/precsearch/__init__.py ] || { echo "carry .before (the package before the change)" >&2; exit 2; }
+    BEFORE="${BEFORE:-.before}"
+    [ -f "$BEFORE/precsearch/__init__.py" ] || { echo "carry $BEFORE (the package before the change)" >&2; exit 2; }
     NAME="${NAME:-compare${TRIALS:-16}}"
     timeout "${TIMEOUT:-570}" python3 scripts/bench_probe.py "$SPACE" --trials "${TRIALS:-16}" --compare \
-        --before-code .before --before-space .before/llama3_8b_h100.yaml --workdir /tmp/bench_study \
+        --before-code "$BEFORE" --before-space "$BEFORE/llama3_8b_h100.yaml" --workdir /tmp/bench_study \
         --json "$OUT/bench_probe_$NAME.json" > "$OUT/bench_probe_$NAME.log" 2>&1
     echo "bench_probe exit $?" >> "$OUT/bench_probe_$NAME.log"
     tail -70 "$OUT/bench_probe_$NAME.log"
+    cp /tmp/bench_study/after/study/trace.jsonl "$OUT/trace_$NAME.jsonl" 2>/dev/null
+    ;;
+  pair)
+    BEFORE="${BEFORE:-.before}"
+    [ -f "$BEFORE/precsearch/__init__.py" ] || { echo "carry $BEFORE (the package before the change)" >&2; exit 2; }
+    NAME="${NAME:-pair${TRIALS:-16}}"
+    for variant in before after; do
+      limit=TIMEOUT_${variant^^}
+      timeout "${!limit:-280}" python3 scripts/bench_probe.py "$SPACE" --trials "${TRIALS:-16}" --only "$variant" \
+          --before-code "$BEFORE" --before-space "$BEFORE/llama3_8b_h100.yaml" --workdir /tmp/bench_study \
+          --json "$OUT/bench_probe_${NAME}_$variant.json" >> "$OUT/bench_probe_$NAME.log" 2>&1
+      echo "bench_probe --only $variant exit $?" >> "$OUT/bench_probe_$NAME.log"
+    done
+    tail -60 "$OUT/bench_probe_$NAME.log"
     cp /tmp/bench_study/after/study/trace.jsonl "$OUT/trace_$NAME.jsonl" 2>/dev/null
     ;;
   long)

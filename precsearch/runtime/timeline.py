@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 #: The probe process's spans that are work (a request and its parts; the innermost names the time). The
-#: reading's parts (:class:`precsearch.probe.damage.reader.DamageReader`): the BF16 run and its side at the
-#: first trial of a clipping value, then at each state the policy's side (its model set to the state, its
-#: gradients and held-out losses) and the compare (the figures; for states kept on the host, their copies in).
+#: reading's parts (:class:`precsearch.probe.damage.reader.DamageReader`): at the first trial of a clipping
+#: value its BF16 side (the BF16 run to its states, then per state the BF16 gradients and their Gram
+#: matrices), then at each state the policy's side (its model set to the state, its gradients and held-out
+#: losses) and the compare (the figures; for states kept on the host, their copies in).
 REQUEST = "probe request"
-REQUEST_PARTS = ("probe", "fixed-state reading", "reading: BF16 side", "reading: side", "reading: compare")
+BF16_SIDE_PARTS = ("reading: BF16 run", "reading: BF16 gradients", "reading: BF16 grams")
+REQUEST_PARTS = ("probe", "fixed-state reading", "reading: BF16 side", *BF16_SIDE_PARTS, "reading: side",
+                 "reading: compare")
 #: Study-process spans that only wait for the probe process: a wait inside them is charged to what else ran.
 WAITS_ON_PROBE = ("trial probe", "references")
 #: The probe process's own start-up spans (charged while no request has come yet).

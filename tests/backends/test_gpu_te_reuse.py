@@ -83,9 +83,12 @@ def test_probes_through_a_kept_te_model_train_as_fresh_builds(data, param_dtype)
     assert models.reused == 3
 
 
-def test_a_kept_model_holds_a_fresh_builds_weights_and_no_scaling_history(data):
+@pytest.mark.parametrize("weights_on", ["device", "pinned host"])
+def test_a_kept_model_holds_a_fresh_builds_weights_and_no_scaling_history(data, weights_on):
     """After a delayed-scaling probe, the kept stack set to another seed and to a state's weights equals a fresh
-    build parameter by parameter, and every delayed-scaling state is back to scale 1 and an empty history."""
+    build parameter by parameter, and every delayed-scaling state is back to scale 1 and an empty history. The
+    state's FP32 weights on the device or in page-locked host memory (a state the reader keeps on the host: the
+    kept BF16 stack rounds them on the GPU, a fresh build loads them as they are and casts after)."""
     backend, models = get_backend("te", DEV), ModelCache()
     _run(data, MIXED, 0, models)
     probe = _probe(3)
@@ -99,16 +102,20 @@ def test_a_kept_model_holds_a_fresh_builds_weights_and_no_scaling_history(data):
     assert all(torch.all(s.amax_history == 0) and torch.all(s.scale == 1) for s in states)
     weights = {k: v.float() * 1.5 for k, v in runner.build_probe(CFG, BF16, get_backend("emulated", DEV), DEV, 9,
                                                                    "fp32").state_dict().items()}
+    if weights_on == "pinned host":
+        weights = {k: v.cpu().pin_memory() for k, v in weights.items()}
     models.keep(kept)
     at_state = runner._probe_model(CFG, probe, MIXED, backend, DEV, runner.ONE_PROCESS, None, models, weights)
     _same_parameters(at_state, runner.build_probe(CFG, MIXED, backend, DEV, 3, "bf16", weights=weights))
     assert models.reused == 2
 
 
-def test_a_reading_through_the_kept_model_equals_fresh_builds(data):
+@pytest.mark.parametrize("keep_states", ["device", "host"])
+def test_a_reading_through_the_kept_model_equals_fresh_builds(data, keep_states):
     """The fixed-state reading of a delayed-scaling policy after its trial's probe: the kept model set to each
-    state gives the figures of readers that build every model."""
-    settings = DamageSection(states=[0.5, 1.0], batches=3, warm_batches=1, tokens_per_step=256)
+    state gives the figures of readers that build every model, with the states on the device or in host memory."""
+    settings = DamageSection(states=[0.5, 1.0], batches=3, warm_batches=1, tokens_per_step=256,
+                             keep_states=keep_states)
     probe, backend = _probe(0), get_backend("te", DEV)
     values = []
     for models in (ModelCache(), None, None):

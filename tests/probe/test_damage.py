@@ -230,4 +230,9 @@ def test_the_reader_writes_its_parts_into_the_run_trace(data, tmp_path, monkeypa
     assert names.count("reading: side") == 2 * len(SETTINGS.states) == names.count("reading: compare")
     first_bf16, second_bf16 = (s for s in spans if s["name"] == "reading: BF16 side")
     assert first_bf16["t1"] - first_bf16["t0"] > 10 * (second_bf16["t1"] - second_bf16["t0"])
+    # the BF16 side's parts: the run once, the gradients and their Gram matrices per state, all inside the first
+    assert names.count("reading: BF16 run") == 1
+    assert names.count("reading: BF16 gradients") == len(SETTINGS.states) == names.count("reading: BF16 grams")
+    inner = [s for s in spans if s["name"] in ("reading: BF16 run", "reading: BF16 gradients", "reading: BF16 grams")]
+    assert all(first_bf16["t0"] <= s["t0"] <= s["t1"] <= first_bf16["t1"] for s in inner)
     assert all(t0 <= s["t0"] <= s["t1"] for s in spans)

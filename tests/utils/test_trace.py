@@ -73,15 +73,20 @@ def test_the_probe_process_time_is_split_into_its_work_and_what_it_waited_for():
 
 
 def test_a_reading_is_split_into_its_parts_and_the_rest_stays_the_reading():
-    """A 4 s reading (6-10 s): its BF16 side at 6-7 (a first trial), then per state the policy's side and the
+    """A 4 s reading (6-10 s): its BF16 side at 6-7 (a first trial: the BF16 run 6-6.5, one state's BF16
+    gradients 6.5-6.7 and Gram matrices 6.7-6.9, 0.1 s of its own), then per state the policy's side and the
     compare; 0.2 s between the parts is the reading's own (its dict, the clock)."""
     spans = [
         _span("probe request", 0, 10, "probe"), _span("probe", 0, 6, "probe"),
         _span("fixed-state reading", 6, 10, "probe"), _span("reading: BF16 side", 6, 7, "probe"),
+        _span("reading: BF16 run", 6, 6.5, "probe"), _span("reading: BF16 gradients", 6.5, 6.7, "probe"),
+        _span("reading: BF16 grams", 6.7, 6.9, "probe"),
         _span("reading: side", 7, 8, "probe"), _span("reading: compare", 8, 8.8, "probe"),
         _span("reading: side", 8.8, 9.4, "probe"), _span("reading: compare", 9.4, 9.8, "probe"),
     ]
     parts = probe_time(spans, 0.0, 10.0)
-    assert parts == pytest.approx({"busy: probe": 6.0, "busy: reading: BF16 side": 1.0, "busy: reading: side": 1.6,
+    assert parts == pytest.approx({"busy: probe": 6.0, "busy: reading: BF16 run": 0.5,
+                                   "busy: reading: BF16 gradients": 0.2, "busy: reading: BF16 grams": 0.2,
+                                   "busy: reading: BF16 side": 0.1, "busy: reading: side": 1.6,
                                    "busy: reading: compare": 1.2, "busy: fixed-state reading": 0.2})
 

@@ -51,13 +51,17 @@ class DamageReader:
             at = state_steps(self.settings.states, self.probe.steps)
             on_device = self._states_on_device(len(at))
             self.states_on[clip_grad] = "device" if on_device else "host"
-            states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init,
-                                      keep_on_device=on_device)
+            with trace.span("reading: BF16 run"):  # the run to its states, kept on the device or page-locked
+                states = reference_states(self.cfg, self.probe, self.data, self.device, clip_grad, at, self.init,
+                                          keep_on_device=on_device)
             reference = Policy.bf16(clip_grad, self.baseline)
             sides = []
             for state in states:
-                side = self._side(state, reference)
-                side.grams = side_grams(side, state, self.probe, self.settings, self.device)
+                with trace.span("reading: BF16 gradients"):
+                    side = self._side(state, reference)
+                with trace.span("reading: BF16 grams"):  # the first in a process compiles the compare step
+                    side.grams = side_grams(side, state, self.probe, self.settings, self.device)
+                    _synchronize(self.device)
                 sides.append((state, side))
             self._bf16[clip_grad] = sides
         return self._bf16[clip_grad]
@@ -124,10 +128,15 @@ class _Clock:
         t0 = time.perf_counter()
         with trace.span(f"reading: {part}"):  # the run's trace splits the reading the same way
             out = fn(*args)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            _synchronize(self.device)
         self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
         return out
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work, so that a span or a part ends when its GPU work does."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _state_tensors(state: State) -> list[torch.Tensor]:
