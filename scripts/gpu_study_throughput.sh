@@ -59,5 +59,8 @@ case "${STAGE:-compare}" in
     echo "bench_probe exit $?" >> "$OUT/bench_probe_$NAME.log"
     tail -45 "$OUT/bench_probe_$NAME.log"
     cp /tmp/bench_study/after/study/trace.jsonl "$OUT/trace_$NAME.jsonl" 2>/dev/null
+    # the trace holds every finished span even when the study outran TIMEOUT: the probe process's time by part
+    python3 -m precsearch.runtime.timeline "$OUT/trace_$NAME.jsonl" > "$OUT/timeline_$NAME.txt" 2>&1
+    grep -c '"trial probe"' "$OUT/trace_$NAME.jsonl" >> "$OUT/timeline_$NAME.txt"
     ;;
 esac
