@@ -204,7 +204,7 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
     startup = time_startup(device.type == "cuda")
     print(f"done: start-up process {startup['process_s']:.1f}s", file=sys.stderr, flush=True)
     trace_path = out_dir / "trace.jsonl"  # code that writes no trace (an older checkout) leaves no file
-    env = dict(os.environ if env is None else env) | {trace.ENV: str(trace_path)}
+    env = dict(os.environ if env is None else env) | {trace.ENV: str(trace_path)} | cold_compile_caches(out_dir)
     t0, t1 = run_study_process(space_path, n_trials, out_dir, env, cwd=code)
     print(f"done: {n_trials}-trial study {t1 - t0:.1f}s", file=sys.stderr, flush=True)
     timeline = probe_time(trace.read(trace_path), t0, t1) if trace_path.is_file() else None
@@ -229,6 +229,15 @@ def trial_breakdown(space_data: dict, n_trials: int, work: Path, device: torch.d
             "trials": [{k: v for k, v in r.items() if k != "probe_result"} | {"phase_s": (r["probe_result"] or {})
                         .get("phase_s")} for r in runs], "output_dir": str(out_dir),
             "code": str(code) if code is not None else "this checkout"}
+
+
+def cold_compile_caches(out_dir: Path) -> dict[str, str]:
+    """torch.compile's caches (Inductor's and Triton's) in ``out_dir``, which each study starts empty: run back to
+    back on one machine, the second study would otherwise find the first one's compiled kernels on disk (on the
+    H200 the first readings' compiles took ~3 s less in the second study, 2026-12-05), and a BEFORE/AFTER pair
+    would credit the code after with them."""
+    cache = out_dir / "compile_cache"
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
 
 
 def print_breakdown(b: dict[str, Any]) -> None:

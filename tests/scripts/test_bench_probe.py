@@ -110,3 +110,33 @@ def test_before_space_runs_the_before_study_on_that_file_and_after_on_the_other(
     assert report["trials_per_gpu_hour_ratio"] == 1.5
     bench.compare(after, 4, tmp_path, torch.device("cpu"))
     assert seen == {"before": after, "after": after}  # without it both run the same space
+
+
+def test_each_study_compiles_into_its_own_empty_cache(tmp_path, monkeypatch):
+    """Back to back on one machine, a second study would find the first one's compiled kernels in torch.compile's
+    default caches and a BEFORE/AFTER pair would credit the code after with them: each study gets caches of its
+    own inside its output directory, which the bench empties first (a stale file there is gone)."""
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def run_study_process(space_path, n_trials, out_dir, env=None, cwd=None):
+        seen[out_dir.parent.name] = (env, sorted(p.name for p in out_dir.iterdir()))
+        raise Stop
+
+    monkeypatch.setattr(bench, "time_startup", lambda cuda: {"process_s": 1.0})
+    monkeypatch.setattr(bench, "run_study_process", run_study_process)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/shared/inductor")  # a user's own cache is not used either
+    for variant in bench.VARIANTS:
+        (tmp_path / variant / "study" / "compile_cache").mkdir(parents=True)  # left by an earlier run
+        try:
+            bench.trial_breakdown({"study": {}}, 1, tmp_path / variant, torch.device("cpu"))
+        except Stop:
+            pass
+    caches = {v: (env["TORCHINDUCTOR_CACHE_DIR"], env["TRITON_CACHE_DIR"]) for v, (env, _) in seen.items()}
+    assert set(caches) == set(bench.VARIANTS)
+    for variant, paths in caches.items():
+        assert all(Path(p).is_relative_to(tmp_path / variant / "study") for p in paths), paths
+        assert "compile_cache" not in seen[variant][1]  # emptied before the study starts
+    assert caches["before"] != caches["after"]
