@@ -3,7 +3,7 @@
 # run's trace splits it: BF16 side, per state the policy's side and the compare). A few trials; the trace is
 # written straight into $OUT, so a call cut short still brings back every finished span.
 #   run(command="bash scripts/gpu_reading_split.sh", carry=[".gpu"], timeout_s=...)
-# Not run yet: written on 2026-12-05 in a session with no device time left.
+# Ran on an H100 on 2026-12-05: scripts/results/2026-12-05_h100_reading_split.log, docs/throughput.md.
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_reading_out
 source "$(dirname "$0")/gpu_env.sh"
