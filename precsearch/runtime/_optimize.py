@@ -127,10 +127,13 @@ def work(ctx: StudyRun, target: int) -> None:
 
 
 def _eta(ctx: StudyRun) -> terminal.Eta:
-    """The estimator of the time left: a trial's probe steps, and the BF16 reference steps not cached yet."""
+    """The estimator of the time left: a trial's probe steps, the BF16 reference steps not cached yet, and with
+    the fixed-state reading the steps of its BF16 sides (one per clipping value, in this worker's probe process)."""
     stressed = stress_probe(ctx.space)
     trial_steps = ctx.space.probe.steps + (stressed.steps if stressed is not None else 0)
-    return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device))
+    sides = len(ctx.space.search.clip_grad.options()) if ctx.space.objectives.reading == "damage" else 0
+    return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device),
+                        bf16_side_steps=sides * ctx.space.probe.steps)
 
 
 def _work(ctx: StudyRun, target: int) -> None:
@@ -242,6 +245,9 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
         if source is not None and leg.resume_from is None:
             say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
                       f"running its {rung} steps from step 0")
+        if ctx.space.objectives.reading == "damage" and policy.clip_grad not in ctx.bf16_sides:
+            ctx.bf16_sides.add(policy.clip_grad)  # the probe process keeps it from here on
+            say(ctx, terminal.bf16_side_notice(trial.number, policy.clip_grad))
         with trace.span("trial probe", trial=trial.number):
             result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
                             trial=trial.number, leg=leg)
@@ -414,7 +420,12 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
     finally:
         steps.close()
     if ctx.status is not None:
-        ctx.status.eta.probe_done(kind, len(result.losses), time.monotonic() - start)
+        # a reading's BF16 side (its first at a clipping value) is timed apart: a trial rate holding it would
+        # multiply it by every trial left
+        side_s = (result.damage or {}).get("bf16_side_s", 0.0) if kind == "trial" else 0.0
+        if side_s > 0:
+            ctx.status.eta.probe_done("bf16_side", ctx.space.probe.steps, side_s)
+        ctx.status.eta.probe_done(kind, len(result.losses), time.monotonic() - start - side_s)
     return result
 
 

@@ -33,15 +33,23 @@ class Eta:
     rate, plus that per-trial time for the trials left, shared by the workers running beside this one
     (``parallel``: with two workers each used to show the whole study's time left, 2-4x the real one).
 
+    The fixed-state reading's BF16 side (``bf16_side``: the BF16 run to its states and its gradients there,
+    once per clipping value in a probe process) is a kind of its own, timed apart from the trial it came with:
+    counted as trial time, the first trial of the 8B space (a 20 s BF16 side beside a 7 s probe on an H100)
+    made the estimate 5x the time left (81 s shown, 15 s left, 2026-12-05).
+
     Args:
         trial_steps: Steps one trial's probes run (with the stress probe, if any).
         reference_steps: Steps of the BF16 reference probes not cached yet, for the whole study
             (an estimate: a clipping value the sampler never picks runs none).
         clock: Seconds, monotonic (a fake one in tests).
+        bf16_side_steps: Steps of the BF16 runs of the reading's BF16 sides still to make (the same estimate);
+            until one is timed, a step of them is taken to cost a reference step.
     """
 
-    def __init__(self, trial_steps: int, reference_steps: int = 0, clock=time.monotonic):
+    def __init__(self, trial_steps: int, reference_steps: int = 0, clock=time.monotonic, bf16_side_steps: int = 0):
         self.trial_steps, self.reference_steps, self.clock = trial_steps, reference_steps, clock
+        self.bf16_side_steps = bf16_side_steps
         self.start = clock()
         self._seconds: dict[str, float] = {}
         self._steps: dict[str, int] = {}
@@ -54,6 +62,8 @@ class Eta:
         self._steps[kind] = self._steps.get(kind, 0) + steps
         if kind == "reference":
             self.reference_steps = max(0, self.reference_steps - steps)
+        elif kind == "bf16_side":
+            self.bf16_side_steps = max(0, self.bf16_side_steps - steps)
 
     def trial_done(self) -> None:
         self.trials_done += 1
@@ -82,6 +92,7 @@ class Eta:
         outside = self.clock() - self.start - self.probe_seconds() - self._waited
         per_trial = outside / self.trials_done if self.trials_done else 0.0
         references = reference_rate * self.reference_steps if trials_left else 0.0
+        references += rates.get("bf16_side", reference_rate) * self.bf16_side_steps if trials_left else 0.0
         shared = max(1, min(parallel, trials_left))
         units = trials_left - 0.5 * min(parallel - 1, trials_left)  # the trials running elsewhere, half done
         return (units * (trial_rate * self.trial_steps + per_trial) + references) / shared
@@ -154,6 +165,12 @@ class StudyStatus:
 def probe_bar(total: int, label: str, enabled: bool) -> tqdm:
     """A probe's step bar, on the line under the status line."""
     return tqdm(total=total, desc=label, unit="step", leave=False, position=1, disable=not enabled)
+
+
+def bf16_side_notice(trial: int, clip_grad: float | None) -> str:
+    """Why a trial's reading takes longer (said at the first trial of each clipping value in a probe process)."""
+    return (f"trial {trial}: its fixed-state reading first makes the BF16 side for clip_grad={clip_grad} (the BF16 "
+            f"run to its states and its gradients there), once per clip value; later trials' readings reuse it")
 
 
 def reference_notice(clip_grad: float | None, seeds: int, steps: int, stress: bool) -> str:

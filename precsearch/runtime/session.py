@@ -56,6 +56,7 @@ class StudyRun:
     lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
     sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
     regime_checked: set = field(default_factory=set)  # (clip_grad, rung) whose references had the regime check
+    bf16_sides: set = field(default_factory=set)  # clip_grad values whose reading's BF16 side this probe process made
     recorder: Recorder | None = None  # writes told trials to MLflow off the probe loop (runtime/recorder.py)
 
 

@@ -62,3 +62,24 @@ def test_mlflow_shows_the_reading_per_trial_and_per_unit(study):
     assert per_unit == {f"damage_unit.{u}" for u in units}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"damage.md", "damage.json"} <= artifacts
+
+
+def test_the_first_reading_of_each_clip_value_says_it_makes_the_bf16_side_and_times_it_apart(study):
+    """The first trial of each clipping value pays the reading's BF16 side: the run says so at that trial, and its
+    reading carries the side's seconds (``bf16_side_s``, which the ETA keeps out of the trial rate); the others
+    carry 0."""
+    import re
+
+    ws, log, _ = study
+    stored = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+    ran = sorted((t for t in stored.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs),
+                 key=lambda t: t.number)
+    said = {int(n): clip for n, clip in
+            re.findall(r"trial (\d+): its fixed-state reading first makes the BF16 side for clip_grad=(\S+) ", log)}
+    clips = {}
+    for t in ran:
+        clips.setdefault(str(t.user_attrs["policy"]["clip_grad"]), t.number)
+    assert said and sorted(said) == sorted(clips.values())
+    for t in ran:
+        side = t.user_attrs["probe_result"]["damage"]["bf16_side_s"]
+        assert (side > 0) == (t.number in said), (t.number, side)

@@ -87,18 +87,23 @@ class DamageReader:
         """``policy``'s reading: the chosen figure's largest value over the states, and every figure; with its
         time, and the time by part (``side``: building the policy's model at each state and its backward and
         held-out passes; ``compare``: the figures, with the AdamW updates and, for states kept on the host,
-        their copies of the state to the device); and where the states are kept (``states_on``)."""
+        their copies of the state to the device); where the states are kept (``states_on``); and
+        ``bf16_side_s``, the seconds of the BF16 side made for this reading (0 when it was kept from an earlier
+        one): the first reading of each clipping value pays it, which a per-trial rate must leave out."""
         start = time.perf_counter()
         clock = _Clock(self.device)
         states = []
+        made = policy.clip_grad not in self._bf16
         with trace.span("reading: BF16 side"):  # the first trial of each clipping value only: its states
             sides = self.bf16_sides(policy.clip_grad)
+        bf16_side_s = time.perf_counter() - start
         for state, bf16 in sides:
             side = clock.timed("side", self._side, state, policy)
             states.append(clock.timed("compare", read_state, bf16, side, state, policy, self.probe, self.settings,
                                       self.device))
         return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start,
                                                       "seconds_by_part": clock.seconds,
+                                                      "bf16_side_s": bf16_side_s if made else 0.0,
                                                       "states_on": self.states_on[policy.clip_grad]}
 
 
