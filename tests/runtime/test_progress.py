@@ -217,12 +217,9 @@ def test_a_readings_bf16_side_is_not_trial_time_and_the_sides_still_to_make_are_
     seen = []
     for trial in range(16):
         if trial in (0, 4):
-            clock.now += 6.0
-            eta.probe_done("reference", 40, 6.0)
-            clock.now += 20.0
-            eta.probe_done("bf16_side", 40, 20.0)
-        clock.now += 10.0
-        eta.probe_done("trial", 40, 10.0)
+            _ran(eta, clock, "reference", 6.0)
+            _ran(eta, clock, "bf16_side", 20.0)
+        _ran(eta, clock, "trial", 10.0)
         clock.now += 0.5
         eta.trial_done()
         seen.append((eta.left_s(15 - trial), clock.now))
@@ -238,13 +235,17 @@ def test_a_readings_bf16_side_is_not_trial_time_and_the_sides_still_to_make_are_
 
     before = _Clock()  # the way before: the side inside the first trial's seconds
     lumped = Eta(trial_steps=40, reference_steps=2 * 40, clock=before)
-    before.now += 6.0
-    lumped.probe_done("reference", 40, 6.0)
-    before.now += 30.0
-    lumped.probe_done("trial", 40, 30.0)
+    _ran(lumped, before, "reference", 6.0)
+    _ran(lumped, before, "trial", 30.0)
     before.now += 0.5
     lumped.trial_done()
     assert lumped.left_s(15) > 2 * (end - seen[0][1])
+
+
+def _ran(eta: Eta, clock: _Clock, kind: str, seconds: float, steps: int = 40) -> None:
+    """A probe of ``kind`` that took ``seconds`` on ``clock``."""
+    clock.now += seconds
+    eta.probe_done(kind, steps, seconds)
 
 
 def test_probe_times_a_readings_bf16_side_apart_from_the_trial(monkeypatch):
