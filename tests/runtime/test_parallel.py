@@ -30,6 +30,10 @@ def server(tmp_path):
     s.kill()
 
 
+#: User attributes that say why a trial was closed without completing (precsearch.runtime._optimize).
+WHY_CLOSED = ("fail_reason", "not_needed", "interrupted", "duplicate_of", "requeued_from")
+
+
 def _space(tmp_path, name: str, storage: str, tracking: str, **overrides):
     data = tiny_space_dict(**{"study.name": name, "study.storage": storage, "tracking.uri": tracking,
                               "probe.steps": 6, "objectives.reference_seeds": 1, "study.heartbeat_s": 1,
@@ -44,12 +48,11 @@ def _runs_per_trial(server: MlflowServer, experiment: str) -> Counter:
 def test_three_workers_one_study_no_trial_lost_or_repeated(tmp_path, server):
     """3 CPU workers, 12 trials: each trial once in Optuna and once in MLflow, the front tagged as stored.
 
-    No worker dies here, so the grace before a trial counts as lost is 12 s, not the 4 s of the tests that
-    kill one: CI once failed a live trial here (1 FAIL among 22 trials, the run otherwise fine), most likely a
-    heartbeat that reached PostgreSQL over 4 s late on two busy cores (3 workers, their probe processes, the
-    MLflow server and the database)."""
+    Flaky on a loaded machine (2026-12-05, twice in five fresh-clone CI runs, once with a 12 s grace before a
+    trial counts as lost): one trial FAIL, the run otherwise fine, no fail_reason and no line of the run about
+    it; a failure now shows that trial's attributes, which say which path closed it."""
     url, name = postgres_url(), unique_study()
-    space = _space(tmp_path, name, url, server.url, **{"study.n_trials": 12, "study.stale_after_s": 12})
+    space = _space(tmp_path, name, url, server.url, **{"study.n_trials": 12})
     start = time.monotonic()
     proc = precsearch("run", str(space), "--workers", "3", "--no-progress", "--output-dir", str(tmp_path / "out"),
                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -58,8 +61,8 @@ def test_three_workers_one_study_no_trial_lost_or_repeated(tmp_path, server):
     assert proc.returncode == 0, out[-3000:]
     study = load(name, url)
     states = Counter(t.state for t in study.trials)
-    failed = [(t.number, t.user_attrs.get("fail_reason"), t.system_attrs.get("fail_reason")) for t in study.trials
-              if t.state is not TrialState.COMPLETE]
+    failed = [(t.number, t.state.name, {k: v for k, v in t.user_attrs.items() if k in WHY_CLOSED},
+               sorted(t.user_attrs), sorted(t.system_attrs)) for t in study.trials if t.state is not TrialState.COMPLETE]
     said = [line for line in out.splitlines() if "heartbeat" in line or "fail" in line.lower()]
     assert set(states) == {TrialState.COMPLETE}, (states, failed, said[-20:])  # none lost (FAIL/RUNNING/WAITING)
     counted = [t for t in study.trials if "duplicate_of" not in t.user_attrs]  # a policy proposed again is free
