@@ -79,14 +79,32 @@ def finish(proc: subprocess.Popen, timeout: float, logs: tuple[Path, ...] = ()) 
         import psutil
 
         tree = dump_stacks(proc.pid)
-        for child in psutil.Process(proc.pid).children(recursive=True):
+        children = psutil.Process(proc.pid).children(recursive=True)
+        for child in children:
             child.kill()
         proc.kill()
         out = proc.communicate()[0] or ""
+        _until_dead(children)
         earlier = "".join(f"\n--- {log} (last 6000 characters) ---\n" + log.read_text(errors="replace")[-6000:]
                           for log in logs if log.exists())
         pytest.fail(f"still running after {timeout:.0f} s; its processes:\n" + "\n".join(tree)
                     + "\n--- its output, with their stacks (last 12000 characters) ---\n" + out[-12000:] + earlier)
+
+
+def _until_dead(procs, timeout: float = 15.0) -> None:
+    """Wait until each of ``procs`` is gone or a zombie: SIGKILL is delivered when the kernel next schedules
+    the process, and on a busy machine a test that looks at once can still see it running (CI did)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        while time.monotonic() < deadline:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
 
 
 def load(name: str, url: str) -> optuna.Study:
