@@ -273,17 +273,54 @@ def _versions(*names: str) -> dict[str, str]:
 
 
 def run_torchtitan(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]:
-    """torchtitan itself when it imports; else torchao's ``convert_to_float8_training`` with the exported filter."""
-    import importlib.util
+    """torchtitan itself (:mod:`frameworks_torchtitan`: its config parser on the exported TOML, its Llama 3, its
+    converters, per-block compile, AdamW, loss and clipping) when it imports; else what its converter applies,
+    torchao's ``convert_to_float8_training`` with the exported filter, on a Hugging Face model."""
+    import frameworks_torchtitan as titan
 
+    if titan.importable():
+        return _run_torchtitan_itself(spec, shape, policy)
+    return _run_torchao_as_torchtitan(spec, shape, policy)
+
+
+def _run_torchtitan_itself(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]:
+    import torch
+
+    import frameworks_torchtitan as titan
+
+    files = {p.name: p for p in Path(spec["export_dir"]).iterdir()}
+    torch.manual_seed(SEED)
+    run = titan.build(files[plan.TITAN_FILE], shape, "cuda", lr=LR, weight_decay=WEIGHT_DECAY, compile_model=True)
+    data = batches(shape, "cuda")
+
+    def forward(s):
+        run.optimizer.zero_grad(set_to_none=True)
+        return run.forward(*data[s])
+
+    def backward(loss):
+        loss.backward()
+        run.clip()
+
+    before = fingerprints(run.model)
+    result = train(shape, forward, backward, run.optimizer.step)
+    result["trained"] = trained(before, run.model, run.optimizer)
+    result["modules"] = plan.check_modules(titan.observed(run.model), titan.expected(policy, shape.layers))
+    result["note"] = (f"torchtitan {titan.VERSION}: the exported TOML parsed by its ConfigManager, its Llama 3, "
+                      "converters, per-block torch.compile ([compile] components = model), AdamW, loss and "
+                      "clipping; activation checkpointing off")
+    result["versions"] = _versions("torchtitan", "torchao", "torch")
+    return result
+
+
+def _run_torchao_as_torchtitan(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str, Any]:
+    """torchao's ``convert_to_float8_training`` with the exported ``filter_fqns`` under torchtitan's substring
+    rule, on a Hugging Face ``LlamaForCausalLM``, each block compiled (the runs of 2026-12-03)."""
     import torch
 
     files = {p.name: p for p in Path(spec["export_dir"]).iterdir()}
     tplan = plan.titan_plan(files)
-    note = ("torchtitan not importable here (no release for this torch in the bundle): ran torchao's "
-            "convert_to_float8_training with the exported filter_fqns under torchtitan's substring rule"
-            if importlib.util.find_spec("torchtitan") is None else
-            "torchtitan importable, but its trainer needs a job config and FSDP: ran its converter's torchao call")
+    note = ("torchtitan not importable here: ran torchao's convert_to_float8_training with the exported "
+            "filter_fqns under torchtitan's substring rule")
     model = hf_model(shape)
     if tplan["converters"]:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training

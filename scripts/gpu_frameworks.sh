@@ -20,6 +20,9 @@ if [ ! -d "$FW/megatron/core" ]; then
     echo "no .gpu/frameworks.tar.xz: run scripts/make_framework_bundle.sh here first" >&2
   fi
 fi
+if [ ! -d "$FW/torchtitan" ] && ls .gpu/titan_wheels/torchtitan-*.whl >/dev/null 2>&1; then
+  python3 -m pip install --no-deps --target "$FW" .gpu/titan_wheels/*.whl > "$OUT/pip_titan.log" 2>&1 || tail -3 "$OUT/pip_titan.log"
+fi
 export PYTHONPATH="$FW:$PYTHONPATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 - <<'PY' >> "$OUT/gpu.txt" 2>&1

@@ -1,6 +1,12 @@
-"""What a Hugging Face Llama block saves for its backward: BF16 vs torchao FP8, eager vs ``torch.compile``.
+"""What a Llama block saves for its backward: BF16 vs torchao FP8, eager vs ``torch.compile``.
 
     python scripts/torchao_saved.py [--layers 2] [--json OUT.json]    # a CUDA GPU (torchao, transformers)
+    python scripts/torchao_saved.py --model torchtitan                # torchtitan's Llama 3 and converter
+
+``--model hf`` (the default) converts a Hugging Face ``LlamaForCausalLM`` with torchao's
+``convert_to_float8_training`` and compiles each block; ``--model torchtitan`` builds torchtitan's own run
+from precsearch's export of each of ``--policies`` (:mod:`frameworks_torchtitan`: its converter and its
+per-block compile), so a policy with FP8 attention and BF16 MLPs shows what each kind of layer saves.
 
 For issue 30's torchao memory rows: at the 8B width (seq 4096, FP32 parameters under BF16 autocast, as the
 framework bench trains them) each variant runs one warm-up step, then one measured forward and backward.
@@ -21,11 +27,18 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 GIB = 2**30
 VARIANTS = ("bf16", "fp8")  # x eager / compiled
+VOCAB = 1024  # small, so that the loss does not hide the blocks
+#: --model torchtitan: the bench's policies whose blocks tell apart what each kind of layer saves (the mixed
+#: policy runs FP8 attention and BF16 MLPs there: torchtitan has no delayed scaling).
+TITAN_POLICIES = ("bf16", "fp8_current", "attn_current+mlp_delayed")
 
 
 def build(layers: int, fp8: bool, compiled: bool):
+    """A Hugging Face model; its loss for input ids (labels the same ids)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -43,23 +56,43 @@ def build(layers: int, fp8: bool, compiled: bool):
     if compiled:
         for i, block in enumerate(model.model.layers):
             model.model.layers[i] = torch.compile(block)
-    return model
+
+    def loss_of(ids):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(input_ids=ids, labels=ids).loss
+
+    return model, loss_of
 
 
-def measure(layers: int, fp8: bool, compiled: bool, seq: int) -> dict:
+def build_torchtitan(layers: int, policy: str, compiled: bool, seq: int):
+    """torchtitan's run of precsearch's export of the bench's ``policy``; its loss for input ids."""
+    import tempfile
+
+    import frameworks_plan as plan
+    import frameworks_torchtitan as titan
     import torch
 
-    model = build(layers, fp8, compiled)
-    ids = torch.randint(0, 1024, (1, seq), device="cuda")
+    shape = plan.Shape(layers=layers, vocab=VOCAB, seq=seq)
+    files, _ = plan.export_files("torchtitan", plan.policy_named(policy, layers), layers, Path(tempfile.mkdtemp()))
+    torch.manual_seed(0)
+    run = titan.build(files[plan.TITAN_FILE], shape, "cuda", lr=1e-4, weight_decay=0.1, compile_model=compiled)
+    return run.model, lambda ids: run.forward(ids, ids)
+
+
+def measure(layers: int, fp8: bool, compiled: bool, seq: int, policy: str | None = None) -> dict:
+    """One variant: ``policy`` (a bench policy name) builds torchtitan's run of its export, else ``fp8`` a
+    Hugging Face model with or without torchao's conversion."""
+    import torch
+
+    model, loss_of = (build(layers, fp8, compiled) if policy is None
+                      else build_torchtitan(layers, policy, compiled, seq))
+    ids = torch.randint(0, VOCAB, (1, seq), device="cuda")
 
     def step(record=None):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            if record is None:
-                loss = model(input_ids=ids, labels=ids).loss
-            else:
-                with torch.autograd.graph.saved_tensors_hooks(record, lambda t: t):
-                    loss = model(input_ids=ids, labels=ids).loss
-        return loss
+        if record is None:
+            return loss_of(ids)
+        with torch.autograd.graph.saved_tensors_hooks(record, lambda t: t):
+            return loss_of(ids)
 
     step().backward()  # warm-up: compile, lazy state
     model.zero_grad(set_to_none=True)
@@ -93,7 +126,7 @@ def measure(layers: int, fp8: bool, compiled: bool, seq: int) -> dict:
         groups[(dtype, shape)] += 1
         sizes[(dtype, shape)] = nbytes
     saved = sorted(((d, s, n, sizes[(d, s)]) for (d, s), n in groups.items()), key=lambda r: -r[2] * r[3])
-    return {"fp8": fp8, "compiled": compiled, "after_forward_gib": after_forward / GIB, "hooks_error": hooks_error,
+    return {"fp8": fp8, "policy": policy, "compiled": compiled, "after_forward_gib": after_forward / GIB, "hooks_error": hooks_error,
             "backward_peak_gib": backward_peak / GIB,
             "saved_gib": sum(n * b for _, _, n, b in saved) / GIB,
             "saved": [{"dtype": d, "shape": list(s), "count": n, "mib_each": b / 2**20} for d, s, n, b in saved]}
@@ -113,30 +146,36 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--model", choices=("hf", "torchtitan"), default="hf")
+    ap.add_argument("--policies", nargs="+", default=list(TITAN_POLICIES), help="--model torchtitan: bench policies")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    variants = ([(p != "bf16", p) for p in args.policies] if args.model == "torchtitan"
+                else [(fp8, None) for fp8 in (False, True)])
     rows = []
     for compiled in (False, True):
-        for fp8 in (False, True):
+        for fp8, policy in variants:
             try:
-                rows.append(measure(args.layers, fp8, compiled, args.seq))
+                rows.append(measure(args.layers, fp8, compiled, args.seq, policy))
                 _release()
             except Exception as exc:  # noqa: BLE001 - a variant that fails is a row that says so
-                rows.append({"fp8": fp8, "compiled": compiled, "error": f"{type(exc).__name__}: {exc}"[:300]})
-    print(f"{args.layers} blocks at the 8B width, seq {args.seq}, FP32 params under BF16 autocast; GiB above the "
-          "bytes before the forward")
-    print(f"{'variant':18s} {'after fwd':>9} {'bwd peak':>9} {'saved':>7}")
+                rows.append({"fp8": fp8, "policy": policy, "compiled": compiled,
+                             "error": f"{type(exc).__name__}: {exc}"[:300]})
+    print(f"{args.model}: {args.layers} blocks at the 8B width, seq {args.seq}, FP32 params under BF16 autocast; "
+          "GiB above the bytes before the forward")
+    print(f"{'variant':34s} {'after fwd':>9} {'bwd peak':>9} {'saved':>7}")
     for r in rows:
-        name = f"{'compiled' if r['compiled'] else 'eager'} {'fp8' if r['fp8'] else 'bf16'}"
+        name = f"{'compiled' if r['compiled'] else 'eager'} {r['policy'] or ('fp8' if r['fp8'] else 'bf16')}"
         if "error" in r:
-            print(f"{name:18s} {r['error']}")
+            print(f"{name:34s} {r['error']}")
             continue
-        print(f"{name:18s} {r['after_forward_gib']:9.3f} {r['backward_peak_gib']:9.3f} {r['saved_gib']:7.3f}"
+        print(f"{name:34s} {r['after_forward_gib']:9.3f} {r['backward_peak_gib']:9.3f} {r['saved_gib']:7.3f}"
               f"{'  saved list: ' + r['hooks_error'] if r['hooks_error'] else ''}")
         for s in r["saved"][:12]:
             print(f"    {s['count']:3d} x {s['dtype']:14s} {str(tuple(s['shape'])):24s} {s['mib_each']:8.1f} MiB")
     if args.json:
-        args.json.write_text(json.dumps({"layers": args.layers, "seq": args.seq, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"model": args.model, "layers": args.layers, "seq": args.seq, "rows": rows},
+                                        indent=1))
     return 0
 
 
