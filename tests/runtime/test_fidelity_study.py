@@ -170,16 +170,28 @@ def test_a_run_killed_mid_rung_resumes_the_rung_from_the_saved_state(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "precsearch", "run", str(space), "--output-dir", str(out), "--no-progress"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first_run.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
 
     def promoted_running() -> bool:
+        # CI timed out here once (600 s) with nothing to say why: a run that ended first says so, with its log
+        if proc.poll() is not None:
+            states = [(t.number, t.state.name, t.user_attrs.get(PROMOTED_FROM)) for t in _study(out).trials]
+            raise AssertionError(f"the run exited ({proc.returncode}) before a promoted trial was seen running; "
+                                 f"trials {states}")
         try:
             return any(t.state is TrialState.RUNNING and PROMOTED_FROM in t.user_attrs
                        for t in _study(out).trials)
         except Exception:  # noqa: BLE001 - the study may not exist yet
             return False
 
-    wait_for(promoted_running, 600, "a promoted trial to start")
+    try:
+        wait_for(promoted_running, 600, "a promoted trial to start")
+    except AssertionError as exc:
+        if proc.poll() is None:
+            proc.kill()
+        raise AssertionError(f"{exc}\n--- the run's output ---\n{log.read_text()[-4000:]}") from None
     time.sleep(3)  # into the rung's steps
     proc.send_signal(signal.SIGKILL)
     proc.wait()
