@@ -49,7 +49,7 @@ from precsearch.search.rungs import (
 )
 from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import objective_names
-from precsearch.search.summary import finished_count
+from precsearch.search.summary import finished_count, finished_in
 from precsearch.utils import trace
 from precsearch.utils.retry import with_retry
 
@@ -153,7 +153,7 @@ def _work(ctx: StudyRun, target: int) -> None:
             else:
                 time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        if finished + _running(ctx) >= target:
+        if _finished_and_running(ctx) >= target:
             _fail_dead_running(ctx)
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
@@ -185,9 +185,16 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _running(ctx: StudyRun) -> int:
-    return sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-               if not promotion.is_promoted(t))
+def _finished_and_running(ctx: StudyRun, below: int | None = None) -> int:
+    """Finished trials plus the running ones (numbered below ``below``, if given), from one read of the study.
+
+    Read apart, a trial that finished between the two reads was counted twice (running, then finished) or not
+    at all: local workers asked one trial too many, then closed it as surplus (CI, three workers, 2026-12-05).
+    """
+    trials = ctx.study.get_trials(deepcopy=False)
+    running = sum(1 for t in trials if t.state is TrialState.RUNNING and not promotion.is_promoted(t)
+                  and (below is None or t.number < below))
+    return finished_in(trials) + running
 
 
 def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
@@ -198,7 +205,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     """
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx), trace.span("ask"):
-        if target is not None and finished_count(ctx.study) + _running(ctx) >= target:
+        if target is not None and _finished_and_running(ctx) >= target:
             return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
         if _not_needed(ctx, trial, promoted_only) or (target is not None and _surplus(ctx, trial, target)):
@@ -282,8 +289,9 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
     """Close a trial that the study's finished trials and the running ones asked before it already make up
     to ``target``.
 
-    Workers of one output directory count under the ask lock and never get here; workers on other
-    machines can each count below the target, then all ask. The storage numbers trials in order, so
+    Workers of one output directory count under the ask lock, from one read of the study
+    (:func:`_finished_and_running`), and never get here; workers on other machines can each count below
+    the target, then all ask. The storage numbers trials in order, so
     the later askers see the earlier ones running and stand down: the study ends with ``n_trials``.
     """
     if promotion.is_promoted(trial):
@@ -291,9 +299,7 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
     retry_s = ctx.space.study.store_retry_s
 
     def made_up() -> bool:
-        earlier = sum(1 for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                      if t.number < trial.number and not promotion.is_promoted(t))
-        return finished_count(ctx.study) + earlier >= target
+        return _finished_and_running(ctx, below=trial.number) >= target
 
     if not with_retry(made_up, "reading the study", budget_s=retry_s):
         return False

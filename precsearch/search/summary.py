@@ -43,6 +43,11 @@ def finished_count(study: optuna.Study) -> int:
     params are queued again. Promoted evaluations (longer rungs of the same policies) and duplicates
     (:mod:`precsearch.search.duplicate_trials`) are not counted.
     """
-    return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-               if (t.state is TrialState.COMPLETE or "fail_reason" in t.user_attrs) and not promotion.is_promoted(t)
-               and not is_duplicate(t))
+    return finished_in(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+
+
+def finished_in(trials) -> int:
+    """:func:`finished_count` of a list of trials already read (any states)."""
+    return sum(1 for t in trials
+               if (t.state is TrialState.COMPLETE or (t.state is TrialState.FAIL and "fail_reason" in t.user_attrs))
+               and not promotion.is_promoted(t) and not is_duplicate(t))

@@ -65,7 +65,8 @@ def test_three_workers_one_study_no_trial_lost_or_repeated(tmp_path, server):
     said = [line for line in out.splitlines() if "heartbeat" in line or "fail" in line.lower()]
     # none lost (FAIL/RUNNING/WAITING); a trial closed as surplus (asked when the finished and running trials
     # already made up n_trials: FAIL with not_needed, never run, not counted) is not lost. CI showed local
-    # workers reach that close (2026-12-05), though _surplus's docstring says they should not: an open question
+    # workers reach that close (2026-12-05): the count read the study twice, and a trial finishing between
+    # the reads was counted twice or not at all; it reads once now (tests/runtime/test_surplus.py)
     lost = [f for f in failed if not (f[1] == "FAIL" and "surplus" in f[2].get("not_needed", ""))]
     assert not lost, (states, failed, said[-20:])
     counted = [t for t in study.trials if "duplicate_of" not in t.user_attrs]  # a policy proposed again is free

@@ -60,3 +60,32 @@ def test_a_queued_policy_taken_as_surplus_stays_queued():
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.system_attrs.get("fixed_params") for t in waiting] == [{"x": 42}]
     assert study._storage.get_trial(running._trial_id).state is TrialState.RUNNING
+
+
+class _FinishesBetweenReads:
+    """A study whose running trial ``trial`` is told COMPLETE right after the first read of the trials: what a
+    worker beside the counting one does at the wrong moment."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial):
+        self._study, self._trial, self.reads = study, trial, 0
+
+    def get_trials(self, *args, **kwargs):
+        out = self._study.get_trials(*args, **kwargs)
+        self.reads += 1
+        if self.reads == 1:
+            self._study.tell(self._trial, [1.0])
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._study, name)
+
+
+def test_a_trial_finishing_while_the_study_is_counted_is_counted_once():
+    """Counted in two reads (running, then finished), a trial that finished between them was counted twice,
+    and a local worker's needed trial was closed as surplus (CI, three workers, 2026-12-05); counted the other
+    way round it was missed and one trial too many was asked. One read counts it once either way."""
+    study = _study_with_finished(2)
+    finishing, needed = study.ask(), study.ask()  # 2 finished + 1 running elsewhere: ``needed`` makes the fourth
+    racing = _FinishesBetweenReads(study, finishing)
+    assert not _surplus(_ctx(racing), needed, target=4)
+    assert study._storage.get_trial(needed._trial_id).state is TrialState.RUNNING
