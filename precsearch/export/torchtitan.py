@@ -217,7 +217,9 @@ def torchtitan_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
     settings, warnings = torchtitan_export(policy, n_layers)
     lines = header(provenance, f"torchtitan (v0.2.x) float8 settings for a {n_layers}-layer Llama 3")
     lines += ["# merge these sections into your train_configs/*.toml",
-              "# (v0.1.x spells them [model] converters = [\"float8\"] and [float8])"]
+              "# (v0.1.x spells them [model] converters = [\"float8\"] and [float8];",
+              "# v0.3 and later are configured in Python, offer rowwise float8 recipes only and rename the",
+              "# modules: these sections do not apply there)"]
     lines += warning_lines(warnings)
     float8, mx = settings["float8"], settings["mx"]
     if float8 is not None or mx is not None:
