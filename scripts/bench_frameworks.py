@@ -283,7 +283,8 @@ def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                     and math.isfinite(r["predicted_gib"])):  # (an export that failed has none)
                 r.setdefault("predicted_gib_at_run", r["predicted_gib"])
                 r["predicted_gib"] = plan.predicted_peak_gib(plan.policy_named(r["policy"], shape.layers), shape,
-                                                             r["framework"], r.get("optimizer", "framework"))
+                                                             r["framework"], r.get("optimizer", "framework"),
+                                                             plan.compiled_run(r["framework"], r.get("note")))
             key = (r["framework"], r["policy"])
             if "peak_gib" in r or "peak_gib" not in rows.get(key, {}):
                 rows[key] = r

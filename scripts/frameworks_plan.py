@@ -371,15 +371,26 @@ def run_memory(framework: str, policy: Policy, optimizer: str = "framework") -> 
     return policy.memory
 
 
-def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: str = "framework") -> float:
+def compiled_run(framework: str, note: str | None = None) -> bool:
+    """Whether the framework's run compiles its blocks: every torchtitan run does since 2026-12-03 (call 4), as
+    its export says; a recorded row's ``note`` says so ("torch.compile"), and the eager torchao rows of the
+    calls before do not."""
+    return framework == "torchtitan" and ("compile" in note if note else True)
+
+
+def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: str = "framework",
+                       compiled: bool | None = None) -> float:
     """precsearch's memory model (:func:`~precsearch.probe.memory.peak.predict_peak`) for the framework's run,
     with the framework's own optimizer step where the model knows it
     (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer); under
-    ``optimizer="adamw"`` Megatron's model trains with torch's AdamW, the probe's step."""
+    ``optimizer="adamw"`` Megatron's model trains with torch's AdamW, the probe's step. ``compiled``: the run
+    compiles its blocks (default :func:`compiled_run`), counted by the model's compiled rule
+    (:mod:`precsearch.probe.memory.compiled`)."""
     from precsearch.probe.memory.frameworks import framework_peak
 
     memory = run_memory(framework, policy, optimizer)
-    b = _breakdown(policy, shape, framework, optimizer)
+    compiled = compiled_run(framework) if compiled is None else compiled
+    b = _breakdown(policy, shape, framework, optimizer, compiled)
     return framework_peak(framework if optimizer == "framework" else "probe", b, memory) / 2**30
 
 
@@ -398,7 +409,7 @@ def calibrated_peak_gib(policy: Policy, shape: Shape, probe_peaks: dict[int, flo
     return calibration.correct(_breakdown(policy, shape, "probe", optimizer).total, shape.layers) / 2**30
 
 
-def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
+def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str, compiled: bool = False):
     """The memory model's breakdown for the framework's run of the policy at the shape."""
     from precsearch.probe.memory.peak import predict_peak
 
@@ -411,7 +422,7 @@ def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str):
     return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
                         param_dtype=param_dtype(framework, policy.memory),
                         memory=run_memory(framework, policy, optimizer),
-                        fp8_linear=fp8_linear(framework, policy, cfg.n_layers))
+                        fp8_linear=fp8_linear(framework, policy, cfg.n_layers), compiled_blocks=compiled)
 
 
 def shape_dict(shape: Shape) -> dict[str, int]:

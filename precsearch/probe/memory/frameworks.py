@@ -24,8 +24,9 @@ gradient and the input's gradient: :data:`F_CROSS_ENTROPY_LOGIT_BYTES`) where th
 Accelerate runs (H200, 2026-12-03) are predicted 0.8% under their peaks, where the probe's loss read 10.5%
 under. Their torchao FP8 rows are counted with torchao's own FP8 Linear (``fp8_linear="torchao"`` of
 :func:`~precsearch.probe.memory.peak.predict_peak`, set by the bench): eager, memory saved against BF16 as
-measured to 0.1 point; torchtitan's per-block ``torch.compile`` saves 0.4-2.3 points more, which the model,
-counting eager autograd, does not (``docs/frameworks.md``).
+measured to 0.1 point. torchtitan's per-block ``torch.compile`` saves 0.4-2.3 points more than eager autograd
+holds; its rows are counted with the compiled rule (``compiled_blocks`` of
+:func:`~precsearch.probe.memory.peak.predict_peak`, :mod:`precsearch.probe.memory.compiled`).
 """
 
 from __future__ import annotations

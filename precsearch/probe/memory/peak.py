@@ -70,6 +70,7 @@ from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
 from precsearch.precision_spec import SPECS
 from precsearch.arch.config import ModelConfig
+from precsearch.probe.memory.compiled import compiled_activation_bytes
 from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_names, unit_shape
 
 _FP32, _BF16 = 4, 2
@@ -178,7 +179,7 @@ def _layers(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def predict_peak(
     cfg: ModelConfig, precisions: dict[str, Precision], *, seq_len: int, micro_batch: int,
     param_dtype: str = "fp32", memory: MemoryKnobs | None = None, state_group_elements: int | None = None,
-    grad_accum: int = 1, fp8_linear: str = "te", fused_adam_fp8: bool = False,
+    grad_accum: int = 1, fp8_linear: str = "te", fused_adam_fp8: bool = False, compiled_blocks: bool = False,
 ) -> MemoryBreakdown:
     """Predicted peak bytes of one training step; layers missing from ``precisions`` are BF16.
 
@@ -191,6 +192,9 @@ def predict_peak(
     ``fp8_linear``: which FP8 Linear runs the FP8 units (:data:`FP8_LINEARS`).
     ``fused_adam_fp8``: FP8 moments step in TE ``FusedAdam`` (its FP32 copies) rather than in the ``te``
     backend's own :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW` (none).
+    ``compiled_blocks``: each block runs under ``torch.compile`` (torchtitan's per-block compile): its saved
+    activations are :func:`~precsearch.probe.memory.compiled.compiled_activation_bytes` (FP32 parameters and
+    torchao's FP8 Linear only).
     """
     if fp8_linear not in FP8_LINEARS:
         raise ValueError(f"fp8_linear={fp8_linear!r}: expected one of {', '.join(FP8_LINEARS)}")
@@ -206,15 +210,20 @@ def predict_peak(
     moments = memory.moment_dtypes(param_dtype)
     master = MASTER_BYTES[memory.master] if width != _FP32 or memory.fp8_weights else 0
     group = state_group_elements or max_param_elements(cfg)
+    if compiled_blocks:
+        inputs, other = compiled_activation_bytes(cfg, precisions, seq_len=seq_len, micro_batch=micro_batch,
+                                                  param_dtype=param_dtype, fp8_linear=fp8_linear)
+    else:
+        inputs = int(tokens * saved_linear_input_bytes(cfg, _as_saved(precisions, fp8_linear), param_dtype))
+        other = (other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch, param_dtype=param_dtype)
+                 - fp8_attention_saving(cfg, precisions, memory, tokens))
     return MemoryBreakdown(
         params=int((n_params - fp8_stored) * width + stored_bytes),
         grads=n_params * width,
         optimizer=int(n_params * (sum(STATE_BYTES[m] for m in moments) + master)),
         weight_copies=int(copies),
-        linear_inputs=int(tokens * saved_linear_input_bytes(cfg, _as_saved(precisions, fp8_linear), param_dtype)),
-        other_activations=other_activation_bytes(cfg, seq_len=seq_len, micro_batch=micro_batch,
-                                                 param_dtype=param_dtype)
-        - fp8_attention_saving(cfg, precisions, memory, tokens),
+        linear_inputs=inputs,
+        other_activations=other,
         logits=tokens * cfg.vocab_size * LOGIT_BYTES,
         master=int(n_params * master),
         step_transient=_FP32 * min(n_params, 2 * group) * scaled_states(memory, param_dtype, fused_adam_fp8),
