@@ -108,3 +108,35 @@ def test_compiled_blocks_keep_their_names_and_train(tmp_path):
     run.clip()
     run.optimizer.step()
     assert runs.trained(before, run.model, run.optimizer)["ok"]
+
+
+def test_a_compiled_torchtitan_block_saves_what_the_memory_models_compiled_rule_counts(tmp_path):
+    """The compiled rule (``precsearch/probe/memory/compiled.py``) was read off Hugging Face's blocks on the H200.
+    torchtitan's own compiled BF16 blocks, here on the CPU, save the same tensors: 3 ``ffn_dim``-wide and 3
+    ``dim``-wide BF16 inputs and one FP32 residual a block, every weight's BF16 cast. (FP8 cannot compile on a
+    CPU: torchtitan refuses emulation under compile.)"""
+    torch = pytest.importorskip("torch")
+    from precsearch.probe.memory.compiled import compiled_activation_bytes
+
+    layers = 2
+    shape = plan.Shape(**{**plan.shape_dict(SHAPE), "layers": layers})
+    files, _ = plan.export_files("torchtitan", plan.policy_named("bf16", layers), layers, tmp_path)
+    run = titan.build(files[plan.TITAN_FILE], shape, "cpu", lr=1e-3, weight_decay=0.1, compile_model=True)
+    ids = torch.randint(0, shape.vocab, (1, shape.seq + 1), generator=torch.Generator().manual_seed(0))
+    run.forward(ids[:, :-1], ids[:, 1:]).backward()  # compiled here, so that the measured step only runs
+    storages: dict[int, int] = {}
+
+    def keep(t):
+        if not isinstance(t, torch.nn.Parameter):
+            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        run.forward(ids[:, :-1], ids[:, 1:])
+    cfg = shape.model_config()
+    inputs, other = compiled_activation_bytes(cfg, {}, seq_len=shape.seq, micro_batch=shape.mb)
+    weight_casts = 2 * sum(p.numel() for n, p in run.model.named_parameters()  # every matrix but the embedding
+                           if p.dim() == 2 and "tok_embeddings" not in n)
+    fp32_logits = 4 * shape.seq * cfg.vocab_size  # the loss's, outside the rule
+    predicted = inputs + other + weight_casts + fp32_logits
+    assert abs(sum(storages.values()) / predicted - 1) < 0.005, (sum(storages.values()), predicted)
