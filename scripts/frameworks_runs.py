@@ -305,6 +305,10 @@ def _run_torchtitan_itself(spec: dict[str, Any], shape: plan.Shape, policy) -> d
     result = train(shape, forward, backward, run.optimizer.step)
     result["trained"] = trained(before, run.model, run.optimizer)
     result["modules"] = plan.check_modules(titan.observed(run.model), titan.expected(policy, shape.layers))
+    float8 = run.job.quantize.linear.float8  # the exported settings as torchtitan parsed them
+    result["torchtitan_job"] = {"converters": list(run.job.model.converters), "recipe_name": float8.recipe_name,
+                                "filter_fqns": list(float8.filter_fqns), "max_norm": run.max_norm,
+                                "compile": [run.job.compile.enable, list(run.job.compile.components)]}
     result["note"] = (f"torchtitan {titan.VERSION}: the exported TOML parsed by its ConfigManager, its Llama 3, "
                       "converters, per-block torch.compile ([compile] components = model), AdamW, loss and "
                       "clipping; activation checkpointing off")

@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
             continue
         print(f"{name:34s} {r['after_forward_gib']:9.3f} {r['backward_peak_gib']:9.3f} {r['saved_gib']:7.3f}"
               f"{'  saved list: ' + r['hooks_error'] if r['hooks_error'] else ''}")
-        for s in r["saved"][:12]:
+        for s in r["saved"]:  # every entry: the 12 largest alone hid where the final norm's tensors were
             print(f"    {s['count']:3d} x {s['dtype']:14s} {str(tuple(s['shape'])):24s} {s['mib_each']:8.1f} MiB")
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "layers": args.layers, "seq": args.seq, "rows": rows},
