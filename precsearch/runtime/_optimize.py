@@ -141,8 +141,8 @@ def _work(ctx: StudyRun, target: int) -> None:
     while not ctx.stop.requested:
         with trace.span("heartbeats + count"):
             _fail_stale(ctx)
-            finished = with_retry(lambda: finished_count(ctx.study), "reading the study",
-                                  budget_s=ctx.space.study.store_retry_s)
+            finished, running = with_retry(lambda: _finished_and_running(ctx), "reading the study",
+                                           budget_s=ctx.space.study.store_retry_s)
         if finished >= target:
             # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
             action = _promotions(ctx) if target >= ctx.space.study.n_trials else "done"
@@ -153,7 +153,7 @@ def _work(ctx: StudyRun, target: int) -> None:
             else:
                 time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        if _finished_and_running(ctx) >= target:
+        if finished + running >= target:
             _fail_dead_running(ctx)
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
@@ -185,8 +185,8 @@ def _fail_stale(ctx: StudyRun) -> None:
                    budget_s=ctx.space.study.store_retry_s)
 
 
-def _finished_and_running(ctx: StudyRun, below: int | None = None) -> int:
-    """Finished trials plus the running ones (numbered below ``below``, if given), from one read of the study.
+def _finished_and_running(ctx: StudyRun, below: int | None = None) -> tuple[int, int]:
+    """Finished trials and the running ones (numbered below ``below``, if given), from one read of the study.
 
     Read apart, a trial that finished between the two reads was counted twice (running, then finished) or not
     at all: local workers asked one trial too many, then closed it as surplus (CI, three workers, 2026-12-05).
@@ -194,7 +194,7 @@ def _finished_and_running(ctx: StudyRun, below: int | None = None) -> int:
     trials = ctx.study.get_trials(deepcopy=False)
     running = sum(1 for t in trials if t.state is TrialState.RUNNING and not promotion.is_promoted(t)
                   and (below is None or t.number < below))
-    return finished_in(trials) + running
+    return finished_in(trials), running
 
 
 def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
@@ -205,7 +205,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     """
     retry_s = ctx.space.study.store_retry_s
     with _ask_lock(ctx), trace.span("ask"):
-        if target is not None and _finished_and_running(ctx) >= target:
+        if target is not None and sum(_finished_and_running(ctx)) >= target:
             return True
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
         if _not_needed(ctx, trial, promoted_only) or (target is not None and _surplus(ctx, trial, target)):
@@ -299,7 +299,7 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
     retry_s = ctx.space.study.store_retry_s
 
     def made_up() -> bool:
-        return _finished_and_running(ctx, below=trial.number) >= target
+        return sum(_finished_and_running(ctx, below=trial.number)) >= target
 
     if not with_retry(made_up, "reading the study", budget_s=retry_s):
         return False
