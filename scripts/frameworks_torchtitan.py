@@ -140,16 +140,15 @@ def observed(model) -> dict[str, str]:
     import torch
     from torchao.float8.float8_linear import Float8Linear
 
-    from precsearch.precision import Precision
+    import frameworks_plan as plan
 
-    return {n.replace("._orig_mod", ""): (Precision.FP8_CURRENT if isinstance(m, Float8Linear)
-                                          else Precision.BF16).value
+    return {plan.uncompiled_name(n): (plan.P.FP8_CURRENT if isinstance(m, Float8Linear) else plan.P.BF16).value
             for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
 def expected(policy, n_layers: int) -> dict[str, str]:
     """torchtitan FQN -> the precision the policy gives that layer (``export.torchtitan.tt_name``)."""
-    from precsearch.export.format_output import layer_table
+    import frameworks_plan as plan
     from precsearch.export.torchtitan import tt_name
 
-    return {tt_name(hf): p.value for hf, p in layer_table(policy, n_layers).items()}
+    return {tt_name(hf): p for hf, p in plan.hf_expected(policy, n_layers).items()}

@@ -30,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 GIB = 2**30
-VARIANTS = ("bf16", "fp8")  # x eager / compiled
 VOCAB = 1024  # small, so that the loss does not hide the blocks
 #: --model torchtitan: the bench's policies whose blocks tell apart what each kind of layer saves (the mixed
 #: policy runs FP8 attention and BF16 MLPs there: torchtitan has no delayed scaling).
@@ -43,7 +42,7 @@ def build(layers: int, fp8: bool, compiled: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=1024, max_position_embeddings=8192, rope_theta=500000.0,
+                      num_key_value_heads=8, vocab_size=VOCAB, max_position_embeddings=8192, rope_theta=500000.0,
                       tie_word_embeddings=False, attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -126,7 +125,8 @@ def measure(layers: int, fp8: bool, compiled: bool, seq: int, policy: str | None
         groups[(dtype, shape)] += 1
         sizes[(dtype, shape)] = nbytes
     saved = sorted(((d, s, n, sizes[(d, s)]) for (d, s), n in groups.items()), key=lambda r: -r[2] * r[3])
-    return {"fp8": fp8, "policy": policy, "compiled": compiled, "after_forward_gib": after_forward / GIB, "hooks_error": hooks_error,
+    return {"fp8": fp8, "policy": policy, "compiled": compiled, "after_forward_gib": after_forward / GIB,
+            "hooks_error": hooks_error,
             "backward_peak_gib": backward_peak / GIB,
             "saved_gib": sum(n * b for _, _, n, b in saved) / GIB,
             "saved": [{"dtype": d, "shape": list(s), "count": n, "mib_each": b / 2**20} for d, s, n, b in saved]}
