@@ -8,6 +8,7 @@ GPU side (:mod:`frameworks_runs`) only turns these plans into models and trains 
 from __future__ import annotations
 
 import fnmatch
+import math
 import tomllib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -371,11 +372,16 @@ def run_memory(framework: str, policy: Policy, optimizer: str = "framework") -> 
     return policy.memory
 
 
-def compiled_run(framework: str, note: str | None = None) -> bool:
-    """Whether the framework's run compiles its blocks: every torchtitan run does since 2026-12-03 (call 4), as
-    its export says; a recorded row's ``note`` says so ("torch.compile"), and the eager torchao rows of the
-    calls before do not."""
-    return framework == "torchtitan" and ("compile" in note if note else True)
+def compiled_run(framework: str, note: str | None = None, policy: Policy | None = None, layers: int = 0) -> bool:
+    """Whether the framework's run compiles its blocks: every torchtitan run since 2026-12-03 (call 4), as its
+    export says, and an Accelerate run of the bf16 or torchao setup since 2026-12-06 (its export's regional
+    compilation; ``policy`` and ``layers`` pick the setup). A recorded row's ``note`` says so ("compile"); the
+    eager rows of the calls before do not."""
+    if note:
+        return framework in ("torchtitan", "accelerate") and "compile" in note
+    if framework == "accelerate":
+        return policy is not None and choose_path(policy, layers)[0] in ("bf16", "ao")
+    return framework == "torchtitan"
 
 
 def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: str = "framework",
@@ -385,11 +391,14 @@ def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: 
     (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer); under
     ``optimizer="adamw"`` Megatron's model trains with torch's AdamW, the probe's step. ``compiled``: the run
     compiles its blocks (default :func:`compiled_run`), counted by the model's compiled rule
-    (:mod:`precsearch.probe.memory.compiled`)."""
+    (:mod:`precsearch.probe.memory.compiled`); NaN for a compiled run with BF16 parameters, which the rule
+    was not measured with (an Accelerate run of a master-weights policy)."""
     from precsearch.probe.memory.frameworks import framework_peak
 
     memory = run_memory(framework, policy, optimizer)
-    compiled = compiled_run(framework) if compiled is None else compiled
+    compiled = compiled_run(framework, policy=policy, layers=shape.layers) if compiled is None else compiled
+    if compiled and param_dtype(framework, policy.memory) != "fp32":
+        return math.nan  # the compiled rule was measured with FP32 parameters only (compiled.py)
     b = _breakdown(policy, shape, framework, optimizer, compiled)
     return framework_peak(framework if optimizer == "framework" else "probe", b, memory) / 2**30
 

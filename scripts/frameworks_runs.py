@@ -409,6 +409,8 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     aplan = plan.accelerate_plan(files)
     source = files[plan.ACCELERATE_FILE].read_text()
     note = f"exported snippet, path {aplan['path']}"
+    if "use_regional_compilation=True" in source:
+        note += "; each decoder block torch.compile'd (Accelerate's regional compilation)"
     if aplan["path"] == "precsearch":  # its own comment: backend="te" runs it on Transformer Engine
         source = source.replace("policy.apply(model)", 'policy.apply(model, backend="te")')
         note += ' (policy.apply(model, backend="te"), as the snippet\'s comment says)'
@@ -465,6 +467,7 @@ def _accelerate_observed(model) -> dict[str, str]:
     except ImportError:
         Float8Linear = ()
     for n, m in model.named_modules():
+        n = plan.uncompiled_name(n)  # regional compilation wraps each block
         if isinstance(m, Float8Linear):
             observed[n] = plan.P.FP8_CURRENT.value
         elif isinstance(m, torch.nn.Linear) and n not in observed:

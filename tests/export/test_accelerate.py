@@ -46,6 +46,10 @@ TE_DEFAULTS = {"delayed": {"fp8_format": "HYBRID", "amax_history_len": 1024, "am
                "mxfp8": {"fp8_format": "E4M3", "margin": 0}}
 
 
+#: What the bf16 and torchao setups ask Accelerate for: each decoder block compiled.
+COMPILE_BLOCKS = {"backend": "inductor", "use_regional_compilation": True}
+
+
 class _Recorder:
     def __init__(self, *args, **kwargs):
         self.args, self.kwargs = args, kwargs
@@ -70,6 +74,7 @@ def _run(code: str, monkeypatch, **env) -> dict:
     utils = types.ModuleType("accelerate.utils")
     utils.AORecipeKwargs = type("AORecipeKwargs", (_Recorder,), {})
     utils.TERecipeKwargs = type("TERecipeKwargs", (_Recorder,), {})
+    utils.TorchDynamoPlugin = type("TorchDynamoPlugin", (_Recorder,), {})
     float8 = types.ModuleType("torchao.float8")
     float8.Float8LinearConfig = type("Float8LinearConfig", (_Recorder,), {})
     float8.CastConfig = type("CastConfig", (_Recorder,), {})
@@ -131,6 +136,9 @@ def test_per_layer_tensorwise_goes_through_torchao_with_an_exact_filter(monkeypa
     ns = _run(rendered.files[FILE], monkeypatch)
     ao = ns["fp8_kwargs"].kwargs
     assert set(ao) == {"config", "module_filter_func"}
+    assert ns["accelerator"].kwargs == {"mixed_precision": "fp8", "kwargs_handlers": [ns["fp8_kwargs"]],
+                                        "dynamo_plugin": ns["compile_blocks"]}
+    assert ns["compile_blocks"].kwargs == COMPILE_BLOCKS
     config = ao["config"].kwargs
     assert config["pad_inner_dim"] is True
     if fp8_format == "e4m3":
@@ -173,7 +181,9 @@ def test_mixed_recipes_fall_back_to_the_exact_python_api(monkeypatch, tmp_path):
 def test_bf16_policy_snippet(monkeypatch):
     rendered = render("accelerate", Policy(clip_grad=0.5), N, {})
     assert rendered.warnings == [] and "clip_grad_norm_(model.parameters(), 0.5)" in rendered.files[FILE]
-    assert _run(rendered.files[FILE], monkeypatch)["accelerator"].kwargs == {"mixed_precision": "bf16"}
+    ns = _run(rendered.files[FILE], monkeypatch)
+    assert ns["accelerator"].kwargs == {"mixed_precision": "bf16", "dynamo_plugin": ns["compile_blocks"]}
+    assert ns["compile_blocks"].kwargs == COMPILE_BLOCKS
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -224,7 +234,8 @@ def test_nvfp4_policy_goes_through_the_python_api_naming_its_switches():
 @pytest.mark.parametrize("policy", [Policy(default=P.FP8_CURRENT, clip_grad=1.0),
                                     Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_CURRENT)))])
 def test_torchao_snippet_trains_every_layer_with_the_real_accelerate(policy):
-    """The snippet as a user runs it: optimizer built before ``prepare()``, one step; every weight must move.
+    """The snippet as a user runs it: optimizer built before ``prepare()``, one step, its blocks compiled;
+    every weight must move.
 
     With ``AORecipeKwargs()``'s default ``enable_fsdp_float8_all_gather=True`` torchao wraps each converted
     weight in a new Parameter that the optimizer does not hold, and those layers silently never trained
@@ -239,11 +250,16 @@ def test_torchao_snippet_trains_every_layer_with_the_real_accelerate(policy):
     namespace = {"model": model, "optimizer": optimizer, "dataloader": [{"input_ids": ids, "labels": ids}]}
     exec(compile(render("accelerate", policy, N, {}).files[FILE], FILE, "exec"), namespace)
     trained = namespace["accelerator"].unwrap_model(namespace["model"])
-    converted = {n for n, m in trained.named_modules() if isinstance(m, float8.Float8Linear)}
+    # regional compilation: each block (and each other top-level part) is wrapped, adding "_orig_mod" to names
+    assert all(isinstance(block, torch._dynamo.eval_frame.OptimizedModule) for block in trained.model.layers)
+    named = {n.replace("._orig_mod", ""): m for n, m in trained.named_modules()}
+    params = {n.replace("._orig_mod", ""): p for n, p in trained.named_parameters()}
+    converted = {n for n, m in named.items() if isinstance(m, float8.Float8Linear)}
     assert converted == {n for n, p in layer_table(policy, N).items() if p is P.FP8_CURRENT}
     held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    assert [n for n, p in trained.named_parameters() if id(p) not in held] == []
-    assert [n for n, p in trained.named_parameters() if torch.equal(p.detach(), before[n])] == []
+    assert sorted(params) == sorted(before)
+    assert [n for n, p in params.items() if id(p) not in held] == []
+    assert [n for n, p in params.items() if torch.equal(p.detach(), before[n])] == []
 
 
 def test_a_knob_policys_optimizer_is_prepared_without_device_placement(monkeypatch):

@@ -12,6 +12,7 @@ BF16 autocast, torchao's tensorwise Float8Linear, each block ``torch.compile``'d
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -94,3 +95,22 @@ def test_eager_rows_are_told_apart_from_compiled_ones_by_their_note():
     assert plan.compiled_run("torchtitan") and plan.compiled_run("torchtitan", "... each decoder block torch.compile'd")
     assert not plan.compiled_run("torchtitan", "ran torchao's convert_to_float8_training with the exported filter")
     assert not plan.compiled_run("megatron") and not plan.compiled_run("accelerate")
+    assert not plan.compiled_run("accelerate", "exported snippet, path ao")  # the eager rows of 2026-12-03
+
+
+@pytest.mark.parametrize(("policy", "compiled"), [("bf16", True), ("fp8_current", True),
+                                                  ("bf16_edges+fp8_current", True),
+                                                  ("attn_current+mlp_delayed", False), ("mxfp8", False)])
+def test_an_accelerate_run_is_compiled_where_its_setup_compiles_blocks(policy, compiled, tmp_path):
+    """The bf16 and torchao setups ask for regional compilation; the TE and precsearch setups run eager."""
+    files, _ = plan.export_files("accelerate", plan.POLICIES[policy], 4, tmp_path)
+    asks = "use_regional_compilation=True" in files[plan.ACCELERATE_FILE].read_text()
+    assert plan.compiled_run("accelerate", policy=plan.POLICIES[policy], layers=4) is compiled is asks
+
+
+def test_a_compiled_run_with_bf16_parameters_has_no_prediction():
+    """Accelerate's master-weights policy loads the model in BF16; the compiled rule was measured with FP32."""
+    shape = plan.Shape()
+    assert math.isnan(plan.predicted_peak_gib(plan.POLICIES["fp8_current+bf16_moments"], shape, "accelerate"))
+    assert math.isfinite(plan.predicted_peak_gib(plan.POLICIES["fp8_current+bf16_moments"], shape, "accelerate",
+                                                 compiled=False))
