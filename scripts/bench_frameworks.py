@@ -186,15 +186,19 @@ def agreement_table(entries: list[dict[str, Any]]) -> str:
     lines = [f"{'framework':11s} {'policy':36s} {'saved':>6} {'model':>6} {'m-meas':>6} {'probe':>6} "
              f"{'x bf16':>6} {'probe x':>7} {'vs probe':>8}"]
     for e in entries:
-        lines.append(f"{e['framework']:11s} {e['policy']:36s} {e['saved_pts']:+6.1f} {e['model_saved_pts']:+6.1f} "
-                     f"{e['model_minus_measured_pts']:+6.1f} {_fmt(e.get('probe_saved_pts'), '+6.1f'):>6} "
+        lines.append(f"{e['framework']:11s} {e['policy']:36s} {e['saved_pts']:+6.1f} "
+                     f"{_fmt(e['model_saved_pts'], '+6.1f'):>6} {_fmt(e['model_minus_measured_pts'], '+6.1f'):>6} "
+                     f"{_fmt(e.get('probe_saved_pts'), '+6.1f'):>6} "
                      f"{e['speedup']:6.2f} {_fmt(e.get('probe_speedup'), '7.2f'):>7} "
-                     f"{_fmt(100 * e['speedup_vs_probe'], '+7.1f') + '%' if 'speedup_vs_probe' in e else '-':>8}")
+                     f"{_fmt(100 * e.get('speedup_vs_probe', math.nan), '+7.1f%'):>8}")
     return "\n".join(lines)
 
 
 def _fmt(value: Any, spec: str) -> str:
-    return format(value, spec) if isinstance(value, (int, float)) and not math.isnan(value) else "-"
+    """``value`` in ``spec`` (a trailing ``%`` is printed after it), or ``-`` for none or NaN."""
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return "-"
+    return format(value, spec.removesuffix("%")) + ("%" if spec.endswith("%") else "")
 
 
 def _trained(check: dict[str, Any] | None) -> str:
@@ -221,8 +225,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         mods = r.get("modules")
         vs = r.get("peak_vs_predicted")
         lines.append(f"{head} {_fmt(r['tokens_per_s'], '7.0f')} {_fmt(r.get('speedup_vs_bf16'), '6.2f')} "
-                     f"{_fmt(r['peak_gib'], '6.2f')} {_fmt(r['predicted_gib'], '6.2f')} "
-                     f"{_fmt(None if vs is None else 100 * vs, '+6.1f')}% {_fmt(r['last_loss'], '7.3f')} "
+                     f"{_fmt(r['peak_gib'], '6.2f'):>6} {_fmt(r['predicted_gib'], '6.2f'):>6} "
+                     f"{_fmt(None if vs is None else 100 * vs, '+6.1f%'):>7} {_fmt(r['last_loss'], '7.3f')} "
                      f"{(str(mods['ok']) + '/' + str(mods['modules'])) if mods else '-':>8} {files_s:>6} "
                      f"{_trained(r.get('trained')):>7}")
     phased = [r for r in rows if "phase_peak_gib" in r and r["framework"] in ("probe", "megatron")]

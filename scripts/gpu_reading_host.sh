@@ -5,7 +5,7 @@
 # The trace's "reading: side" spans are the state's weights set into the kept model (the copy that converted on
 # the CPU before 2026-12-05), "reading: compare" the state's copy in and the figures.
 #   run(command="bash scripts/gpu_reading_host.sh", carry=[".gpu", ".before"], timeout_s=...)
-# Not run yet: written on 2026-12-05; the session's last device calls found no machine (about 200 s a call).
+# Ran on an H100 on 2026-12-06 (docs/throughput.md, "A longer study, and the reading fix, on an H100").
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_reading_host_out
 source "$(dirname "$0")/gpu_env.sh"

@@ -2,6 +2,7 @@
 
     python scripts/torchao_saved.py [--layers 2] [--json OUT.json]    # a CUDA GPU (torchao, transformers)
     python scripts/torchao_saved.py --model torchtitan                # torchtitan's Llama 3 and converter
+    python scripts/torchao_saved.py --param-dtype bf16                # HF blocks with BF16 parameters (not run yet)
 
 ``--model hf`` (the default) converts a Hugging Face ``LlamaForCausalLM`` with torchao's
 ``convert_to_float8_training`` and compiles each block; ``--model torchtitan`` builds torchtitan's own run
@@ -36,8 +37,9 @@ VOCAB = 1024  # small, so that the loss does not hide the blocks
 TITAN_POLICIES = ("bf16", "fp8_current", "attn_current+mlp_delayed")
 
 
-def build(layers: int, fp8: bool, compiled: bool):
-    """A Hugging Face model; its loss for input ids (labels the same ids)."""
+def build(layers: int, fp8: bool, compiled: bool, param_dtype: str = "fp32"):
+    """A Hugging Face model (``param_dtype`` ``bf16``: cast to BF16, as Accelerate's export says to load it for
+    a master-weights policy); its loss for input ids (labels the same ids)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,6 +49,8 @@ def build(layers: int, fp8: bool, compiled: bool):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg)
+    if param_dtype == "bf16":
+        model = model.to(torch.bfloat16)
     if fp8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -78,12 +82,13 @@ def build_torchtitan(layers: int, policy: str, compiled: bool, seq: int):
     return run.model, lambda ids: run.forward(ids, ids)
 
 
-def measure(layers: int, fp8: bool, compiled: bool, seq: int, policy: str | None = None) -> dict:
+def measure(layers: int, fp8: bool, compiled: bool, seq: int, policy: str | None = None,
+            param_dtype: str = "fp32") -> dict:
     """One variant: ``policy`` (a bench policy name) builds torchtitan's run of its export, else ``fp8`` a
     Hugging Face model with or without torchao's conversion."""
     import torch
 
-    model, loss_of = (build(layers, fp8, compiled) if policy is None
+    model, loss_of = (build(layers, fp8, compiled, param_dtype) if policy is None
                       else build_torchtitan(layers, policy, compiled, seq))
     ids = torch.randint(0, VOCAB, (1, seq), device="cuda")
 
@@ -125,7 +130,8 @@ def measure(layers: int, fp8: bool, compiled: bool, seq: int, policy: str | None
         groups[(dtype, shape)] += 1
         sizes[(dtype, shape)] = nbytes
     saved = sorted(((d, s, n, sizes[(d, s)]) for (d, s), n in groups.items()), key=lambda r: -r[2] * r[3])
-    return {"fp8": fp8, "policy": policy, "compiled": compiled, "after_forward_gib": after_forward / GIB,
+    return {"fp8": fp8, "policy": policy, "compiled": compiled, "param_dtype": param_dtype,
+            "after_forward_gib": after_forward / GIB,
             "hooks_error": hooks_error,
             "backward_peak_gib": backward_peak / GIB,
             "saved_gib": sum(n * b for _, _, n, b in saved) / GIB,
@@ -148,20 +154,25 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--model", choices=("hf", "torchtitan"), default="hf")
     ap.add_argument("--policies", nargs="+", default=list(TITAN_POLICIES), help="--model torchtitan: bench policies")
+    ap.add_argument("--param-dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="--model hf: the parameters' dtype (autocast is BF16 either way)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.model == "torchtitan" and args.param_dtype != "fp32":
+        ap.error("--param-dtype is for --model hf (torchtitan's run keeps FP32 parameters)")
     variants = ([(p != "bf16", p) for p in args.policies] if args.model == "torchtitan"
                 else [(fp8, None) for fp8 in (False, True)])
     rows = []
     for compiled in (False, True):
         for fp8, policy in variants:
             try:
-                rows.append(measure(args.layers, fp8, compiled, args.seq, policy))
+                rows.append(measure(args.layers, fp8, compiled, args.seq, policy, args.param_dtype))
                 _release()
             except Exception as exc:  # noqa: BLE001 - a variant that fails is a row that says so
                 rows.append({"fp8": fp8, "policy": policy, "compiled": compiled,
                              "error": f"{type(exc).__name__}: {exc}"[:300]})
-    print(f"{args.model}: {args.layers} blocks at the 8B width, seq {args.seq}, FP32 params under BF16 autocast; "
+    print(f"{args.model}: {args.layers} blocks at the 8B width, seq {args.seq}, {args.param_dtype.upper()} params "
+          "under BF16 autocast; "
           "GiB above the bytes before the forward")
     print(f"{'variant':34s} {'after fwd':>9} {'bwd peak':>9} {'saved':>7}")
     for r in rows:
