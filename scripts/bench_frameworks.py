@@ -284,7 +284,7 @@ def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             shape = plan.Shape(**data["meta"]["shape"])
             if (r["framework"] in plan.PARAM_DTYPE  # today's memory model
                     and r["policy"].partition(plan.AS_TORCHTITAN)[0] in plan.POLICIES
-                    and math.isfinite(r["predicted_gib"])):  # (an export that failed has none)
+                    and not r.get("error", "").startswith("export:")):  # (an export that failed has none)
                 r.setdefault("predicted_gib_at_run", r["predicted_gib"])
                 r["predicted_gib"] = plan.predicted_peak_gib(plan.policy_named(r["policy"], shape.layers), shape,
                                                              r["framework"], r.get("optimizer", "framework"),

@@ -8,7 +8,6 @@ GPU side (:mod:`frameworks_runs`) only turns these plans into models and trains 
 from __future__ import annotations
 
 import fnmatch
-import math
 import tomllib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -391,14 +390,11 @@ def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: 
     (:func:`~precsearch.probe.memory.frameworks.framework_peak`: Megatron-Core's standard optimizer); under
     ``optimizer="adamw"`` Megatron's model trains with torch's AdamW, the probe's step. ``compiled``: the run
     compiles its blocks (default :func:`compiled_run`), counted by the model's compiled rule
-    (:mod:`precsearch.probe.memory.compiled`); NaN for a compiled run with BF16 parameters, which the rule
-    was not measured with (an Accelerate run of a master-weights policy)."""
+    (:mod:`precsearch.probe.memory.compiled`)."""
     from precsearch.probe.memory.frameworks import framework_peak
 
     memory = run_memory(framework, policy, optimizer)
     compiled = compiled_run(framework, policy=policy, layers=shape.layers) if compiled is None else compiled
-    if compiled and param_dtype(framework, policy.memory) != "fp32":
-        return math.nan  # the compiled rule was measured with FP32 parameters only (compiled.py)
     b = _breakdown(policy, shape, framework, optimizer, compiled)
     return framework_peak(framework if optimizer == "framework" else "probe", b, memory) / 2**30
 

@@ -21,7 +21,13 @@ is inferred from those two blocks; the mixed policy (FP8 attention, BF16 MLP: it
 the MLP's) checks the inference against the 4-block compiled runs of the same call
 (``scripts/results/2026-12-03_h200_bench_frameworks_torchtitan_compiled.txt``): ``tests/probe/memory/test_compiled.py``.
 Outside the blocks (eager): the final norm (FP32 input and output, 1/rms), the output layer's BF16 input,
-the token ids, and RoPE's FP32 cos/sin once. Measured for FP32 parameters and torchao's FP8 Linear only:
+the token ids, and RoPE's FP32 cos/sin once.
+
+With BF16 parameters (Accelerate's export of a master-weights policy loads the model in BF16) the residual
+stream is BF16: each block's residual tensor, the final norm's input and RoPE's tables are BF16 (the norm's FP32
+upcast stays), and no weight is cast. Read off compiled Hugging Face blocks listed on the CPU (2026-12-06), whose
+FP32-parameter listing has the H200's counts exactly; it predicted Accelerate's compiled 4-block run of that
+policy on an H100 (25.35 GiB) within 0.01%. Measured for FP32 and BF16 parameters and torchao's FP8 Linear only:
 :func:`compiled_activation_bytes` refuses anything else.
 """
 
@@ -32,13 +38,17 @@ from precsearch.precision import Precision
 
 _FP32, _BF16 = 4, 2
 
+#: Bytes per element of the residual stream by parameter dtype: the embedding's output and each block's sum stay
+#: in the parameters' dtype under autocast.
+_RESIDUAL = {"fp32": _FP32, "bf16": _BF16}
+
 #: Block units that save their BF16 input when they run in BF16, by the width of that input.
 _BF16_SAVES_INPUT = {"self_attention.linear_qkv": "dim", "mlp.linear_fc1": "dim", "mlp.linear_fc2": "ffn_dim"}
 
 
 def _check(precisions: dict[str, Precision], param_dtype: str, fp8_linear: str) -> None:
-    if param_dtype != "fp32":
-        raise ValueError(f"compiled blocks: param_dtype={param_dtype!r}; the rule was measured with FP32 "
+    if param_dtype not in _RESIDUAL:
+        raise ValueError(f"compiled blocks: param_dtype={param_dtype!r}; the rule was measured with FP32 and BF16 "
                          "parameters under BF16 autocast only")
     if fp8_linear != "torchao" and any(p.is_fp8 for p in precisions.values()):
         raise ValueError(f"compiled blocks: fp8_linear={fp8_linear!r}; the rule was measured with torchao's "
@@ -54,7 +64,8 @@ def compiled_activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision]
     tokens = seq_len * micro_batch
     kv = cfg.n_kv_heads * cfg.head_dim
     width = {"dim": cfg.dim, "ffn_dim": cfg.ffn_dim}
-    block_other = (cfg.dim * _FP32 + (2 * cfg.dim + 2 * kv) * _BF16 + cfg.n_heads * _FP32 + 2 * _FP32
+    residual = _RESIDUAL[param_dtype]
+    block_other = (cfg.dim * residual + (2 * cfg.dim + 2 * kv) * _BF16 + cfg.n_heads * _FP32 + 2 * _FP32
                    + 2 * cfg.ffn_dim * _BF16)
     inputs = 0
     for i in range(cfg.n_layers):
@@ -63,6 +74,7 @@ def compiled_activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision]
             if not precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16).is_fp8:
                 inputs += width[which] * _BF16
     inputs += cfg.dim * _BF16  # the output layer's BF16 input (eager, outside the blocks)
-    final_norm = cfg.dim * 2 * _FP32 + _FP32
-    other = tokens * (cfg.n_layers * block_other + final_norm + 8) + 2 * seq_len * cfg.head_dim * _FP32
+    final_norm = cfg.dim * (residual + _FP32) + _FP32  # its input, its FP32 upcast, 1/rms
+    rope = 2 * seq_len * cfg.head_dim * residual  # cos and sin, in the parameters' dtype
+    other = tokens * (cfg.n_layers * block_other + final_norm + 8) + rope
     return tokens * inputs, other

@@ -193,8 +193,8 @@ def predict_peak(
     ``fused_adam_fp8``: FP8 moments step in TE ``FusedAdam`` (its FP32 copies) rather than in the ``te``
     backend's own :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW` (none).
     ``compiled_blocks``: each block runs under ``torch.compile`` (torchtitan's per-block compile): its saved
-    activations are :func:`~precsearch.probe.memory.compiled.compiled_activation_bytes` (FP32 parameters and
-    torchao's FP8 Linear only).
+    activations are :func:`~precsearch.probe.memory.compiled.compiled_activation_bytes` (FP32 or BF16
+    parameters, torchao's FP8 Linear only).
     """
     if fp8_linear not in FP8_LINEARS:
         raise ValueError(f"fp8_linear={fp8_linear!r}: expected one of {', '.join(FP8_LINEARS)}")
