@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import frameworks_plan as plan  # noqa: E402
 import frameworks_runs as runs  # noqa: E402
 import frameworks_torchtitan as titan  # noqa: E402
+from _saved import saved_storage_bytes  # noqa: E402
 
 if not titan.importable():  # in the test extras: pip install -e ".[test]"
     pytest.skip("torchtitan is not installed", allow_module_level=True)
@@ -124,19 +125,11 @@ def test_a_compiled_torchtitan_block_saves_what_the_memory_models_compiled_rule_
     run = titan.build(files[plan.TITAN_FILE], shape, "cpu", lr=1e-3, weight_decay=0.1, compile_model=True)
     ids = torch.randint(0, shape.vocab, (1, shape.seq + 1), generator=torch.Generator().manual_seed(0))
     run.forward(ids[:, :-1], ids[:, 1:]).backward()  # compiled here, so that the measured step only runs
-    storages: dict[int, int] = {}
-
-    def keep(t):
-        if not isinstance(t, torch.nn.Parameter):
-            storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        run.forward(ids[:, :-1], ids[:, 1:])
+    _, saved = saved_storage_bytes(lambda: run.forward(ids[:, :-1], ids[:, 1:]))
     cfg = shape.model_config()
     inputs, other = compiled_activation_bytes(cfg, {}, seq_len=shape.seq, micro_batch=shape.mb)
     weight_casts = 2 * sum(p.numel() for n, p in run.model.named_parameters()  # every matrix but the embedding
                            if p.dim() == 2 and "tok_embeddings" not in n)
     fp32_logits = 4 * shape.seq * cfg.vocab_size  # the loss's, outside the rule
     predicted = inputs + other + weight_casts + fp32_logits
-    assert abs(sum(storages.values()) / predicted - 1) < 0.005, (sum(storages.values()), predicted)
+    assert abs(saved / predicted - 1) < 0.005, (saved, predicted)

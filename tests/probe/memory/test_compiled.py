@@ -27,6 +27,7 @@ RESULTS = Path(__file__).resolve().parents[3] / "scripts" / "results"
 sys.path.insert(0, str(RESULTS.parent))
 
 import frameworks_plan as plan  # noqa: E402
+from _saved import saved_storage_bytes  # noqa: E402
 
 GIB = 2**30
 
@@ -172,8 +173,8 @@ def test_accelerates_compiled_knob_run_with_bf16_parameters_is_predicted():
 
 
 def _saved_by_compiled_hf_blocks(param_dtype: str, fp8: bool) -> int:
-    """Bytes a tiny Hugging Face Llama with compiled blocks saves for its backward, on the CPU (one storage
-    counted once; Parameters skipped, views of them, as the output layer's ``weight.t()``, counted)."""
+    """Bytes a tiny Hugging Face Llama with compiled blocks saves for its backward, on the CPU
+    (:func:`_saved.saved_storage_bytes`)."""
     transformers = pytest.importorskip("transformers")
     float8 = pytest.importorskip("torchao.float8")
     import torch
@@ -197,16 +198,9 @@ def _saved_by_compiled_hf_blocks(param_dtype: str, fp8: bool) -> int:
             return model(input_ids=ids, labels=ids).loss
 
     loss().backward()  # compile first: a compiling step's hooks would see the tracing
-    seen: dict[int, int] = {}
-
-    def record(t):
-        if not isinstance(t, torch.nn.Parameter):
-            seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(record, lambda t: t):
-        loss().backward()
-    return sum(seen.values())
+    value, saved = saved_storage_bytes(loss)
+    value.backward()
+    return saved
 
 
 #: The CPU listing's model: two blocks as narrow as the 8B's proportions allow at these sizes, small vocabulary.
