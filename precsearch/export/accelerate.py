@@ -158,12 +158,13 @@ _PREPARE_KNOBS = ("# device_placement=False for the optimizer: its states are on
 #: The bf16 and torchao setups compile each decoder block (Accelerate's regional compilation, applied in
 #: ``prepare()`` after torchao's conversion), as torchtitan compiles its blocks: torchao's FP8 casts are
 #: separate kernels without ``torch.compile``. Eager, this torchao setup ran at 0.64x of its BF16 run on the
-#: H200 (4 blocks at the Llama-3-8B width, 2026-12-03); the same conversion compiled per block at 1.09x.
-#: BF16 is compiled alike, so that the two runs compare like with like.
+#: H200 (4 blocks at the Llama-3-8B width, 2026-12-03); compiled, at 1.06x of its compiled BF16 run on an H100
+#: (2026-12-06, docs/frameworks.md). BF16 is compiled alike, so that the two runs compare like with like.
 _COMPILE_BLOCKS = [
-    "# each decoder block compiled (Accelerate's regional compilation): torchao's FP8 casts fuse into the",
-    "# block's kernels only under torch.compile (eager, FP8 ran at 0.64x of BF16 on an H200); BF16 setups",
-    "# compile alike so that the two compare like with like. Drop dynamo_plugin to run eager.",
+    "# each decoder block compiled (Accelerate's regional compilation; ran with accelerate 1.15 and 1.16):",
+    "# torchao's FP8 casts fuse into the block's kernels only under torch.compile (4 blocks at the 8B width:",
+    "# eager 0.64x of BF16 on an H200, compiled 1.06x on an H100); BF16 setups compile alike, so the two",
+    "# compare like with like. Drop dynamo_plugin to run eager.",
     'compile_blocks = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)',
 ]
 
