@@ -98,6 +98,7 @@ def test_compiled_blocks_keep_their_names_and_train(tmp_path):
     policy = plan.policy_named("bf16", 2)
     files, _ = plan.export_files("torchtitan", policy, 2, tmp_path)
     shape = plan.Shape(**{**plan.shape_dict(SHAPE), "layers": 2})
+    torch._dynamo.reset()  # earlier tests' compiles count towards the recompile limit (then blocks run eager)
     run = titan.build(files[plan.TITAN_FILE], shape, "cpu", lr=1e-3, weight_decay=0.1, compile_model=True)
     assert any("._orig_mod." in n for n, _ in run.model.named_modules())
     check = plan.check_modules(titan.observed(run.model), titan.expected(policy, 2))
@@ -122,6 +123,7 @@ def test_a_compiled_torchtitan_block_saves_what_the_memory_models_compiled_rule_
     layers = 2
     shape = plan.Shape(**{**plan.shape_dict(SHAPE), "layers": layers})
     files, _ = plan.export_files("torchtitan", plan.policy_named("bf16", layers), layers, tmp_path)
+    torch._dynamo.reset()  # earlier tests' compiles count towards the recompile limit (then blocks run eager)
     run = titan.build(files[plan.TITAN_FILE], shape, "cpu", lr=1e-3, weight_decay=0.1, compile_model=True)
     ids = torch.randint(0, shape.vocab, (1, shape.seq + 1), generator=torch.Generator().manual_seed(0))
     run.forward(ids[:, :-1], ids[:, 1:]).backward()  # compiled here, so that the measured step only runs

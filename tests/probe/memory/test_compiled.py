@@ -189,6 +189,9 @@ def _saved_by_compiled_hf_blocks(param_dtype: str, fp8: bool) -> int:
     if fp8:
         float8.convert_to_float8_training(model, config=float8.Float8LinearConfig.from_recipe_name("tensorwise"),
                                           module_filter_fn=lambda m, fqn: fqn.startswith("model.layers."))
+    # a fresh compiler: earlier tests' compiles of the same block code count towards Dynamo's recompile limit,
+    # past which the blocks would silently run eager (seen in the full suite)
+    torch._dynamo.reset()
     for i, block in enumerate(model.model.layers):
         model.model.layers[i] = torch.compile(block)
     ids = torch.randint(0, TINY.vocab_size, (1, TINY_SEQ))
@@ -198,6 +201,7 @@ def _saved_by_compiled_hf_blocks(param_dtype: str, fp8: bool) -> int:
             return model(input_ids=ids, labels=ids).loss
 
     loss().backward()  # compile first: a compiling step's hooks would see the tracing
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the blocks did not compile"
     value, saved = saved_storage_bytes(loss)
     value.backward()
     return saved
