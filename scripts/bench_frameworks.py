@@ -286,9 +286,11 @@ def merged(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                     and r["policy"].partition(plan.AS_TORCHTITAN)[0] in plan.POLICIES
                     and not r.get("error", "").startswith("export:")):  # (an export that failed has none)
                 r.setdefault("predicted_gib_at_run", r["predicted_gib"])
-                r["predicted_gib"] = plan.predicted_peak_gib(plan.policy_named(r["policy"], shape.layers), shape,
-                                                             r["framework"], r.get("optimizer", "framework"),
-                                                             plan.compiled_run(r["framework"], r.get("note")))
+                policy = plan.policy_named(r["policy"], shape.layers)
+                # a row that ran says in its note whether it compiled; one that did not, what its export asks
+                compiled = plan.compiled_run(r["framework"], r.get("note"), policy, shape.layers)
+                r["predicted_gib"] = plan.predicted_peak_gib(policy, shape, r["framework"],
+                                                             r.get("optimizer", "framework"), compiled)
             key = (r["framework"], r["policy"])
             if "peak_gib" in r or "peak_gib" not in rows.get(key, {}):
                 rows[key] = r

@@ -371,7 +371,8 @@ def run_memory(framework: str, policy: Policy, optimizer: str = "framework") -> 
     return policy.memory
 
 
-def compiled_run(framework: str, note: str | None = None, policy: Policy | None = None, layers: int = 0) -> bool:
+def compiled_run(framework: str, note: str | None = None, policy: Policy | None = None,
+                 layers: int | None = None) -> bool:
     """Whether the framework's run compiles its blocks: every torchtitan run since 2026-12-03 (call 4), as its
     export says, and an Accelerate run of the bf16 or torchao setup since 2026-12-06 (its export's regional
     compilation; ``policy`` and ``layers`` pick the setup). A recorded row's ``note`` says so ("compile"); the
@@ -379,7 +380,9 @@ def compiled_run(framework: str, note: str | None = None, policy: Policy | None 
     if note:
         return framework in ("torchtitan", "accelerate") and "compile" in note
     if framework == "accelerate":
-        return policy is not None and choose_path(policy, layers)[0] in ("bf16", "ao")
+        if policy is None or layers is None:
+            raise ValueError("compiled_run('accelerate') needs a row's note, or the policy and layers (its setup)")
+        return choose_path(policy, layers)[0] in ("bf16", "ao")
     return framework == "torchtitan"
 
 

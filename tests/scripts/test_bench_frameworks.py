@@ -213,6 +213,23 @@ def test_rows_of_several_device_calls_merge_into_one_agreement_table(tmp_path):
         bench.merged([tmp_path / "a.json", tmp_path / "b.json"])
 
 
+def test_a_merged_row_that_did_not_run_is_predicted_as_its_export_runs(tmp_path):
+    """A skipped Accelerate row has no note to say whether it compiled: its export's setup decides (the bf16 and
+    torchao setups compile their blocks); a row that ran keeps what its note says (the eager rows of 12-03)."""
+    shape = plan.Shape()
+    rows = [{"framework": "accelerate", "policy": "fp8_current", "predicted_gib": 1.0, "error": "skipped (--smoke)"},
+            {"framework": "accelerate", "policy": "bf16_edges+fp8_current", "predicted_gib": 1.0, "peak_gib": 1.0,
+             "tokens_per_s": 1.0, "last_loss": 1.0, "note": "exported snippet, path ao"}]
+    (tmp_path / "a.json").write_text(json.dumps({"meta": {"shape": plan.shape_dict(shape)}, "rows": rows}))
+    merged, _ = bench.merged([tmp_path / "a.json"])
+    by_policy = {r["policy"]: r["predicted_gib"] for r in merged}
+    for name, compiled in (("fp8_current", True), ("bf16_edges+fp8_current", False)):
+        assert by_policy[name] == pytest.approx(plan.predicted_peak_gib(plan.POLICIES[name], shape, "accelerate",
+                                                                        compiled=compiled))
+    assert by_policy["fp8_current"] != pytest.approx(
+        plan.predicted_peak_gib(plan.POLICIES["fp8_current"], shape, "accelerate", compiled=False))
+
+
 def test_compiled_blocks_keep_their_module_names_for_the_check():
     """torchtitan's per-block torch.compile adds an _orig_mod level; the H200 run of 2026-12-03 read 1/29."""
     import torch

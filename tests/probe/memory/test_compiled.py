@@ -141,7 +141,9 @@ def test_the_rule_refuses_what_was_not_measured():
 def test_eager_rows_are_told_apart_from_compiled_ones_by_their_note():
     assert plan.compiled_run("torchtitan") and plan.compiled_run("torchtitan", "... each decoder block torch.compile'd")
     assert not plan.compiled_run("torchtitan", "ran torchao's convert_to_float8_training with the exported filter")
-    assert not plan.compiled_run("megatron") and not plan.compiled_run("accelerate")
+    assert not plan.compiled_run("megatron")
+    with pytest.raises(ValueError, match="policy and layers"):
+        plan.compiled_run("accelerate")  # its setup decides
     assert not plan.compiled_run("accelerate", "exported snippet, path ao")  # the eager rows of 2026-12-03
 
 
