@@ -91,6 +91,7 @@ def test_the_frameworks_compiled_runs_of_2026_12_06_are_predicted(framework, res
         model = 1 - predicted[name] / predicted["bf16"]
         assert abs(100 * (model - measured)) < 0.25, (name, model, measured)
 
+
 #: The 2-block listings of what compiled blocks save (``scripts/torchao_saved.py``): the Hugging Face blocks the
 #: rule was read from (H200), and torchtitan 0.2.2's own blocks (H100, 2026-12-06), whose mixed policy (FP8
 #: attention, BF16 MLP) checks the rule's inference of which unit keeps which input.
@@ -103,24 +104,30 @@ def _two_block_precisions(cfg, policy: str) -> dict[str, Precision]:
             for n in unit_names(cfg)}
 
 
+def _listing_total(cfg, policy: str, seq: int, param_dtype: str = "fp32") -> int:
+    """What a saved-tensor listing of ``cfg``'s compiled blocks should total: the rule, plus what it leaves to
+    other parts of the model: the BF16 units' weight casts (FP32 parameters only), the output layer's weight
+    (a cast, or with BF16 parameters a view the listing counts) and the loss's FP32 logits."""
+    precisions = _two_block_precisions(cfg, policy)
+    inputs, other = compiled_activation_bytes(cfg, precisions, seq_len=seq, micro_batch=1, param_dtype=param_dtype)
+    casts = 0 if param_dtype == "bf16" else sum(
+        2 * rows * cols for n, p in precisions.items() if n != OUTPUT_LAYER and p is Precision.BF16
+        for rows, cols in [unit_shape(cfg, n)])
+    return inputs + other + casts + 2 * cfg.vocab_size * cfg.dim + 4 * seq * cfg.vocab_size
+
+
 @pytest.mark.parametrize(("model", "policy"), [("hf", "bf16"), ("hf", "fp8_current"), ("torchtitan", "bf16"),
                                                ("torchtitan", "fp8_current"),
                                                ("torchtitan", "attn_current+mlp_delayed")])
 def test_the_rule_holds_the_two_block_listings(model, policy):
     """Saved bytes of 2 compiled blocks (vocabulary 1024) with what the rule leaves to other parts of the model
-    added back (the BF16 units' weight casts, the output layer's weight cast, the loss's FP32 logits): the
-    listing's total to 0.1% (HF) and 0.25% (torchtitan). torchtitan's final norm keeps one FP32 tensor fewer
+    added back (:func:`_listing_total`): the listing's total to 0.1% (HF) and 0.25% (torchtitan). torchtitan's final norm keeps one FP32 tensor fewer
     than the Hugging Face one (its listing's third FP32 token x dim tensor, where HF has four)."""
     listing = json.loads((RESULTS / LISTINGS[model]).read_text())
     [row] = [r for r in listing["rows"] if r["compiled"] and r.get("policy", "fp8_current" if r["fp8"] else "bf16")
              == policy]
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2, vocab_size=1024)
-    precisions = _two_block_precisions(cfg, policy)
-    inputs, other = compiled_activation_bytes(cfg, precisions, seq_len=4096, micro_batch=1)
-    block_casts = sum(2 * rows * cols for n, p in precisions.items() if n != OUTPUT_LAYER and p is Precision.BF16
-                      for rows, cols in [unit_shape(cfg, n)])
-    head_weight, fp32_logits = 2 * cfg.vocab_size * cfg.dim, 4 * 4096 * cfg.vocab_size
-    total = inputs + other + block_casts + head_weight + fp32_logits
+    total = _listing_total(cfg, policy, 4096)
     if model == "torchtitan":
         total -= 4 * 4096 * cfg.dim
     tolerance = 0.001 if model == "hf" else 0.0025
@@ -219,16 +226,7 @@ TINY_SEQ = 128
 def test_the_rule_holds_compiled_blocks_listed_on_the_cpu(param_dtype, fp8):
     """The rule against what compiled Hugging Face blocks save, listed here on the CPU. With FP32 parameters the
     CPU's listing has the H200's counts; with BF16 parameters (an Accelerate master-weights run) the residual
-    stream, the final norm's input and RoPE's tables are BF16 and no weight is cast. Added back: the BF16 units'
-    weight casts (FP32 parameters only), the output layer's weight (a cast, or a view the listing counts), the
-    FP32 logits."""
-    precisions = {n: Precision.FP8_CURRENT if fp8 and n != OUTPUT_LAYER else Precision.BF16 for n in unit_names(TINY)}
-    inputs, other = compiled_activation_bytes(TINY, precisions, seq_len=TINY_SEQ, micro_batch=1,
-                                              param_dtype=param_dtype)
-    casts = 0 if param_dtype == "bf16" else sum(
-        2 * rows * cols for n, p in precisions.items() if n != OUTPUT_LAYER and p is Precision.BF16
-        for rows, cols in [unit_shape(TINY, n)])
-    head_weight, fp32_logits = 2 * TINY.vocab_size * TINY.dim, 4 * TINY_SEQ * TINY.vocab_size
-    total = inputs + other + casts + head_weight + fp32_logits
+    stream, the final norm's input and RoPE's tables are BF16 and no weight is cast (:func:`_listing_total`)."""
+    total = _listing_total(TINY, "fp8_current" if fp8 else "bf16", TINY_SEQ, param_dtype)
     listed = _saved_by_compiled_hf_blocks(param_dtype, fp8)
     assert abs(total / listed - 1) < 0.005, (total, listed)
