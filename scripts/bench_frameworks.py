@@ -78,10 +78,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def runs(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(framework, policy) in run order: each framework's BF16 first; the breakdown's probe and Megatron last.
+    """(framework, policy) in run order: each framework's BF16 rows first (``bf16``, and Accelerate's
+    :data:`frameworks_plan.BF16_MASTER` where a knob row needs it); the breakdown's probe and Megatron last.
     With torchtitan and the probe, the probe also runs each policy torchtitan runs differently, as it runs it
     (:func:`frameworks_plan.as_torchtitan_runs`): what that torchtitan row's speed-up is compared with."""
-    out = [(fw, p) for fw in args.frameworks for p in dict.fromkeys([BASELINE, *args.policies])]
+    out = []
+    for fw in args.frameworks:
+        baselines = [plan.baseline_of(fw, name) for name in args.policies]
+        out += [(fw, name) for name in dict.fromkeys([BASELINE, *baselines, *args.policies])
+                if plan.runs_policy(fw, name)]
     if "torchtitan" in args.frameworks and "probe" in args.frameworks:
         out += [("probe", p + plan.AS_TORCHTITAN) for p in args.policies
                 if plan.runs_differently_in_torchtitan(p, args.shape.layers)]
@@ -142,14 +147,18 @@ def run_one(row: dict[str, Any], shape: plan.Shape, timeout: float) -> dict[str,
 
 
 def relative(rows: list[dict[str, Any]]) -> None:
-    """Each row's speed and peak against its framework's BF16 row, and its peak against the prediction."""
-    base = {r["framework"]: r for r in rows if r["policy"] == BASELINE and "peak_gib" in r}
+    """Each row's speed and peak against its BF16 row (``baseline``: :func:`frameworks_plan.baseline_of`, or
+    the framework's ``bf16`` row where that did not run), and its peak against the prediction."""
+    ran = {(r["framework"], r["policy"]): r for r in rows if "peak_gib" in r}
     for r in rows:
-        b = base.get(r["framework"])
         if "peak_gib" not in r:
             continue
         r["peak_vs_predicted"] = r["peak_gib"] / r["predicted_gib"] - 1
-        if b is not None:
+        b = ran.get((r["framework"], plan.baseline_of(r["framework"], r["policy"]))) or ran.get(
+            (r["framework"], BASELINE))
+        r.pop("baseline", None)
+        if b is not None and b is not r:
+            r["baseline"] = b["policy"]
             r["speedup_vs_bf16"] = r["tokens_per_s"] / b["tokens_per_s"]
             r["peak_vs_bf16"] = r["peak_gib"] / b["peak_gib"] - 1
 
@@ -162,10 +171,11 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ok = {(r["framework"], r["policy"]): r for r in rows if "peak_gib" in r}
     out = []
     for (framework, policy), r in ok.items():
-        base = ok.get((framework, BASELINE))
-        if framework == "probe" or policy == BASELINE or base is None:
+        base = ok.get((framework, r.get("baseline", "")))
+        if framework == "probe" or policy in (BASELINE, plan.BF16_MASTER) or base is None:
             continue
-        entry = {"framework": framework, "policy": policy, "saved_pts": -100 * r["peak_vs_bf16"],
+        entry = {"framework": framework, "policy": policy, "baseline": base["policy"],
+                 "saved_pts": -100 * r["peak_vs_bf16"],
                  "model_saved_pts": 100 * (1 - r["predicted_gib"] / base["predicted_gib"]),
                  "speedup": r["speedup_vs_bf16"]}
         # torchtitan runs some policies with fewer FP8 layers: compared with the probe of what it runs, if that ran
@@ -184,13 +194,13 @@ def agreement(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def agreement_table(entries: list[dict[str, Any]]) -> str:
     """The :func:`agreement` entries as text: saved points (measured, model, probe), speed-ups."""
     lines = [f"{'framework':11s} {'policy':36s} {'saved':>6} {'model':>6} {'m-meas':>6} {'probe':>6} "
-             f"{'x bf16':>6} {'probe x':>7} {'vs probe':>8}"]
+             f"{'x bf16':>6} {'probe x':>7} {'vs probe':>8}  against"]
     for e in entries:
         lines.append(f"{e['framework']:11s} {e['policy']:36s} {e['saved_pts']:+6.1f} "
                      f"{_fmt(e['model_saved_pts'], '+6.1f'):>6} {_fmt(e['model_minus_measured_pts'], '+6.1f'):>6} "
                      f"{_fmt(e.get('probe_saved_pts'), '+6.1f'):>6} "
                      f"{e['speedup']:6.2f} {_fmt(e.get('probe_speedup'), '7.2f'):>7} "
-                     f"{_fmt(100 * e.get('speedup_vs_probe', math.nan), '+7.1f%'):>8}")
+                     f"{_fmt(100 * e.get('speedup_vs_probe', math.nan), '+7.1f%'):>8}  {e['baseline']}")
     return "\n".join(lines)
 
 
@@ -229,6 +239,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{_fmt(None if vs is None else 100 * vs, '+6.1f%'):>7} {_fmt(r['last_loss'], '7.3f')} "
                      f"{(str(mods['ok']) + '/' + str(mods['modules'])) if mods else '-':>8} {files_s:>6} "
                      f"{_trained(r.get('trained')):>7}")
+    lines += [f"  x bf16 of {r['framework']} {r['policy']}: against its {r['baseline']} row" for r in rows
+              if r.get("baseline", BASELINE) != BASELINE]
     phased = [r for r in rows if "phase_peak_gib" in r and r["framework"] in ("probe", "megatron")]
     if phased:
         lines += ["", "memory by phase (peak inside each phase of the steady steps, GiB)",

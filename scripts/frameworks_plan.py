@@ -46,7 +46,15 @@ POLICIES: dict[str, Policy] = {
     "fp8_current+bf16_moments": Policy(rules=(HEAD,), default=P.FP8_CURRENT, clip_grad=CLIP,
                                        memory=MemoryKnobs(master_weights=True, moment_dtype="bf16")),
     "mxfp8": Policy(rules=(HEAD,), default=P.MXFP8, recipe=LayerRecipe(fp8_format="e4m3"), clip_grad=CLIP),
+    # Accelerate's BF16 run as the probe's BF16 row trains: the baseline of its memory-knob rows (baseline_of)
+    "bf16+fp32_master": Policy(clip_grad=CLIP, memory=MEGATRON_STANDARD),
 }
+#: The BF16 row a memory-knob row of Accelerate is set against. That row loads its model in BF16 and trains it
+#: with TE ``FusedAdam`` (FP32 master weights), as the export says; Accelerate's own BF16 row keeps FP32
+#: parameters under autocast with torch's AdamW, so a speed-up over it mixes FP8's gain with the parameters'
+#: dtype and the optimizer's. This one is a BF16 model with FP32 master weights and moments in TE ``FusedAdam``:
+#: the state of the probe's and Megatron-Core's BF16 rows, which the probe's knob speed-up is measured against.
+BF16_MASTER = "bf16+fp32_master"
 #: Framework -> export format.
 FRAMEWORKS = {"megatron": "megatron", "torchtitan": "torchtitan", "accelerate": "accelerate"}
 #: A policy name with this suffix is the policy as torchtitan runs it (:func:`as_torchtitan_runs`): the probe's
@@ -71,6 +79,21 @@ def policy_named(name: str, n_layers: int) -> Policy:
     it."""
     base, suffix, _ = name.partition(AS_TORCHTITAN)
     return as_torchtitan_runs(POLICIES[base], n_layers) if suffix else POLICIES[base]
+
+
+def baseline_of(framework: str, name: str) -> str:
+    """The policy of the BF16 row that row ``name`` of ``framework`` is set against (speed-up, memory saved):
+    :data:`BF16_MASTER` for an Accelerate row that loads its model in BF16 for master weights, else ``bf16``."""
+    if (framework == "accelerate" and name != BF16_MASTER
+            and param_dtype(framework, policy_named(name, 1).memory) == "bf16"):
+        return BF16_MASTER
+    return "bf16"
+
+
+def runs_policy(framework: str, name: str) -> bool:
+    """Whether the bench runs policy ``name`` in ``framework``: :data:`BF16_MASTER` is Accelerate's alone (the
+    probe's and Megatron-Core's BF16 rows keep that state already; torchtitan's AdamW has no master weights)."""
+    return name != BF16_MASTER or framework == "accelerate"
 
 
 def runs_differently_in_torchtitan(name: str, n_layers: int) -> bool:
