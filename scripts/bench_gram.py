@@ -1,0 +1,147 @@
+"""The compare step's Gram product: one GEMM per block (as before 2026-12-06) against segments in one batched GEMM.
+
+The fixed-state reading adds ``X X^T`` of a K x n float64 block into a unit's Gram matrix, for every
+``chunk``-element slice of every unit (:mod:`precsearch.probe.damage.compare`). ``one GEMM`` is that product as
+it was, written here apart from the code under test: ``acc.addmm_(x, x.T)``. ``segments`` is
+:func:`precsearch.probe.damage.gram.gram_of_stacked` (n / SEGMENT products in one batched GEMM, summed). Two parts,
+side by side in one run:
+
+* ``gram``: the product alone, for K x n blocks the reading builds (K = 8: a policy's two families of 4 batches;
+  16: the four families), n the compare chunk;
+* ``unit``: the whole compare step of one unit (:func:`~precsearch.probe.damage.compare.compare_unit`, a policy
+  with BF16 moments against the BF16 side's matrices, the state on the device), once with the Gram product as
+  before (``one GEMM`` patched in) and once as it is.
+
+Each row: the median seconds over ``--repeats`` after one warm-up, the ratio to ``one GEMM``, and the largest
+difference of the two matrices in units of sqrt(M_ii M_jj) (summation order only).
+
+    python scripts/bench_gram.py --device cuda                     # on the GPU (seconds)
+    python scripts/bench_gram.py --sizes 1M --unit 4M --repeats 3  # CPU: that it runs; CPU times are not the point
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from precsearch.policy import MemoryKnobs  # noqa: E402
+from precsearch.probe.damage import compare, gram  # noqa: E402
+from precsearch.probe.damage.update import StepDtypes  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ARGS = (100, 3e-4, (0.9, 0.95), 0.1)  # step, lr, betas, weight decay
+KNOBS = MemoryKnobs(master_weights=True, moment_dtype="bf16")  # the 8B space's kind
+
+
+def one_gemm(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The block's float64 Gram matrix as one GEMM (the reference)."""
+    xd = x.double()
+    return xd @ xd.T if out is None else out.addmm_(xd, xd.T)
+
+
+def _size(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up (and the compiled compare's compile)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = gram.symmetric(a.cpu()), gram.symmetric(b.cpu())
+    d = b.diagonal().clamp(min=0).sqrt()
+    return float(((a - b).abs() / torch.outer(d, d).clamp(min=1e-300)).max())
+
+
+def bench_gram(rows: int, n: int, repeats: int, device: torch.device) -> dict:
+    gen = torch.Generator(device=device).manual_seed(rows)
+    x = (torch.randn(rows, n, generator=gen, device=device) + 0.1).double()
+    acc = {name: torch.zeros(rows, rows, dtype=torch.float64, device=device) for name in ("one GEMM", "segments")}
+    fns = {"one GEMM": lambda: one_gemm(x, acc["one GEMM"].zero_()),
+           "segments": lambda: gram.gram_of_stacked(x, acc["segments"].zero_())}
+    seconds = {name: _timed(fn, repeats, device) for name, fn in fns.items()}
+    return {"part": "gram", "rows": rows, "elements": n, "seconds": seconds,
+            "difference": _difference(acc["segments"], acc["one GEMM"])}
+
+
+def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int) -> dict:
+    gen = torch.Generator(device=device).manual_seed(n)
+    g = [(1e-3 * torch.randn(n, generator=gen, device=device)).bfloat16() for _ in range(k)]
+    p = [(gk.float() + 1e-5 * torch.randn(n, generator=gen, device=device)).bfloat16() for gk in g]
+    weight = 0.02 * torch.randn(n, generator=gen, device=device)
+    moments = (1e-4 * torch.randn(n, generator=gen, device=device), 1e-8 * torch.rand(n, generator=gen, device=device))
+    dtypes = StepDtypes.of(KNOBS, "bf16")
+    base = compare.baseline_grams(g, weight, moments, ARGS, device, chunk)
+    out: dict[str, dict] = {}
+
+    def run(name: str):
+        out[name] = compare.compare_unit(g, p, weight, moments, dtypes, ARGS, device, chunk, base=base)
+
+    seconds = {}
+    with mock.patch.object(gram, "gram_of_stacked", one_gemm):
+        seconds["one GEMM"] = _timed(lambda: run("one GEMM"), repeats, device)
+    seconds["segments"] = _timed(lambda: run("segments"), repeats, device)
+    worst = max(_difference(out["segments"][key], out["one GEMM"][key]) for key in compare.POLICY)
+    return {"part": "unit", "rows": 2 * k, "elements": n, "seconds": seconds, "difference": worst}
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'part':5s} {'rows':>4} {'elements':>11} {'one GEMM s':>11} {'segments s':>11} {'ratio':>6} "
+             f"{'difference':>10}"]
+    for r in rows:
+        s = r["seconds"]
+        lines.append(f"{r['part']:5s} {r['rows']:4d} {r['elements']:11d} {s['one GEMM']:11.5f} {s['segments']:11.5f} "
+                     f"{s['segments'] / s['one GEMM']:6.3f} {r['difference']:10.1e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", nargs="+", default=["16M"], help="columns of the Gram-only blocks (the chunk)")
+    ap.add_argument("--rows", nargs="+", type=int, default=[8, 16])
+    ap.add_argument("--unit", default="112M", help="elements of the unit compared (112M: an 8B MLP projection)")
+    ap.add_argument("--k", type=int, default=4, help="batches per state (the reading's default)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    rows = [bench_gram(r, _size(size), args.repeats, device) for size in args.sizes for r in args.rows]
+    rows.append(bench_unit(_size(args.unit), args.k, args.repeats, device, compare.default_chunk(device)))
+    text = table(rows)
+    print(text)
+    meta = {"date": str(datetime.date.today()), "device": str(device), "torch": torch.__version__,
+            "segment": gram.SEGMENT, "chunk": compare.default_chunk(device), "repeats": args.repeats,
+            "memory": KNOBS.changed(), "step_args": list(ARGS)}
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+    out = args.json or RESULTS / f"{datetime.date.today()}_{device.type}_bench_gram.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    out.with_suffix(".txt").write_text(text + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
