@@ -121,11 +121,11 @@ def measure(n: int, k: int, repeats: int, device: torch.device, chunk: int, grad
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-                base = torch.cuda.memory_allocated(device)
+                allocated = torch.cuda.memory_allocated(device)  # not `base`: the policy row's BF16 matrices
             with LiveBytes(*inputs) as mode:
                 grams[name] = fn()
             peaks[name] = mode.peak
-            gpu_peaks[name] = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
+            gpu_peaks[name] = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else None
         for _ in range(repeats):
             for name, fn in fns.items():
                 _sync(device)

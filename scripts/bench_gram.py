@@ -1,19 +1,21 @@
-"""The compare step's Gram product: one GEMM per block (as before 2026-12-06) against segments in one batched GEMM.
+"""The compare step's Gram product: one GEMM per block (the code) against segments in one batched GEMM.
 
 The fixed-state reading adds ``X X^T`` of a K x n float64 block into a unit's Gram matrix, for every
-``chunk``-element slice of every unit (:mod:`precsearch.probe.damage.compare`). ``one GEMM`` is that product as
-it was, written here apart from the code under test: ``acc.addmm_(x, x.T)``. ``segments`` is
-:func:`precsearch.probe.damage.gram.gram_of_stacked` (n / SEGMENT products in one batched GEMM, summed). Two parts,
-side by side in one run:
+``chunk``-element slice of every unit (:mod:`precsearch.probe.damage.compare`), as one GEMM with a K x K output
+(:func:`precsearch.probe.damage.gram.gram_of_stacked`). ``segments`` (:func:`segmented`, written here) splits the
+block into n / SEGMENT products of K x SEGMENT, one batched GEMM, summed: the guess was that cuBLAS gives a
+K x K output with n in the millions to a few thread blocks. It does not: on an H100 (2026-12-06) one GEMM of an
+8 x 2**24 block took 0.86 ms and the segments 0.90 ms, and a whole unit's compare step (112M elements) 17.5 ms
+either way, so the code keeps one GEMM. Two parts, side by side in one run:
 
 * ``gram``: the product alone, for K x n blocks the reading builds (K = 8: a policy's two families of 4 batches;
   16: the four families), n the compare chunk;
 * ``unit``: the whole compare step of one unit (:func:`~precsearch.probe.damage.compare.compare_unit`, a policy
-  with BF16 moments against the BF16 side's matrices, the state on the device), once with the Gram product as
-  before (``one GEMM`` patched in) and once as it is.
+  with BF16 moments against the BF16 side's matrices, the state on the device), as it is and with
+  :func:`segmented` patched in.
 
-Each row: the median seconds over ``--repeats`` after one warm-up, the ratio to ``one GEMM``, and the largest
-difference of the two matrices in units of sqrt(M_ii M_jj) (summation order only).
+Each row: the median seconds over ``--repeats`` after one warm-up, the ratio of segments to one GEMM, and the
+largest difference of the two matrices in units of sqrt(M_ii M_jj) (summation order only).
 
     python scripts/bench_gram.py --device cuda                     # on the GPU (seconds)
     python scripts/bench_gram.py --sizes 1M --unit 4M --repeats 3  # CPU: that it runs; CPU times are not the point
@@ -42,10 +44,21 @@ ARGS = (100, 3e-4, (0.9, 0.95), 0.1)  # step, lr, betas, weight decay
 KNOBS = MemoryKnobs(master_weights=True, moment_dtype="bf16")  # the 8B space's kind
 
 
-def one_gemm(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The block's float64 Gram matrix as one GEMM (the reference)."""
+#: Columns of each product :func:`segmented` takes.
+SEGMENT = 2**15
+
+
+def segmented(x: torch.Tensor, out: torch.Tensor | None = None, segment: int = SEGMENT) -> torch.Tensor:
+    """The block's float64 Gram matrix as n / ``segment`` products in one batched GEMM, summed, plus the rest."""
     xd = x.double()
-    return xd @ xd.T if out is None else out.addmm_(xd, xd.T)
+    k, n = xd.shape
+    whole = n - n % segment if n >= 2 * segment else 0
+    result = out if out is not None else torch.zeros(k, k, dtype=torch.float64, device=xd.device)
+    if whole:
+        parts = xd[:, :whole].reshape(k, whole // segment, segment).transpose(0, 1)  # a view: no copy
+        result.add_(torch.bmm(parts, parts.transpose(1, 2)).sum(0))
+    rest = xd[:, whole:]
+    return result.addmm_(rest, rest.T)
 
 
 def _size(text: str) -> int:
@@ -77,8 +90,8 @@ def bench_gram(rows: int, n: int, repeats: int, device: torch.device) -> dict:
     gen = torch.Generator(device=device).manual_seed(rows)
     x = (torch.randn(rows, n, generator=gen, device=device) + 0.1).double()
     acc = {name: torch.zeros(rows, rows, dtype=torch.float64, device=device) for name in ("one GEMM", "segments")}
-    fns = {"one GEMM": lambda: one_gemm(x, acc["one GEMM"].zero_()),
-           "segments": lambda: gram.gram_of_stacked(x, acc["segments"].zero_())}
+    fns = {"one GEMM": lambda: gram.gram_of_stacked(x, acc["one GEMM"].zero_()),
+           "segments": lambda: segmented(x, acc["segments"].zero_())}
     seconds = {name: _timed(fn, repeats, device) for name, fn in fns.items()}
     return {"part": "gram", "rows": rows, "elements": n, "seconds": seconds,
             "difference": _difference(acc["segments"], acc["one GEMM"])}
@@ -97,10 +110,9 @@ def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int) -
     def run(name: str):
         out[name] = compare.compare_unit(g, p, weight, moments, dtypes, ARGS, device, chunk, base=base)
 
-    seconds = {}
-    with mock.patch.object(gram, "gram_of_stacked", one_gemm):
-        seconds["one GEMM"] = _timed(lambda: run("one GEMM"), repeats, device)
-    seconds["segments"] = _timed(lambda: run("segments"), repeats, device)
+    seconds = {"one GEMM": _timed(lambda: run("one GEMM"), repeats, device)}
+    with mock.patch.object(gram, "gram_of_stacked", segmented):
+        seconds["segments"] = _timed(lambda: run("segments"), repeats, device)
     worst = max(_difference(out["segments"][key], out["one GEMM"][key]) for key in compare.POLICY)
     return {"part": "unit", "rows": 2 * k, "elements": n, "seconds": seconds, "difference": worst}
 
@@ -131,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     meta = {"date": str(datetime.date.today()), "device": str(device), "torch": torch.__version__,
-            "segment": gram.SEGMENT, "chunk": compare.default_chunk(device), "repeats": args.repeats,
+            "segment": SEGMENT, "chunk": compare.default_chunk(device), "repeats": args.repeats,
             "memory": KNOBS.changed(), "step_args": list(ARGS)}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)

@@ -247,19 +247,6 @@ def test_gram_of_stays_the_pairwise_gram():
     assert gram.gram_of([]).shape == (0, 0)
 
 
-def test_a_blocks_gram_in_segments_is_its_gram():
-    """``gram_of_stacked`` splits a long block into segments (one batched product) and a remainder: every split,
-    with and without a matrix to add into, is the block's float64 Gram matrix."""
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(8, 1000, generator=gen, dtype=torch.float32) + 0.1
-    ref = _ref_gram(list(x))
-    for segment in (1, 7, 250, 499, 500, 501, 1000, 4096):
-        _assert_same_gram(gram.symmetric(gram.gram_of_stacked(x, segment=segment)), ref)
-        acc = torch.ones(8, 8, dtype=torch.float64)
-        _assert_same_gram(gram.symmetric(gram.gram_of_stacked(x, acc, segment=segment) - 1), ref)
-    assert gram.gram_of_stacked(x[:, :0]).abs().sum() == 0
-
-
 @pytest.mark.parametrize("dtype", ["fp16", "fp8"])
 def test_zeros_are_stored_as_zeros_not_nan(dtype):
     """Moments before the first step are zeros; a scale of 1 / 0 made them NaN and every update figure with them."""

@@ -84,33 +84,20 @@ def ratio(numerator: Callable[[Tensor], float], denominator: Callable[[Tensor], 
 
 #: Elements of each vector :func:`gram_of` takes at once (a K x chunk float64 block).
 GRAM_CHUNK = 2**20
-#: Columns of each product :func:`gram_of_stacked` splits a block into. ``X X^T`` of a K x n block with K of 4 to
-#: 16 and n in the millions is one GEMM with a K x K output: cuBLAS gives such a shape to a few thread blocks, each
-#: summing millions of float64 products, while the rest of the GPU waits. Split into n / SEGMENT products of
-#: K x SEGMENT (one batched GEMM) and summed, the work spreads over the whole GPU.
-SEGMENT = 2**15
 
 
-def gram_of_stacked(x: Tensor, out: Tensor | None = None, segment: int = SEGMENT) -> Tensor:
+def gram_of_stacked(x: Tensor, out: Tensor | None = None) -> Tensor:
     """The float64 Gram matrix ``x.double() @ x.double().T`` of the K x n block ``x`` (row k: a chunk of vector k).
 
     With ``out`` (K x K float64, on ``x``'s device) the block's matrix is added into it and ``out`` returned:
     summed over the chunks of K vectors this is their Gram matrix, with no host sync (read it once at the end).
     The products of float32 (or BF16) values are exact in float64; only the order of the sums differs from
     pairwise dot products. The result may be asymmetric by rounding: :func:`symmetric` mirrors it.
-
-    The columns are taken ``segment`` at a time, as one batched product of the segments summed, and the
-    remainder as one product (:data:`SEGMENT` says why).
     """
     xd = x.double()
-    k, n = xd.shape
-    whole = n - n % segment if n >= 2 * segment else 0
-    result = out if out is not None else torch.zeros(k, k, dtype=torch.float64, device=xd.device)
-    if whole:
-        parts = xd[:, :whole].reshape(k, whole // segment, segment).transpose(0, 1)  # a view: no copy
-        result.add_(torch.bmm(parts, parts.transpose(1, 2)).sum(0))
-    rest = xd[:, whole:]
-    return result.addmm_(rest, rest.T)
+    if out is None:
+        return xd @ xd.T
+    return out.addmm_(xd, xd.T)
 
 
 def symmetric(gram: Tensor) -> Tensor:
