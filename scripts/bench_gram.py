@@ -97,7 +97,7 @@ def bench_gram(rows: int, n: int, repeats: int, device: torch.device) -> dict:
             "difference": _difference(acc["segments"], acc["one GEMM"])}
 
 
-def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int) -> dict:
+def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int, host_state: bool = False) -> dict:
     gen = torch.Generator(device=device).manual_seed(n)
     g = [(1e-3 * torch.randn(n, generator=gen, device=device)).bfloat16() for _ in range(k)]
     p = [(gk.float() + 1e-5 * torch.randn(n, generator=gen, device=device)).bfloat16() for gk in g]
@@ -105,6 +105,8 @@ def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int) -
     moments = (1e-4 * torch.randn(n, generator=gen, device=device), 1e-8 * torch.rand(n, generator=gen, device=device))
     dtypes = StepDtypes.of(KNOBS, "bf16")
     base = compare.baseline_grams(g, weight, moments, ARGS, device, chunk)
+    if host_state and device.type == "cuda":  # as keep_states: host keeps them (an 80 GB card's study)
+        weight, moments = weight.cpu().pin_memory(), tuple(m.cpu().pin_memory() for m in moments)
     out: dict[str, dict] = {}
 
     def run(name: str):
@@ -114,15 +116,17 @@ def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int) -
     with mock.patch.object(gram, "gram_of_stacked", segmented):
         seconds["segments"] = _timed(lambda: run("segments"), repeats, device)
     worst = max(_difference(out["segments"][key], out["one GEMM"][key]) for key in compare.POLICY)
-    return {"part": "unit", "rows": 2 * k, "elements": n, "seconds": seconds, "difference": worst}
+    return {"part": "unit", "rows": 2 * k, "elements": n, "seconds": seconds, "difference": worst,
+            "state": "host" if host_state and device.type == "cuda" else "device"}
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'part':5s} {'rows':>4} {'elements':>11} {'one GEMM s':>11} {'segments s':>11} {'ratio':>6} "
+    lines = [f"{'part':13s} {'rows':>4} {'elements':>11} {'one GEMM s':>11} {'segments s':>11} {'ratio':>6} "
              f"{'difference':>10}"]
     for r in rows:
         s = r["seconds"]
-        lines.append(f"{r['part']:5s} {r['rows']:4d} {r['elements']:11d} {s['one GEMM']:11.5f} {s['segments']:11.5f} "
+        part = r["part"] + (f" ({r['state']})" if "state" in r else "")
+        lines.append(f"{part:13s} {r['rows']:4d} {r['elements']:11d} {s['one GEMM']:11.5f} {s['segments']:11.5f} "
                      f"{s['segments'] / s['one GEMM']:6.3f} {r['difference']:10.1e}")
     return "\n".join(lines)
 
@@ -135,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unit", default="112M", help="elements of the unit compared (112M: an 8B MLP projection)")
     ap.add_argument("--k", type=int, default=4, help="batches per state (the reading's default)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--host-state", action="store_true", help="the unit's state in page-locked host memory too")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     rows = [bench_gram(r, _size(size), args.repeats, device) for size in args.sizes for r in args.rows]
-    rows.append(bench_unit(_size(args.unit), args.k, args.repeats, device, compare.default_chunk(device)))
+    for host in (False, True) if args.host_state else (False,):
+        rows.append(bench_unit(_size(args.unit), args.k, args.repeats, device, compare.default_chunk(device), host))
     text = table(rows)
     print(text)
     meta = {"date": str(datetime.date.today()), "device": str(device), "torch": torch.__version__,
