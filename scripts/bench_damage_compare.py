@@ -15,8 +15,8 @@ parameters give them), and the state's float32 weight and AdamW moments, go thro
 * ``eager`` (CUDA only): ``chunked`` with ``compile_compare=False``, the op-by-op chain.
 
 Reported per row: the median wall time over ``--repeats`` (the two alternate), the peak bytes held at once by
-the tensors the step creates (:class:`LiveBytes`, a dispatch mode: the inputs not counted; on a GPU also
-``max_memory_allocated`` above the inputs), and the largest difference between the two's Gram matrices, in
+the tensors the step creates (on a CPU :class:`LiveBytes`, a dispatch mode: the inputs not counted; on a GPU
+``max_memory_allocated`` above the inputs, since under the dispatch mode the compiled compare ran eager), and the largest difference between the two's Gram matrices, in
 units of each entry's Cauchy-Schwarz bound ``sqrt(M_ii M_jj)`` (summation order only: ~1e-16).
 
     python scripts/bench_damage_compare.py                          # CPU: 1M, 4M, 16M elements, ~2-3 min
@@ -119,13 +119,16 @@ def measure(n: int, k: int, repeats: int, device: torch.device, chunk: int, grad
         grams, peaks, gpu_peaks, times = {}, {}, {}, {name: [] for name in fns}
         for name, fn in fns.items():
             _sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
+            if device.type == "cuda":  # the allocator counts the bytes: under LiveBytes (a dispatch mode)
+                torch.cuda.reset_peak_memory_stats(device)  # torch.compile ran the compare eager (H100, 2026-12-06)
                 allocated = torch.cuda.memory_allocated(device)  # not `base`: the policy row's BF16 matrices
+                grams[name] = fn()
+                _sync(device)
+                peaks[name] = gpu_peaks[name] = torch.cuda.max_memory_allocated(device) - allocated
+                continue
             with LiveBytes(*inputs) as mode:
                 grams[name] = fn()
-            peaks[name] = mode.peak
-            gpu_peaks[name] = torch.cuda.max_memory_allocated(device) - allocated if device.type == "cuda" else None
+            peaks[name], gpu_peaks[name] = mode.peak, None
         for _ in range(repeats):
             for name, fn in fns.items():
                 _sync(device)
