@@ -185,18 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     print(text)
     out = args.json or RESULTS / f"{datetime.date.today()}_{device.type}_bench_damage_compare.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"date": str(datetime.date.today()), "device": str(device), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "k": args.k, "repeats": args.repeats, "chunk": args.chunk,
             "grad_dtype": args.grad_dtype, "param_dtype": PARAM_DTYPE, "step_args": list(ARGS),
             "state": "device" if args.device_state or device.type == "cpu" else "pinned host",
             "memory": {name: knobs.changed() for name, knobs in MEMORY.items()}}
+    write(out, meta, rows, text, device)
+    return 0
+
+
+def write(out: Path, meta: dict, rows: list[dict], text: str, device: torch.device) -> None:
+    """The bench's JSON (``meta`` with the GPU's name on one, ``rows``) at ``out`` and its table beside it."""
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".txt").write_text(text + "\n")
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,8 @@ from unittest import mock
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_damage_compare import _size as size, write  # noqa: E402  (the sibling bench's size and output)
 from precsearch.policy import MemoryKnobs  # noqa: E402
 from precsearch.probe.damage import compare, gram  # noqa: E402
 from precsearch.probe.damage.update import StepDtypes  # noqa: E402
@@ -59,11 +60,6 @@ def segmented(x: torch.Tensor, out: torch.Tensor | None = None, segment: int = S
         result.add_(torch.bmm(parts, parts.transpose(1, 2)).sum(0))
     rest = xd[:, whole:]
     return result.addmm_(rest, rest.T)
-
-
-def _size(text: str) -> int:
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def _timed(fn, repeats: int, device: torch.device) -> float:
@@ -143,21 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    rows = [bench_gram(r, _size(size), args.repeats, device) for size in args.sizes for r in args.rows]
+    rows = [bench_gram(r, size(cols), args.repeats, device) for cols in args.sizes for r in args.rows]
     for host in (False, True) if args.host_state else (False,):
-        rows.append(bench_unit(_size(args.unit), args.k, args.repeats, device, compare.default_chunk(device), host))
+        rows.append(bench_unit(size(args.unit), args.k, args.repeats, device, compare.default_chunk(device), host))
     text = table(rows)
     print(text)
     meta = {"date": str(datetime.date.today()), "device": str(device), "torch": torch.__version__,
             "segment": SEGMENT, "chunk": compare.default_chunk(device), "repeats": args.repeats,
             "memory": KNOBS.changed(), "step_args": list(ARGS)}
-    if device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name(device)
-    out = args.json or RESULTS / f"{datetime.date.today()}_{device.type}_bench_gram.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    out.with_suffix(".txt").write_text(text + "\n")
-    print(f"wrote {out}")
+    write(args.json or RESULTS / f"{datetime.date.today()}_{device.type}_bench_gram.json", meta, rows, text, device)
     return 0
 
 
