@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 30: the Accelerate export as it now reads (2026-12-06: the bf16 and torchao setups compile each decoder
 # block through Accelerate's regional compilation), at the bench's 4-block 8B-width shape: its BF16 run, the
-# torchao setup's two policies and the memory-knob policy (BF16 model, TE FusedAdam), each beside precsearch's
+# torchao setup's two policies and the memory-knob policy (BF16 model, TE FusedAdam; set against the BF16 row
+# bf16+fp32_master, a BF16 model with TE FusedAdam's FP32 master and moments, which the bench adds), each beside precsearch's
 # memory model (the compiled rule) and the probe's run of the same policy in the same call. About 4 min on an
 # H100 (2026-12-06 ran the Accelerate rows without the probe's: FRAMEWORKS=accelerate).
 #   run(command="bash scripts/gpu_accelerate.sh", carry=[".gpu"], timeout_s=600)
