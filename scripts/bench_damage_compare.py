@@ -16,8 +16,9 @@ parameters give them), and the state's float32 weight and AdamW moments, go thro
 
 Reported per row: the median wall time over ``--repeats`` (the two alternate), the peak bytes held at once by
 the tensors the step creates (on a CPU :class:`LiveBytes`, a dispatch mode: the inputs not counted; on a GPU
-``max_memory_allocated`` above the inputs, since under the dispatch mode the compiled compare ran eager), and the largest difference between the two's Gram matrices, in
-units of each entry's Cauchy-Schwarz bound ``sqrt(M_ii M_jj)`` (summation order only: ~1e-16).
+``max_memory_allocated`` above the inputs, since under the dispatch mode the compiled compare ran eager), and
+the largest difference between the two's Gram matrices, in units of each entry's Cauchy-Schwarz bound
+``sqrt(M_ii M_jj)`` (summation order only: ~1e-16).
 
     python scripts/bench_damage_compare.py                          # CPU: 1M, 4M, 16M elements, ~2-3 min
     python scripts/bench_damage_compare.py --sizes 1M --repeats 1   # a quick look

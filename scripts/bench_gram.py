@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_damage_compare import _size as size, write  # noqa: E402  (the sibling bench's size and output)
+from bench_damage_compare import _size as size, _sync, gram_difference, unit_inputs, write  # noqa: E402
 from precsearch.policy import MemoryKnobs  # noqa: E402
 from precsearch.probe.damage import compare, gram  # noqa: E402
 from precsearch.probe.damage.update import StepDtypes  # noqa: E402
@@ -66,20 +66,12 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
     fn()  # warm-up (and the compiled compare's compile)
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         t0 = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = gram.symmetric(a.cpu()), gram.symmetric(b.cpu())
-    d = b.diagonal().clamp(min=0).sqrt()
-    return float(((a - b).abs() / torch.outer(d, d).clamp(min=1e-300)).max())
 
 
 def bench_gram(rows: int, n: int, repeats: int, device: torch.device) -> dict:
@@ -89,20 +81,15 @@ def bench_gram(rows: int, n: int, repeats: int, device: torch.device) -> dict:
     fns = {"one GEMM": lambda: gram.gram_of_stacked(x, acc["one GEMM"].zero_()),
            "segments": lambda: segmented(x, acc["segments"].zero_())}
     seconds = {name: _timed(fn, repeats, device) for name, fn in fns.items()}
+    mirrored = {name: gram.symmetric(m.cpu()) for name, m in acc.items()}  # a block's product is not mirrored
     return {"part": "gram", "rows": rows, "elements": n, "seconds": seconds,
-            "difference": _difference(acc["segments"], acc["one GEMM"])}
+            "difference": gram_difference({"x": mirrored["segments"]}, {"x": mirrored["one GEMM"]})}
 
 
 def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int, host_state: bool = False) -> dict:
-    gen = torch.Generator(device=device).manual_seed(n)
-    g = [(1e-3 * torch.randn(n, generator=gen, device=device)).bfloat16() for _ in range(k)]
-    p = [(gk.float() + 1e-5 * torch.randn(n, generator=gen, device=device)).bfloat16() for gk in g]
-    weight = 0.02 * torch.randn(n, generator=gen, device=device)
-    moments = (1e-4 * torch.randn(n, generator=gen, device=device), 1e-8 * torch.rand(n, generator=gen, device=device))
+    g, p, weight, moments = unit_inputs(n, k, device, torch.bfloat16, host_state)  # host: an 80 GB card's study
     dtypes = StepDtypes.of(KNOBS, "bf16")
     base = compare.baseline_grams(g, weight, moments, ARGS, device, chunk)
-    if host_state and device.type == "cuda":  # as keep_states: host keeps them (an 80 GB card's study)
-        weight, moments = weight.cpu().pin_memory(), tuple(m.cpu().pin_memory() for m in moments)
     out: dict[str, dict] = {}
 
     def run(name: str):
@@ -111,7 +98,8 @@ def bench_unit(n: int, k: int, repeats: int, device: torch.device, chunk: int, h
     seconds = {"one GEMM": _timed(lambda: run("one GEMM"), repeats, device)}
     with mock.patch.object(gram, "gram_of_stacked", segmented):
         seconds["segments"] = _timed(lambda: run("segments"), repeats, device)
-    worst = max(_difference(out["segments"][key], out["one GEMM"][key]) for key in compare.POLICY)
+    worst = gram_difference({key: out["segments"][key] for key in compare.POLICY},
+                            {key: out["one GEMM"][key] for key in compare.POLICY})
     return {"part": "unit", "rows": 2 * k, "elements": n, "seconds": seconds, "difference": worst,
             "state": "host" if host_state and device.type == "cuda" else "device"}
 
