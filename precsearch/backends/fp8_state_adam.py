@@ -10,7 +10,8 @@ no configuration saved >= 35% at >= 1.2x. This optimizer runs the same update wi
   (``torch.float8_e4m3fn``) times a per-tensor FP32 ``scale_inv``, re-quantized after each step with TE's scale,
   ``scale_inv = amax / 448`` of the new FP32 moment (``FusedAdam._apply_scale``), rounded to nearest,
   saturating. A moment that is all zeros keeps ``scale_inv = 1`` (TE divides by its zero amax there, and the
-  NaN reaches the weights: ``docs/memory.md``).
+  NaN reaches the weights: ``docs/memory.md``), and so does one whose amax is below :data:`MIN_AMAX`, which is
+  then stored as zeros (see "Tiny moments" below).
 * ``fp8_block`` is precsearch's own: E4M3 with one scale per 128 consecutive elements (the same rule per
   block), and the second moment stored as its square root. One per-tensor scale cannot hold a second moment:
   ``v`` spans the square of the gradients' range, E4M3 keeps about 2^17 of range below the amax, so the ``v``
@@ -24,6 +25,15 @@ no configuration saved >= 35% at >= 1.2x. This optimizer runs the same update wi
 * **the update**: TE's ``adam_w_mode`` kernel, in FP32: ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``,
   ``w -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd w)`` with ``bc = 1 - b^step``; the weights are updated from the
   FP32 moments, which are then stored.
+
+**Tiny moments.** A parameter whose gradient stops (an embedding row of a token the data no longer holds)
+keeps a first moment that shrinks by ``beta1`` a step, and its scale follows it down: 0.9^700 takes 1e-4 to
+1e-36. Below ``448 * FLT_MIN`` (5.3e-36) ``amax / 448`` is no longer a normal FP32 number (a GPU flushes it to
+0) and below 1.3e-36 ``1 / (amax / 448)`` overflows to inf; the block's zero codes then become ``0 * inf =
+NaN``, and the NaN reaches the weight. That was the NaN of an FP32 master with ``fp8_block`` moments after
+900-1,700 steps on an H100 (issue 54); it was the arithmetic, so the eager path and the kernels both had it,
+and every master kind can reach it. A moment (or block) whose amax is below :data:`MIN_AMAX` is therefore
+stored as zeros with ``scale_inv = 1``: what it loses is below 5.3e-36, less than ``eps`` by 27 orders.
 
 On a CUDA device two Triton kernels per parameter do it (:mod:`precsearch.backends.fp8_state_kernels`):
 one pass computes the new moments in registers for their amax, a second computes them again and writes
@@ -47,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from precsearch.fp8.formats import fp8_max
+from precsearch.fp8.formats import fp8_max, smallest_scalable_amax
 
 #: Storage of one moment, by the knob's names, and the code the kernels take.
 STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
@@ -58,6 +68,9 @@ QBLOCK = 128
 #: How master weights are kept, and the code the kernels take.
 MASTER_CODES: dict[str, int] = {"none": 0, "fp32": 1, "remainders": 2}
 MOMENTS = ("exp_avg", "exp_avg_sq")
+#: The smallest amax a moment, or an ``fp8_block`` block, is scaled from (448 * FLT_MIN, 5.3e-36): below it the
+#: moment is stored as zeros with scale 1 (the kernels read the same value).
+MIN_AMAX = smallest_scalable_amax("e4m3")
 
 
 def applies(first: str, second: str, master: str, fp8_weights: bool) -> bool:
@@ -77,11 +90,12 @@ def applies(first: str, second: str, master: str, fp8_weights: bool) -> bool:
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """TE's scale for a moment whose new amax is ``amax``: ``1 / (amax / 448)``, and 1 where amax is 0.
+    """TE's scale for a moment whose new amax is ``amax``: ``1 / (amax / 448)``, and 1 where amax is below
+    :data:`MIN_AMAX` (0 included), where every value then rounds to an E4M3 zero.
 
     The stored values are ``x * scale`` in E4M3 and ``scale_inv = 1 / scale``, as the kernels compute them.
     """
-    return torch.where(amax > 0, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
+    return torch.where(amax >= MIN_AMAX, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
 
 
 def _blocks(x: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from precsearch.fp8.formats import smallest_scalable_amax
+
 #: Tile rows per program.
 GROUPS = 8
+#: Below it a moment (or block) is stored as zeros with scale 1 (``fp8_state_adam.MIN_AMAX``, "Tiny moments").
+MIN_AMAX = tl.constexpr(smallest_scalable_amax("e4m3"))
 
 
 @triton.jit
@@ -73,8 +77,10 @@ def amax_kernel(g_ptr, m_ptr, v_ptr, m_sinv_ptr, v_sinv_ptr, amax_ptr, n, beta1,
 
 @triton.jit
 def _fp8_scale(amax):
-    """TE's scale for ``amax`` (``FusedAdam._apply_scale``: scale_inv = amax / 448), 1 where amax is 0."""
-    return tl.where(amax > 0.0, tl.div_rn(1.0, tl.div_rn(amax, 448.0)), 1.0)
+    """TE's scale for ``amax`` (``FusedAdam._apply_scale``: scale_inv = amax / 448), 1 where amax is below
+    ``MIN_AMAX`` (0 included): there ``1 / (amax / 448)`` would be inf, or ``amax / 448`` flushed to 0, and a
+    zero code times inf NaN."""
+    return tl.where(amax >= MIN_AMAX, tl.div_rn(1.0, tl.div_rn(amax, 448.0)), 1.0)
 
 
 @triton.jit

@@ -117,6 +117,13 @@ def fp8_max(fmt: str) -> float:
     return format_spec(fmt).max
 
 
+def smallest_scalable_amax(fmt: str) -> float:
+    """The smallest amax whose scale ``max / amax`` and inverse ``amax / max`` are both normal FP32 numbers:
+    ``max * FLT_MIN`` (5.3e-36 for E4M3). Below it ``max / amax`` overflows (under 1.3e-36) or ``amax / max`` is
+    subnormal, which a GPU flushes to 0; a value that small rounds to an FP8 zero under scale 1 anyway."""
+    return fp8_max(fmt) * torch.finfo(torch.float32).tiny
+
+
 def quantize_dequantize(x: Tensor, scale: Tensor | float, fmt: str, amax: Tensor | None = None) -> Tensor:
     """Round-trip ``x`` through FP8: ``cast(clamp(x * scale)) / scale``.
 

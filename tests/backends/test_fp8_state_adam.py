@@ -13,7 +13,10 @@ import io
 import pytest
 import torch
 
-from precsearch.backends.fp8_state_adam import FP8StateAdamW, applies, join_master, split_master
+from _starve import starve
+
+from precsearch.backends.fp8_state_adam import (MIN_AMAX, FP8StateAdamW, applies, dequantize_state, join_master,
+                                                quantize_state, split_master)
 
 OPTS = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
@@ -123,6 +126,35 @@ def test_an_all_zero_moment_stays_finite_with_scale_one():
     assert torch.isfinite(p).all()
     assert opt.state[p]["exp_avg_scale_inv"].item() == 1.0
     assert torch.equal(opt.state[p]["exp_avg"].float(), torch.zeros(64))
+
+
+@pytest.mark.parametrize("master", ["fp32", "remainders", "none"])
+@pytest.mark.parametrize("storage", ["fp8_block", "fp8"])
+def test_a_first_moment_that_shrinks_below_fp32s_normal_range_is_stored_as_zeros_not_nan(master, storage):
+    """Without the MIN_AMAX rule the weight turned NaN at step 781 (every master): an FP8 moment that decays by
+    beta1 a step reaches amax < 1.3e-36, where ``448 / amax`` overflows and a zero code times inf is NaN."""
+    p = torch.nn.Parameter(torch.randn(4, 128).to(torch.bfloat16))
+    opt = FP8StateAdamW([p], master=master, exp_avg_dtype=storage, exp_avg_sq_dtype=storage, lr=2e-3,
+                        betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    assert starve(opt, p, 900) is None
+    state = opt.state[p]
+    assert not state["exp_avg"].float().any()  # the first moment is below 5.3e-36: stored as zeros ...
+    assert (state["exp_avg_scale_inv"] == 1.0).all()  # ... with scale 1
+    assert state["exp_avg_sq"].float().any()  # the second moment (its root, 0.975x a step) is still held
+
+
+@pytest.mark.parametrize("storage", ["fp8_block", "fp8"])
+def test_an_amax_below_min_amax_gives_zero_codes_and_scale_one(storage):
+    """Each side of the threshold: just above it the amax still maps to 448; below it, zeros with scale 1."""
+    x = torch.zeros(256)
+    x[3] = MIN_AMAX
+    codes, scale_inv = quantize_state(x, storage)
+    assert torch.isfinite(scale_inv).all() and codes.float().abs().max() == 448.0
+    assert dequantize_state(codes, scale_inv, storage)[3] == pytest.approx(MIN_AMAX, rel=1e-6)
+    for tiny in (MIN_AMAX / 2, 1e-37, 1e-40, 1e-45):
+        x[3] = tiny
+        codes, scale_inv = quantize_state(x, storage)
+        assert not codes.float().any() and (scale_inv == 1.0).all(), tiny
 
 
 def test_mixed_storages_keep_their_dtypes():

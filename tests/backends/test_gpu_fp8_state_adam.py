@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from precsearch.backends.capability import te_import_error
+from _starve import starve
+
 from precsearch.backends.fp8_state_adam import FP8StateAdamW, join_master
 
 pytestmark = [
@@ -149,3 +151,23 @@ def test_a_zero_gradient_parameter_stays_finite():
     p.grad = torch.zeros_like(p)
     opt.step()
     assert torch.isfinite(p).all() and opt.state[p]["exp_avg_scale_inv"].item() == 1.0
+
+
+@pytest.mark.parametrize("master", ["fp32", "remainders"])
+@pytest.mark.parametrize("storage", ["fp8_block", "fp8"])
+def test_kernels_store_a_first_moment_below_fp32s_normal_range_as_zeros_not_nan(master, storage):
+    """The kernels' side of issue 54's NaN: with ``amax > 0`` as the test, a first moment decaying below 1.3e-36
+    made ``1 / (amax / 448)`` inf (or ``amax / 448`` flushed to 0) and the block's zero codes NaN. The kernels
+    must stay finite as the eager path does, and end where it ends (within 5% of the distance moved, the bound
+    of the test above: the two round FMAs apart)."""
+    fused, eager = (torch.nn.Parameter(torch.randn(64, 128, device=DEV, generator=torch.Generator(device=DEV)
+                                                   .manual_seed(0)).to(torch.bfloat16)) for _ in range(2))
+    start = fused.detach().float().clone()
+    kw = dict(master=master, exp_avg_dtype=storage, exp_avg_sq_dtype=storage, lr=2e-3, betas=(0.9, 0.95),
+              eps=1e-8, weight_decay=0.1)
+    a, b = FP8StateAdamW([fused], **kw), FP8StateAdamW([eager], kernels=False, **kw)
+    assert starve(a, fused, 900) is None
+    assert starve(b, eager, 900) is None
+    assert not a.state[fused]["exp_avg"].float().any() and (a.state[fused]["exp_avg_scale_inv"] == 1.0).all()
+    moved = (eager.detach().float() - start).norm()
+    assert (fused.detach().float() - eager.detach().float()).norm() <= 0.05 * moved

@@ -113,9 +113,12 @@ def test_each_knob_trains_and_moves_the_peak_as_predicted(name):
 
 
 def test_one_param_group_holds_fp32_copies_of_every_fp8_moment():
-    """FusedAdam's step with all parameters in one group holds 8 bytes/param more than with split groups."""
+    """FusedAdam's step with all parameters in one group holds 8 bytes/param more than with split groups.
+
+    Each layout is stepped twice and the second step counts: the first step of a process allocates once what
+    later steps reuse (a fresh H100 read 37.02 MiB against 26.02 predicted when one group went first, 2026-12-06)."""
     peaks = {}
-    for split in (False, True):
+    for split in (True, False, True, False):
         torch.cuda.empty_cache()
         model = build_probe(CFG, _policy(STANDARD), get_backend("te", DEV), DEV, seed=0, param_dtype="bf16")
         opt = build_optimizer(model.parameters(), 1e-4, (0.9, 0.95), 0.1, master_weights=True,
