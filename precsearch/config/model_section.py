@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from precsearch.arch.hf_checkpoint import CheckpointStart, LayerPick, pick_layers, read_config
+from precsearch.arch.checkpoint import read_config
+from precsearch.arch.hf_checkpoint import CheckpointStart, LayerPick, pick_layers
 from precsearch.config.section import Section
 from precsearch.arch.config import PRESETS, ModelConfig
 from precsearch.utils.numbers import MAX_LAYERS
@@ -19,9 +20,9 @@ class ModelSection(Section):
 
     The probe has the target's architecture with fewer layers (``probe_layers``);
     every other dimension is the target's unless overridden here. With
-    ``init_from`` the target is the checkpoint's full model (its ``config.json``),
+    ``init_from`` the target is the checkpoint's full model (its ``config.json`` or GGUF metadata),
     the probe starts from its weights, and ``probe_layer_pick`` says which of its
-    blocks the probe takes (:mod:`precsearch.arch.hf_checkpoint`).
+    blocks the probe takes (:mod:`precsearch.arch.checkpoint`).
     """
 
     preset: str | None = "tiny"
@@ -35,8 +36,9 @@ class ModelSection(Section):
     ffn_dim: int | None = Field(None, gt=0, le=2**22)
     rope_theta: float | None = Field(None, gt=0)
     probe_layers: int | None = Field(None, gt=0, le=MAX_LAYERS, description="layers in the probe (default: all)")
-    init_from: Path | None = Field(None, description="a local Hugging Face Llama checkpoint directory (config.json + "
-                                   "safetensors): the probe starts from its weights and the target is its shape")
+    init_from: Path | None = Field(None, description="a local Llama checkpoint: a Hugging Face directory "
+                                   "(config.json + safetensors) or a GGUF file; the probe starts from its weights "
+                                   "and the target is its shape")
     probe_layer_pick: LayerPick | None = Field(
         None, description="with init_from: which blocks the probe takes: first (the default), last or spread "
         "(evenly spaced, first and last included)")
@@ -63,8 +65,8 @@ class ModelSection(Section):
             return self
         given = [k for k in ("preset", *_DIM_FIELDS) if getattr(self, k) is not None]
         if given:
-            raise ValueError(f"with init_from the checkpoint's config.json gives the model's shape; remove "
-                             f"{', '.join(given)}")
+            raise ValueError(f"with init_from the checkpoint (config.json or GGUF metadata) gives the model's shape; "
+                             f"remove {', '.join(given)}")
         return self
 
     def target(self) -> ModelConfig:
@@ -72,7 +74,8 @@ class ModelSection(Section):
 
         Raises:
             ValueError: explicit dims that do not make a model.
-            UserError: an unreadable or non-Llama checkpoint ``config.json`` (field ``model.init_from``).
+            UserError: an unreadable or non-Llama checkpoint ``config.json`` or GGUF file (field
+                ``model.init_from``).
         """
         if self.init_from is not None:
             return read_config(self.init_from)

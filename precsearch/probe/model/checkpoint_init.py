@@ -1,7 +1,8 @@
 """Start a probe from a trained checkpoint: the embedding, final norm, output layer and chosen blocks.
 
 :func:`load_start` reads, lazily with ``safetensors.safe_open``, only the
-tensors the probe takes (never a whole shard), renumbers the chosen blocks
+tensors the probe takes (never a whole shard), or dequantises them from a GGUF
+file (:mod:`precsearch.arch.gguf_checkpoint`), renumbers the chosen blocks
 ``layers[j] -> j``, and converts them to the probe's Megatron-Core layout with
 :func:`precsearch.probe.model.hf_weights.from_hf` (exact: a permutation and a
 concatenation). A checkpoint with tied embeddings gives its embedding to the
@@ -15,7 +16,9 @@ import torch
 from torch import nn
 
 from precsearch.arch.config import ModelConfig
-from precsearch.arch.hf_checkpoint import CheckpointStart, check_checkpoint
+from precsearch.arch import gguf_checkpoint
+from precsearch.arch.checkpoint import check_checkpoint
+from precsearch.arch.hf_checkpoint import CheckpointStart, TensorInfo
 from precsearch.probe.model.hf_weights import from_hf
 
 
@@ -31,18 +34,27 @@ def load_start(start: CheckpointStart, cfg: ModelConfig) -> dict[str, torch.Tens
     """The probe state dict (float32, CPU) of ``start``'s tensors, for a probe of shape ``cfg``.
 
     Raises:
-        UserError: a tensor is missing or misshapen (:func:`~precsearch.arch.hf_checkpoint.check_checkpoint`).
+        UserError: a tensor is missing or misshapen (:func:`~precsearch.arch.checkpoint.check_checkpoint`).
         ValueError: ``cfg`` has another number of blocks than ``start.layers``.
     """
     if cfg.n_layers != len(start.layers):
         raise ValueError(f"the probe has {cfg.n_layers} blocks but {len(start.layers)} are taken from the checkpoint")
+    needed = check_checkpoint(start.path, start.layers)
+    if gguf_checkpoint.is_gguf(start.path):
+        arrays = gguf_checkpoint.read_tensors(start.path, tuple(needed))
+        hf = {name: torch.from_numpy(w) for name, w in arrays.items()}
+    else:
+        hf = _read_safetensors(needed)
+    new_index = {old: new for new, old in enumerate(start.layers)}
+    return from_hf(cfg, {_renumbered(name, new_index): w for name, w in hf.items()})
+
+
+def _read_safetensors(needed: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
     from safetensors import safe_open  # lazy: only a checkpoint start needs it
 
-    needed = check_checkpoint(start.path, start.layers)
     by_file: dict[str, list[str]] = {}
     for name, info in needed.items():
         by_file.setdefault(str(info.file), []).append(name)
-    new_index = {old: new for new, old in enumerate(start.layers)}
     hf: dict[str, torch.Tensor] = {}
     embed = "model.embed_tokens.weight"
     for file, names in by_file.items():
@@ -51,8 +63,8 @@ def load_start(start: CheckpointStart, cfg: ModelConfig) -> dict[str, torch.Tens
             for name in names:
                 # a tied lm_head points at the embedding's file under the embedding's name
                 key = name if name in stored else embed
-                hf[_renumbered(name, new_index)] = f.get_tensor(key).float()
-    return from_hf(cfg, hf)
+                hf[name] = f.get_tensor(key).float()
+    return hf
 
 
 def init_from_checkpoint(model: nn.Module, start: CheckpointStart) -> None:
