@@ -1,6 +1,14 @@
-"""precsearch: find per-layer FP8 precision policies that save memory without breaking training."""
+"""precsearch: find per-layer FP8 precision policies that save memory without breaking training.
 
-from precsearch.version import __version__  # noqa: F401 - the public name
+Public API: :func:`load_policy` (apply a policy that ``precsearch export`` wrote to a model) and
+``__version__``; the command line is :mod:`precsearch.cli`. Each subpackage's ``__init__`` names its
+own public API; the base modules beside this file are :mod:`.precision` (precision names and recipes),
+:mod:`.precision_spec` (the facts of each precision), :mod:`.errors` and :mod:`.redact`.
+"""
+
+from precsearch.version import __version__
+
+__all__ = ["__version__", "load_policy"]
 
 
 def load_policy(path):

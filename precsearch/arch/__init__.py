@@ -5,8 +5,10 @@
 precisions to (Megatron-Core's layout, with Hugging Face names as aliases).
 """
 
-from precsearch.arch.config import PRESETS, ModelConfig, RopeScaling, rope_inv_freq
-from precsearch.arch.units import OUTPUT_LAYER, hf_names, unit_names, unit_of
+from precsearch.arch.config import PRESETS, ModelConfig, RopeScaling, rope_inv_freq, unsplittable
+from precsearch.arch.units import (BLOCK_UNITS, HF_BLOCK_PROJS, HF_OUTPUT_LAYER, NORMED_UNITS, OUTPUT_LAYER,
+                                   hf_linear_names, hf_names, layer_names, unit_names, unit_of, unit_shape)
 
-__all__ = ["OUTPUT_LAYER", "PRESETS", "ModelConfig", "RopeScaling", "hf_names", "rope_inv_freq", "unit_names",
-           "unit_of"]
+__all__ = ["BLOCK_UNITS", "HF_BLOCK_PROJS", "HF_OUTPUT_LAYER", "NORMED_UNITS", "OUTPUT_LAYER", "PRESETS", "ModelConfig",
+           "RopeScaling", "hf_linear_names", "hf_names", "layer_names", "rope_inv_freq", "unit_names", "unit_of",
+           "unit_shape", "unsplittable"]

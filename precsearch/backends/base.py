@@ -42,21 +42,17 @@ from torch import nn
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.backends.tensor_stats import TensorStats
+# the refusals live with the torch-free half of the contract; importable from here as before
+from precsearch.backends.support import BackendSupport, BackendUnavailable, UnsupportedRecipe  # noqa: F401
 
 
-class UnsupportedRecipe(Exception):
-    """A backend cannot run a requested precision on this device."""
+class Backend(BackendSupport, ABC):
+    """A numeric backend: converts Linear layers and toggles FP8 per step.
 
+    What it runs where (``supported_precisions``, ``check_supported``, ``memory_knob_problem``, ``name``)
+    is :class:`~precsearch.backends.support.BackendSupport`, which needs no torch.
+    """
 
-class BackendUnavailable(Exception):
-    """A backend's library (Transformer Engine, torchao) or hardware is missing."""
-
-
-class Backend(ABC):
-    """A numeric backend: converts Linear layers and toggles FP8 per step."""
-
-    #: The name used in space files (``backend: emulated``).
-    name: str = ""
     #: True for a backend that rebuilds every unit (BF16 ones too) from its library's modules, as
     #: the training stack does (TE): BF16 units then compute BF16 within that library's rounding,
     #: and Parameters are new and renamed, instead of untouched.
@@ -68,31 +64,6 @@ class Backend(ABC):
     @abstractmethod
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
         """For each precision: None if it runs on ``device``, else the reason it cannot."""
-
-    def check_supported(self, recipes: Mapping[str, LayerRecipe], device: torch.device) -> None:
-        """Raise :class:`UnsupportedRecipe` if any layer's recipe cannot run here."""
-        table = self.supported_precisions(device)
-        for layer, recipe in recipes.items():
-            reason = table.get(recipe.precision, "unknown precision")
-            if reason is not None:
-                valid = sorted(p.value for p, r in table.items() if r is None)
-                raise UnsupportedRecipe(
-                    f"backend '{self.name}' cannot run '{recipe.precision.value}' "
-                    f"(layer {layer}) on {device}: {reason}. Valid here: {', '.join(valid)}"
-                )
-
-    def memory_knob_problem(self, knobs: MemoryKnobs, device: torch.device) -> str | None:
-        """None if this backend applies ``knobs`` on ``device``; else why it cannot.
-
-        The default backend trains with ``torch.optim.AdamW`` and full-precision
-        weights, so it accepts only the default knobs.
-        """
-        if knobs.is_default:
-            return None
-        named = ", ".join(knobs.changed())
-        return (f"{named}: backend '{self.name}' trains with torch AdamW and keeps weights in the parameter dtype; "
-                "master weights, moment dtypes (FP8 moments need TE FusedAdam), FP8 weights and FP8 attention "
-                "need backend 'te' on a GPU")
 
     def for_memory(self, knobs: MemoryKnobs) -> "Backend":
         """The backend that converts layers as ``knobs`` ask (e.g. FP8 weight storage); default: self."""

@@ -30,12 +30,14 @@ which needs compute capability 8.9 or higher; precsearch maps only
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
-import torch
-
-from precsearch.backends.base import BackendUnavailable
+from precsearch.backends.support import BackendUnavailable
 from precsearch.precision import Precision
 from precsearch.precision_spec import ADA, BLACKWELL, HOPPER, SPECS, Capability
+
+if TYPE_CHECKING:
+    import torch
 
 #: TE refuses MXFP8 from this capability on (consumer Blackwell, sm_120).
 TE_MXFP8_UPPER: Capability = (12, 0)
@@ -188,6 +190,8 @@ def unavailable_table(reason: str) -> dict[Precision, str | None]:
 
 def gpu_capability(device: torch.device | str) -> Capability | None:
     """Compute capability of ``device``; None when it is not a usable CUDA device."""
+    import torch  # the machine's question: the tables above need no torch
+
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
@@ -197,6 +201,8 @@ def gpu_capability(device: torch.device | str) -> Capability | None:
 
 def cuda_version() -> tuple[int, int] | None:
     """The CUDA version torch was built with (None for a CPU-only build)."""
+    import torch
+
     return parse_cuda_version(torch.version.cuda)
 
 

@@ -32,6 +32,7 @@ from precsearch import cpu_bf16
 from precsearch.backends.base import Backend, keep_input_norm, linear_modules, model_device, norm_input
 from precsearch.fp8.scaling import Scaler, make_scaler
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.backends.support import EmulatedSupport
 from precsearch.backends.tensor_stats import TensorStats
 
 
@@ -208,14 +209,11 @@ class EmulatedFP8Linear(nn.Module):
         )
 
 
-class EmulatedBackend(Backend):
-    """Emulated FP8 (delayed, current, block, MXFP8) and NVFP4 on any device, in plain PyTorch."""
+class EmulatedBackend(EmulatedSupport, Backend):
+    """Emulated FP8 (delayed, current, block, MXFP8) and NVFP4 on any device, in plain PyTorch.
 
-    name = "emulated"
-
-    def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
-        """Every precision runs anywhere (it is all float32 arithmetic)."""
-        return {p: None for p in Precision}
+    Its name and what it runs (every precision, anywhere) are :class:`~precsearch.backends.support.EmulatedSupport`.
+    """
 
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
         """Replace each named non-BF16 Linear by an :class:`EmulatedFP8Linear`, in place.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from precsearch.backends.base import Backend
+    from precsearch.backends.support import BackendSupport
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,25 @@ class BackendEntry:
     Attributes:
         make: Builds the backend (imports its module, and its library, only when called).
         import_error: Why the backend's library does not import here; None when it does.
+        support: What the backend runs on a CPU, answered as data without building it (no torch); None for
+            a backend whose answers take a query of the machine (its library, its GPU).
     """
 
     make: Callable[[], Backend]
     import_error: Callable[[], str | None]
+    support: Callable[[], BackendSupport] | None = None
 
 
 def _emulated() -> Backend:
     from precsearch.backends.emulated import EmulatedBackend
 
     return EmulatedBackend()
+
+
+def _emulated_support() -> BackendSupport:
+    from precsearch.backends.support import EmulatedSupport
+
+    return EmulatedSupport()
 
 
 def _te() -> Backend:
@@ -59,7 +69,7 @@ def _torchao_import_error() -> str | None:
 
 
 BACKENDS: dict[str, BackendEntry] = {
-    "emulated": BackendEntry(_emulated, lambda: None),
+    "emulated": BackendEntry(_emulated, lambda: None, _emulated_support),
     "te": BackendEntry(_te, _te_import_error),
     "torchao": BackendEntry(_torchao, _torchao_import_error),
 }

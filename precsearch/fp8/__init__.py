@@ -12,6 +12,7 @@ from precsearch.fp8.formats import (
 )
 from precsearch.fp8.nvfp4 import hadamard_matrix, nvfp4_quantize, round_e2m1
 from precsearch.fp8.scaling import (
+    ROLES,
     BlockScaler,
     CurrentScaler,
     DelayedScaler,
@@ -25,6 +26,7 @@ from precsearch.fp8.scaling import (
 __all__ = [
     "E4M3",
     "E5M2",
+    "ROLES",
     "BlockScaler",
     "CurrentScaler",
     "DelayedScaler",

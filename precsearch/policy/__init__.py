@@ -4,11 +4,15 @@ Applying one to a model is the backends' job: :func:`load_policy` and :class:`Po
 re-exported here from :mod:`precsearch.backends.policy_runtime`.
 """
 
-from precsearch.policy.rules import MemoryKnobs, Policy, Rule, block_index
+from precsearch.policy.rules import (Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Policy, PrecisionConflict,
+                                     Rule, StateDtype, block_index, member_rules)
 
-__all__ = ["MemoryKnobs", "Policy", "PolicyError", "PolicyRuntime", "Rule", "block_index", "load_policy"]
+__all__ = ["Fp8Attention", "MasterDtype", "MemoryKnobs", "MomentDtype", "Policy", "PolicyError", "PolicyRuntime",
+           "PrecisionConflict", "Rule", "StateDtype", "block_index", "dump_policy", "load_policy", "load_policy_file",
+           "member_rules"]
 
 _APPLY = ("PolicyError", "PolicyRuntime", "load_policy")
+_FILE = ("dump_policy", "load_policy_file")  # policy.yaml (pydantic, YAML): imported on first use
 
 
 def __getattr__(name: str):
@@ -18,4 +22,8 @@ def __getattr__(name: str):
         from precsearch.backends import policy_runtime
 
         return getattr(policy_runtime, name)
+    if name in _FILE:
+        from precsearch.policy import file
+
+        return getattr(file, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

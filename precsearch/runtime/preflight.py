@@ -9,12 +9,8 @@ space can choose on this device, and there are GPUs for ``probe.nproc``. Each ra
 
 from __future__ import annotations
 
-import torch
-
-from precsearch.arch.hf_checkpoint import check_checkpoint
-from precsearch.backends import BackendUnavailable, UnsupportedRecipe, get_backend, resolve_device
-from precsearch.backends.capability import gpu_capability
-from precsearch.backends.te_knobs import fp8_attention_model_problem
+from precsearch.arch.checkpoint import check_checkpoint
+from precsearch.backends import BackendUnavailable, UnsupportedRecipe, backend_support, get_backend, resolve_device
 from precsearch.config.checks import MEMORY_KNOB_NAMES
 from precsearch.config.data_source import FILE_SOURCES, PREFIX_SOURCES, DataSource
 from precsearch.config.space import Space
@@ -22,7 +18,6 @@ from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import LayerRecipe
 from precsearch.probe.data import check_data
-from precsearch.probe.parallel.distributed import check_gpus
 
 
 def preflight(space: Space, *, file: str, gpu: bool = True) -> None:
@@ -33,7 +28,7 @@ def preflight(space: Space, *, file: str, gpu: bool = True) -> None:
     (:func:`gpu_checks_left`) are left out: a GPU space's checkpoint and data are checked on a CPU
     machine before the GPU is rented.
     """
-    machine = (_check_backend, check_gpus) if gpu else ()
+    machine = (_check_backend, _check_gpus) if gpu else ()
     for check in (_check_checkpoint, _check_data_files, *machine, check_data):
         try:
             check(space)
@@ -44,7 +39,11 @@ def preflight(space: Space, *, file: str, gpu: bool = True) -> None:
 def gpu_checks_left(space: Space) -> list[str]:
     """What :func:`preflight` cannot check for ``space`` on this machine because it has no CUDA GPU and the
     space asks for one (``probe.device: cuda`` or ``backend: te``); empty when it can check everything."""
-    if torch.cuda.is_available() or (space.probe.device != "cuda" and space.backend.value != "te"):
+    if space.probe.device != "cuda" and space.backend.value != "te":
+        return []
+    import torch  # a GPU query: a space that names none needs no torch to validate
+
+    if torch.cuda.is_available():
         return []
     precisions = ", ".join(sorted(p.value for p in space.search.precisions()))
     left = [f"probe.device {space.probe.device}: a CUDA GPU is visible",
@@ -81,15 +80,19 @@ def _check_data_files(space: Space) -> None:
         raise UserError("byte-level data needs vocab_size >= 256", field="model.vocab_size")
 
 
+def _check_gpus(space: Space) -> None:
+    if space.probe.nproc > 1:  # one process needs no GPU count (and no torch)
+        from precsearch.probe.parallel.distributed import check_gpus
+
+        check_gpus(space)
+
+
 def _check_backend(space: Space) -> None:
-    try:
-        device = resolve_device(space.probe.device)
-    except BackendUnavailable as exc:
-        raise UserError(str(exc), field="probe.device") from None
-    try:
-        backend = get_backend(space.backend.value, device, needs=space.search.precisions())
-    except BackendUnavailable as exc:
-        raise UserError(str(exc), field="backend") from None
+    # a CPU space's emulated backend answers as data; any other takes torch (a GPU query, a library)
+    device = space.probe.device
+    backend = backend_support(space.backend.value, device, space.search.precisions())
+    if backend is None:
+        device, backend = _built_backend(space)
     _check_memory_knobs(space, backend, device)
     fields = {f"search.groups[{i}].precision": g.precision for i, g in enumerate(space.search.groups)}
     fields |= {f"search.units[{i}].precision": u.precision for i, u in enumerate(space.search.units)}
@@ -99,6 +102,18 @@ def _check_backend(space: Space) -> None:
             backend.check_supported({f"{field}={p.value}": LayerRecipe(precision=p) for p in knob.options()}, device)
         except UnsupportedRecipe as exc:
             raise UserError(str(exc), field=field) from None
+
+
+def _built_backend(space: Space):
+    """The space's device and backend, built (torch, and the backend's library)."""
+    try:
+        device = resolve_device(space.probe.device)
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="probe.device") from None
+    try:
+        return device, get_backend(space.backend.value, device, needs=space.search.precisions())
+    except BackendUnavailable as exc:
+        raise UserError(str(exc), field="backend") from None
 
 
 def _check_memory_knobs(space: Space, backend, device) -> None:
@@ -119,6 +134,9 @@ def _check_memory_knobs(space: Space, backend, device) -> None:
             if problem:
                 raise UserError(problem, field=f"search.memory.{name}")  # the problem names the knob and value
     if any(v != "off" for v in mem.fp8_attention.options()):
+        from precsearch.backends.capability import gpu_capability
+        from precsearch.backends.te_knobs import fp8_attention_model_problem
+
         problem = fp8_attention_model_problem(space.model.probe().head_dim, gpu_capability(device))
         if problem:
             raise UserError(f"fp8_attention: {problem}", field="search.memory.fp8_attention")

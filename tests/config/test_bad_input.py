@@ -77,9 +77,10 @@ def test_group_matching_no_layer(tmp_path, capsys):
 
 def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch):
     """A backend's refusal (here a made-up one for nvfp4) must come back naming the group's field."""
-    from precsearch.backends.emulated import EmulatedBackend
+    # what the emulated backend runs (its built object's answers too) is EmulatedSupport's: validate asks it
+    from precsearch.backends.support import EmulatedSupport
 
-    monkeypatch.setattr(EmulatedBackend, "supported_precisions",
+    monkeypatch.setattr(EmulatedSupport, "supported_precisions",
                         lambda self, device: {p: ("refused for the test" if p.value == "nvfp4" else None)
                                               for p in Precision})
     data = tiny_space_dict()
@@ -180,3 +181,38 @@ def test_a_library_message_over_several_lines_stays_one_line(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("some text\n" * 100)
     path = write_space(tmp_path, tiny_space_dict(data={"source": "text", "path": "a.txt", "tokenizer": "tok"}))
     _assert_user_error(*_run(capsys, "validate", path), "data.tokenizer", "cannot use tokenizer")
+
+
+def test_every_problem_is_a_line_naming_file_field_bad_value_and_the_closest_choice(tmp_path, capsys):
+    """A file with two mistakes said ``Input should be 'bf16', 'fp8_delayed', ... (and 1 more problem)``: neither
+    the value written nor the other problem. Each problem must be a line of its own naming the file, the field,
+    the bad value, the valid choices and the closest one."""
+    data = tiny_space_dict(**{"probe.steps": -3})
+    data["search"]["groups"][0]["precision"] = {"choices": ["bf16", "fp8_delayd"]}
+    path = write_space(tmp_path, data)
+    code, err = _run(capsys, "validate", path)
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    steps = next(line for line in lines if "probe.steps" in line)
+    choice = next(line for line in lines if "search.groups[0].precision" in line)
+    assert str(path) in steps and "-3" in steps and "> 0" in steps, steps
+    assert str(path) in choice and "'fp8_delayd'" in choice and "did you mean 'fp8_delayed'?" in choice, choice
+    assert "valid: bf16, fp8_delayed, fp8_current, fp8_block" in choice, choice
+    assert "more problem" not in err
+
+
+def test_a_misspelt_key_is_named_with_the_key_meant_and_only_once(tmp_path, capsys):
+    """``stepz`` is an unknown key and leaves ``steps`` missing: one problem (the misspelling), with the key meant."""
+    data = tiny_space_dict()
+    data["probe"]["stepz"] = data["probe"].pop("steps", 12)
+    path = write_space(tmp_path, data)
+    _assert_user_error(*_run(capsys, "validate", path), "probe.stepz", "unknown key 'stepz'",
+                       "did you mean 'steps'?")
+
+
+def test_a_value_near_no_choice_lists_the_choices_without_a_guess(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**{"backend": "xyzzy"}))
+    code, err = _run(capsys, "validate", path)
+    _assert_user_error(code, err, "backend", "'xyzzy'", "valid: auto, emulated, te, torchao")
+    assert "did you mean" not in err

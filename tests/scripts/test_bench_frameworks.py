@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _measured import measurement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
@@ -160,13 +161,13 @@ def test_an_accelerate_knob_row_is_set_against_a_bf16_model_with_the_same_optimi
     assert knob["baseline"] == "bf16" and knob["speedup"] == pytest.approx(1.21)
 
 
-RECORDED = Path(__file__).resolve().parents[2] / "scripts" / "results" / "2026-12-01_h200_bench_frameworks.json"
+RECORDED = "2026-12-01_h200_bench_frameworks.json"  # in tests/measured/
 
 
 def test_megatron_prediction_holds_its_grad_buffer_and_fp32_grad_copy_within_a_point_of_the_h200_runs():
     """Megatron-Core's standard optimizer keeps a persistent gradient buffer and copies every main gradient to
     FP32 at its step; the probe's model alone read 12.7-12.9% under the recorded 4-block runs."""
-    rows = [r for r in json.loads(RECORDED.read_text())["rows"] if r["framework"] == "megatron" and "peak_gib" in r]
+    rows = [r for r in measurement(RECORDED)["rows"] if r["framework"] == "megatron" and "peak_gib" in r]
     assert len(rows) == 5
     for r in rows:
         policy = plan.POLICIES[r["policy"]]
@@ -192,13 +193,13 @@ def test_megatron_rule_covers_the_standard_optimizer_only():
     assert framework_peak("torchtitan", b, MEGATRON_STANDARD) == framework_peak("accelerate", b, MEGATRON_STANDARD)
 
 
-RECORDED_4BLOCKS = RECORDED.parent / "2026-12-03_h200_bench_frameworks_4blocks.json"
+RECORDED_4BLOCKS = "2026-12-03_h200_bench_frameworks_4blocks.json"
 
 
 def test_hf_bf16_runs_are_predicted_with_their_fp32_cross_entropy_within_a_point():
     """The torchao (torchtitan's filter) and Accelerate BF16 rows of the H200 run of 2026-12-03: the loss's
     FP32 tensors counted, the prediction is within 1%; with the probe's loss it read 10.5% under."""
-    rows = [r for r in json.loads(RECORDED_4BLOCKS.read_text())["rows"]
+    rows = [r for r in measurement(RECORDED_4BLOCKS)["rows"]
             if r["framework"] in ("torchtitan", "accelerate") and r["policy"] == "bf16"]
     assert len(rows) == 2
     for r in rows:
@@ -303,7 +304,7 @@ def test_torchao_fp8_saving_against_bf16_is_predicted_within_a_point_of_the_eage
     BF16 Linear under autocast keeps a BF16 cast of the weight: the eager torchao rows (torchtitan's filter,
     H200 2026-12-03) saved 2 B per converted weight element. With TE's FP8 Linear counted instead the model
     predicted 0.3-0.4 points for every policy (measured 0.9-4.8)."""
-    rows = {r["policy"]: r for r in json.loads(RECORDED_4BLOCKS.read_text())["rows"]
+    rows = {r["policy"]: r for r in measurement(RECORDED_4BLOCKS)["rows"]
             if r["framework"] == "torchtitan" and "peak_gib" in r}
     assert len(rows) == 5
     assert not any(plan.compiled_run("torchtitan", r["note"]) for r in rows.values())

@@ -20,10 +20,13 @@ Texts of ``text``, ``jsonl`` and ``hf_disk`` are tokenized by :mod:`.tokenizer` 
 a tokenizer directory, or a tiktoken-style ``tokenizer.model``).
 
 :class:`~.batches.TokenBatches` splits a stream into a training part and a fixed held-out tail,
-and cuts deterministic batches from them.
+and cuts deterministic batches from them (:mod:`.split` says where the held-out tail starts).
+
+Reading and checking a stream (:func:`load_tokens` aside, which returns a tensor) needs no torch, so
+importing this package imports none: :class:`TokenBatches` is loaded on first use.
 """
 
-from precsearch.probe.data.batches import HELD_OUT_FRACTION, TokenBatches
+from precsearch.probe.data.split import HELD_OUT_FRACTION
 from precsearch.probe.data.sources import MIN_TOKENS, READERS, SOURCES, check_data, load_batches, load_tokens
 from precsearch.probe.data.stdlib import DEFAULT_STDLIB_BYTES, stdlib_bytes, stdlib_tokens
 from precsearch.probe.data.synthetic import (DEFAULT_SYNTHETIC_TOKENS, DEFAULT_SYNTHETIC_VOCAB,
@@ -48,3 +51,11 @@ __all__ = [
     "synthetic_entropy_bound",
     "synthetic_tokens",
 ]
+
+
+def __getattr__(name: str):
+    if name == "TokenBatches":  # batches are tensors: torch is imported when they are asked for
+        from precsearch.probe.data.batches import TokenBatches
+
+        return TokenBatches
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

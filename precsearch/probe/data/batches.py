@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from precsearch.errors import DataError
+from precsearch.probe.data.split import HELD_OUT_FRACTION, held_out_start  # noqa: F401 - re-exported
 
 
 def _check_batch_args(tokens: torch.Tensor, **sizes: int) -> None:
@@ -16,10 +16,6 @@ def _check_batch_args(tokens: torch.Tensor, **sizes: int) -> None:
         least = 1 if name in ("seq_len", "micro_batch", "grad_accum") else 0
         if value < least:
             raise ValueError(f"{name} must be >= {least}, got {value}")
-
-
-#: Share of the stream held out for evaluation (when it exceeds what the eval batches need).
-HELD_OUT_FRACTION = 0.05
 
 
 class TokenBatches:
@@ -42,16 +38,9 @@ class TokenBatches:
                           grad_accum=grad_accum)
         self.seq_len, self.micro_batch, self.grad_accum = seq_len, micro_batch, grad_accum
         self.seed, self.eval_batches = seed, eval_batches
-        need = eval_batches * micro_batch * seq_len + 1 if eval_batches else 0
-        tail = max(need, int(HELD_OUT_FRACTION * tokens.numel())) if eval_batches else 0
         #: Index of the first held-out token; training windows end before it.
-        self.eval_start = tokens.numel() - tail
-        if self.eval_start < seq_len + 1:
-            raise DataError(
-                f"{tokens.numel()} tokens are too few: need seq_len + 1 = {seq_len + 1} for training "
-                f"plus {tail} held out ({eval_batches} eval batches of {micro_batch} x {seq_len})",
-                field="data",
-            )
+        self.eval_start = held_out_start(tokens.numel(), seq_len=seq_len, micro_batch=micro_batch,
+                                         eval_batches=eval_batches)
         self.tokens = tokens.long()
         self._eval: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 

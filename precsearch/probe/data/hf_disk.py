@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from precsearch.errors import DataError
 from precsearch.probe.data.documents import Document, documents_to_tokens
@@ -113,9 +112,9 @@ def _documents(files: list[Path], field: str) -> Iterator[tuple[str, Document]]:
             raise _error(file, f"corrupt or truncated Arrow data after row {row}: {exc}") from None
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """The tokens of the saved dataset at ``request.path``, column ``request.field``."""
-    return torch.from_numpy(read_hf_disk(request.path, request.field, request.tokenizer, request.max_tokens))
+    return read_hf_disk(request.path, request.field, request.tokenizer, request.max_tokens)
 
 
 def read_hf_disk(path: Path, field: str, tokenizer: Path | None, max_tokens: int | None) -> np.ndarray:

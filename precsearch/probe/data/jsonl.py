@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from precsearch.errors import DataError
 from precsearch.probe.data.documents import Document, documents_to_tokens
@@ -47,9 +46,9 @@ def _documents(files: list[Path], field: str) -> Iterator[tuple[str, Document]]:
                 yield where, row[field]
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """The tokens of the JSON Lines at ``request.path``, key ``request.field``."""
-    return torch.from_numpy(read_jsonl(request.path, request.field, request.tokenizer, request.max_tokens))
+    return read_jsonl(request.path, request.field, request.tokenizer, request.max_tokens)
 
 
 def read_jsonl(path: Path, field: str, tokenizer: Path | None, max_tokens: int | None) -> np.ndarray:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from precsearch.errors import DataError
 from precsearch.probe.data.request import TokenRequest
@@ -96,9 +95,9 @@ def read_index(idx: Path) -> MegatronIndex:
     return MegatronIndex(np.dtype(DTYPE_CODES[code]).newbyteorder("<"), lengths, pointers, documents)
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """The tokens of the dataset whose prefix (or ``.bin``/``.idx``) is ``request.path``."""
-    return torch.from_numpy(read_megatron(request.path, request.max_tokens))
+    return read_megatron(request.path, request.max_tokens)
 
 
 def read_megatron(path: Path, max_tokens: int | None = None) -> np.ndarray:

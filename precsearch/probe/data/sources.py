@@ -22,24 +22,28 @@ splits a stream into a training part and a fixed held-out tail, and cuts determi
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from precsearch.config.data_source import FILE_SOURCES as SPACE_FILE_SOURCES
 from precsearch.config.data_source import PREFIX_SOURCES as SPACE_PREFIX_SOURCES, DataSource
 from precsearch.errors import DataError
 from precsearch.probe.data import hf_disk, jsonl, megatron, stdlib, synthetic, text, token_file
-from precsearch.probe.data.batches import TokenBatches
 from precsearch.probe.data.request import TokenRequest
+from precsearch.probe.data.split import held_out_start
 
 if TYPE_CHECKING:
-    from precsearch.config.space import Space
+    import torch
 
-READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
+    from precsearch.config.space import Space
+    from precsearch.probe.data.batches import TokenBatches
+
+READERS: dict[str, Callable[[TokenRequest], np.ndarray]] = {
     DataSource.STDLIB.value: stdlib.read,
     DataSource.SYNTHETIC.value: synthetic.read,
     DataSource.TOKENS.value: token_file.read,
@@ -49,7 +53,7 @@ READERS: dict[str, Callable[[TokenRequest], torch.Tensor]] = {
     DataSource.JSONL.value: jsonl.read,
 }
 """``data.source`` name (:class:`~precsearch.config.data_source.DataSource`) -> reader of its 1-D int64 token
-stream; what each source needs is in :data:`~precsearch.config.data_source.SOURCE_KINDS`."""
+stream (a numpy array: reading and checking data needs no torch); what each source needs is in :data:`~precsearch.config.data_source.SOURCE_KINDS`."""
 
 SOURCES = tuple(READERS)
 #: Sources read from ``data.path`` (checked to exist first; an unreadable file is the user's, not a bug),
@@ -89,11 +93,19 @@ def load_tokens(
         DataError: unknown source, missing or unreadable file, bad dtype, token ids
             outside ``[0, vocab_size)``, or fewer than :data:`MIN_TOKENS` tokens.
     """
+    import torch
+
+    request = TokenRequest(source, path, tokenizer, dtype, max_tokens, seed, vocab_size, field)
+    return torch.from_numpy(_stream(request))
+
+
+def _stream(request: TokenRequest) -> np.ndarray:
+    """:func:`load_tokens`'s stream as a writable int64 numpy array."""
+    source, path, max_tokens = request.source, request.path, request.max_tokens
     if max_tokens is not None and max_tokens < MIN_TOKENS:
         raise DataError(f"must be at least {MIN_TOKENS}, got {max_tokens}", field="data.max_tokens")
     if source not in READERS:
         raise DataError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}", field="data.source")
-    request = TokenRequest(source, path, tokenizer, dtype, max_tokens, seed, vocab_size, field)
     if source in FILE_SOURCES:
         try:
             tokens = READERS[source](dataclasses.replace(request, path=_existing(path, source)))
@@ -102,8 +114,9 @@ def load_tokens(
     else:
         tokens = READERS[source](request)
     where = f"{path}" if source in FILE_SOURCES else f"the {source} stream"
-    _check_tokens(tokens, vocab_size, where, field="data.path" if source in FILE_SOURCES else "data.source")
-    return tokens
+    _check_tokens(tokens, request.vocab_size, where, field="data.path" if source in FILE_SOURCES else "data.source")
+    return np.require(tokens, np.int64, ["C_CONTIGUOUS", "WRITEABLE"])
+
 
 def _existing(path: Path | None, source: str) -> Path:
     if path is None:
@@ -114,9 +127,9 @@ def _existing(path: Path | None, source: str) -> Path:
     return path
 
 
-def _check_tokens(tokens: torch.Tensor, vocab_size: int | None, where: str, *, field: str) -> None:
-    if tokens.numel() < MIN_TOKENS:
-        raise DataError(f"{where} holds only {tokens.numel()} tokens; need at least {MIN_TOKENS}", field=field)
+def _check_tokens(tokens: np.ndarray, vocab_size: int | None, where: str, *, field: str) -> None:
+    if tokens.size < MIN_TOKENS:
+        raise DataError(f"{where} holds only {tokens.size} tokens; need at least {MIN_TOKENS}", field=field)
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0:
         raise DataError(f"{where} has a negative token id {low}", field=field)
@@ -131,16 +144,32 @@ def load_batches(space: "Space") -> TokenBatches:
     Raises:
         DataError: naming the data file (or source) and the field to change.
     """
+    import torch
+
+    from precsearch.probe.data.batches import TokenBatches
+
+    tokens = _space_stream(space)
     d, p = space.data, space.probe
-    tokens = load_tokens(d.source.value, path=d.path, tokenizer=d.tokenizer, dtype=d.dtype,
-                         max_tokens=d.max_tokens, seed=p.seed, vocab_size=space.model.probe().vocab_size,
-                         field=d.field)
-    try:
-        return TokenBatches(tokens, seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
+    with _located(space, tokens.size):
+        return TokenBatches(torch.from_numpy(tokens), seq_len=p.seq_len, micro_batch=p.micro_batch, seed=p.seed,
                             eval_batches=d.eval_batches, grad_accum=p.grad_accum)
+
+
+def _space_stream(space: "Space") -> np.ndarray:
+    d = space.data
+    return _stream(TokenRequest(d.source.value, d.path, d.tokenizer, d.dtype, d.max_tokens, space.probe.seed,
+                                space.model.probe().vocab_size, d.field))
+
+
+@contextlib.contextmanager
+def _located(space: "Space", n_tokens: int) -> Iterator[None]:
+    """A stream too short for the space's batches: the DataError names the file and the field to change."""
+    d = space.data
+    try:
+        yield
     except DataError as exc:
         where = d.path if d.path is not None else f"the {d.source.value} stream"
-        limited = d.max_tokens is not None and tokens.numel() == d.max_tokens
+        limited = d.max_tokens is not None and n_tokens == d.max_tokens
         raise DataError(f"{where}: {exc.detail}; give more tokens or lower probe.seq_len, probe.micro_batch or "
                         f"data.eval_batches", field="data.max_tokens" if limited else
                         "data.path" if d.path is not None else "data.source") from None
@@ -149,9 +178,13 @@ def load_batches(space: "Space") -> TokenBatches:
 def check_data(space: "Space") -> None:
     """Read the space's data once as a probe would, so that a bad file stops the run before any trial.
 
-    Costs one load of the stream (what each probe process does at its start).
+    Costs one load of the stream (what each probe process does at its start); needs no torch: the
+    stream is read as numpy and checked against the split :class:`~.batches.TokenBatches` would make.
 
     Raises:
         DataError: naming the data file (or source) and the field to change.
     """
-    load_batches(space)
+    tokens = _space_stream(space)
+    with _located(space, tokens.size):
+        held_out_start(tokens.size, seq_len=space.probe.seq_len, micro_batch=space.probe.micro_batch,
+                       eval_batches=space.data.eval_batches)

@@ -10,10 +10,14 @@ import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from precsearch.probe.data.request import TokenRequest
+
+if TYPE_CHECKING:
+    import torch
 
 #: Cap on ``stdlib`` bytes when ``max_tokens`` is not given: enough text, loads in well under 1 s.
 DEFAULT_STDLIB_BYTES = 8 * 2**20
@@ -22,9 +26,9 @@ DEFAULT_STDLIB_BYTES = 8 * 2**20
 _STDLIB_SKIP = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
-def read(request: TokenRequest) -> torch.Tensor:
-    """The first ``max_tokens`` bytes of the stdlib (:data:`DEFAULT_STDLIB_BYTES` without a cap)."""
-    return stdlib_tokens(DEFAULT_STDLIB_BYTES if request.max_tokens is None else request.max_tokens)
+def read(request: TokenRequest) -> np.ndarray:
+    """The first ``max_tokens`` bytes of the stdlib (:data:`DEFAULT_STDLIB_BYTES` without a cap), as int64 tokens."""
+    return _byte_tokens(DEFAULT_STDLIB_BYTES if request.max_tokens is None else request.max_tokens)
 
 
 def _sorted_py_files(root: Path) -> Iterator[Path]:
@@ -57,7 +61,12 @@ def stdlib_bytes(max_bytes: int = DEFAULT_STDLIB_BYTES) -> bytes:
     return b"\n".join(parts)[:max_bytes]
 
 
+def _byte_tokens(max_bytes: int) -> np.ndarray:
+    return np.frombuffer(stdlib_bytes(max_bytes), dtype=np.uint8).astype(np.int64)  # a writable copy
+
+
 def stdlib_tokens(max_bytes: int = DEFAULT_STDLIB_BYTES) -> torch.Tensor:
     """:func:`stdlib_bytes` as int64 byte tokens (0..255)."""
-    # bytearray: a writable copy, so torch does not warn about a read-only buffer.
-    return torch.frombuffer(bytearray(stdlib_bytes(max_bytes)), dtype=torch.uint8).to(torch.int64)
+    import torch
+
+    return torch.from_numpy(_byte_tokens(max_bytes))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from precsearch.probe.data.request import TokenRequest
+
+if TYPE_CHECKING:
+    import torch
 
 #: Length of the ``synthetic`` stream when ``max_tokens`` is not given.
 DEFAULT_SYNTHETIC_TOKENS = 2**20
@@ -13,10 +17,10 @@ DEFAULT_SYNTHETIC_TOKENS = 2**20
 DEFAULT_SYNTHETIC_VOCAB = 256
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """``max_tokens`` tokens (:data:`DEFAULT_SYNTHETIC_TOKENS` without a cap) over the model's vocabulary."""
     n_tokens = DEFAULT_SYNTHETIC_TOKENS if request.max_tokens is None else request.max_tokens
-    return synthetic_tokens(n_tokens, request.vocab_size or DEFAULT_SYNTHETIC_VOCAB, request.seed)
+    return _synthetic_array(n_tokens, request.vocab_size or DEFAULT_SYNTHETIC_VOCAB, request.seed)
 
 
 # The synthetic stream is a sequence of "words" drawn i.i.d. from a Zipf law over a
@@ -44,6 +48,12 @@ def synthetic_tokens(n_tokens: int, vocab_size: int, seed: int) -> torch.Tensor:
     Same ``(n_tokens, vocab_size, seed)`` gives the same stream. Its entropy rate is at
     most :func:`synthetic_entropy_bound` nats per token.
     """
+    import torch
+
+    return torch.from_numpy(_synthetic_array(n_tokens, vocab_size, seed))
+
+
+def _synthetic_array(n_tokens: int, vocab_size: int, seed: int) -> np.ndarray:
     spellings, starts, lengths, probs = _lexicon(vocab_size, seed)
     rng = np.random.default_rng([seed, vocab_size, 1])
     # Every word has >= 2 tokens, so n_tokens // 2 + 1 words always cover the stream.
@@ -52,7 +62,7 @@ def synthetic_tokens(n_tokens: int, vocab_size: int, seed: int) -> torch.Tensor:
     # Position of each output token inside its word, then its index into `spellings`.
     word_first = np.repeat(np.cumsum(word_lens) - word_lens, word_lens)
     index = np.repeat(starts[words], word_lens) + (np.arange(word_first.size) - word_first)
-    return torch.from_numpy(spellings[index[:n_tokens]].astype(np.int64))
+    return spellings[index[:n_tokens]].astype(np.int64)
 
 
 def synthetic_entropy_bound(vocab_size: int, seed: int) -> float:

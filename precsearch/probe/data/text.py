@@ -12,14 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from precsearch.errors import DataError
 from precsearch.probe.data.request import TokenRequest
 from precsearch.probe.data.tokenizer import encode
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """The token ids of the text at ``request.path`` (its bytes without a tokenizer)."""
     return _load_text(request.path, request.tokenizer, request.max_tokens)
 
@@ -31,7 +30,7 @@ def _text_files(path: Path) -> list[Path]:
     return files
 
 
-def _load_text(path: Path, tokenizer: Path | None, max_tokens: int | None) -> torch.Tensor:
+def _load_text(path: Path, tokenizer: Path | None, max_tokens: int | None) -> np.ndarray:
     files = _text_files(path)
     if tokenizer is None:
         raw = b"\n".join(f.read_bytes() for f in files)
@@ -42,7 +41,7 @@ def _load_text(path: Path, tokenizer: Path | None, max_tokens: int | None) -> to
         ids = np.concatenate([np.asarray(doc, dtype=np.int64) for doc in docs])
     if max_tokens is not None:
         ids = ids[:max_tokens]
-    return torch.from_numpy(ids.astype(np.int64))
+    return ids.astype(np.int64)
 
 
 def _encode(texts: list[str], tokenizer: Path) -> list[list[int]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from precsearch.errors import DataError
 from precsearch.probe.data.request import TokenRequest
@@ -17,12 +16,12 @@ from precsearch.probe.data.request import TokenRequest
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32, "int32": np.int32, "int64": np.int64}
 
 
-def read(request: TokenRequest) -> torch.Tensor:
+def read(request: TokenRequest) -> np.ndarray:
     """The token ids of the file at ``request.path``."""
     return _load_token_file(request.path, request.dtype, request.max_tokens)
 
 
-def _load_token_file(path: Path, dtype: str, max_tokens: int | None) -> torch.Tensor:
+def _load_token_file(path: Path, dtype: str, max_tokens: int | None) -> np.ndarray:
     if dtype not in TOKEN_DTYPES:
         raise DataError(f"unknown dtype {dtype!r}; valid: {', '.join(TOKEN_DTYPES)}", field="data.dtype")
     if not path.is_file():
@@ -30,7 +29,7 @@ def _load_token_file(path: Path, dtype: str, max_tokens: int | None) -> torch.Te
     array = _open_npy(path) if path.suffix == ".npy" else _open_bin(path, TOKEN_DTYPES[dtype])
     if max_tokens is not None:
         array = array[:max_tokens]  # slice the memmap first: only these pages are read
-    return torch.from_numpy(np.array(array, dtype=np.int64))
+    return np.array(array, dtype=np.int64)
 
 
 def _open_npy(path: Path) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The memory model's rule for compiled blocks (``precsearch/probe/memory/compiled.py``) against the H200.
 
-Two recordings of 2026-12-03, both Hugging Face Llama blocks at the 8B width, seq 4096, FP32 parameters under
-BF16 autocast, torchao's tensorwise Float8Linear, each block ``torch.compile``'d:
+Two recordings of 2026-12-03 (cut to what is read here, in ``tests/measured/``), both Hugging Face Llama
+blocks at the 8B width, seq 4096, FP32 parameters under BF16 autocast, torchao's tensorwise Float8Linear,
+each block ``torch.compile``'d:
 
 * ``2026-12-03_h200_torchao_saved.json``: what 2 compiled blocks saved for the backward, all BF16 and all FP8
   (the rule's counts come from it);
@@ -11,20 +12,19 @@ BF16 autocast, torchao's tensorwise Float8Linear, each block ``torch.compile``'d
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 
 import pytest
+from _measured import measurement
 
 from precsearch.arch.config import PRESETS
 from precsearch.arch.units import OUTPUT_LAYER, unit_names, unit_shape
 from precsearch.precision import Precision
 from precsearch.probe.memory.compiled import compiled_activation_bytes
 
-RESULTS = Path(__file__).resolve().parents[3] / "scripts" / "results"
-sys.path.insert(0, str(RESULTS.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
 
 import frameworks_plan as plan  # noqa: E402
 from _saved import saved_storage_bytes  # noqa: E402
@@ -35,7 +35,7 @@ GIB = 2**30
 def _compiled_rows() -> dict[str, dict]:
     rows = {}
     for name in ("call4_tt_compiled", "call5_tt"):
-        for r in json.loads((RESULTS / f"2026-12-03_h200_bench_frameworks_{name}.json").read_text())["rows"]:
+        for r in measurement(f"2026-12-03_h200_bench_frameworks_{name}.json")["rows"]:
             if r["framework"] == "torchtitan" and "peak_gib" in r:
                 rows[r["policy"]] = r
     return rows
@@ -58,7 +58,7 @@ def test_the_four_block_compiled_runs_are_predicted_within_half_a_percent_and_a_
 
 
 def test_the_bf16_edges_run_of_the_merged_table_is_predicted_too():
-    merged = json.loads((RESULTS / "2026-12-03_h200_bench_frameworks_torchtitan_compiled.json").read_text())
+    merged = measurement("2026-12-03_h200_bench_frameworks_torchtitan_compiled.json")
     rows = {r["policy"]: r for r in merged["rows"] if r["framework"] == "torchtitan"}
     edges, bf16 = rows["bf16_edges+fp8_current"], rows["bf16"]
     predicted = plan.predicted_peak_gib(plan.POLICIES["bf16_edges+fp8_current"], plan.Shape(), "torchtitan")
@@ -76,7 +76,7 @@ def test_the_frameworks_compiled_runs_of_2026_12_06_are_predicted(framework, res
     """torchtitan's own blocks and Accelerate's regionally compiled ones (H100, 4 blocks): every peak within
     0.5% of the compiled rule's, memory saved within a quarter point; the torchtitan mixed row is the policy
     as torchtitan runs it (its delayed MLPs BF16)."""
-    rows = {r["policy"]: r for r in json.loads((RESULTS / result).read_text())["rows"]
+    rows = {r["policy"]: r for r in measurement(result)["rows"]
             if r["framework"] == framework and "peak_gib" in r}
     assert {"bf16", "fp8_current", "bf16_edges+fp8_current"} <= set(rows)
     shape = plan.Shape()
@@ -123,7 +123,7 @@ def test_the_rule_holds_the_two_block_listings(model, policy):
     """Saved bytes of 2 compiled blocks (vocabulary 1024) with what the rule leaves to other parts of the model
     added back (:func:`_listing_total`): the listing's total to 0.1% (HF) and 0.25% (torchtitan). torchtitan's final norm keeps one FP32 tensor fewer
     than the Hugging Face one (its listing's third FP32 token x dim tensor, where HF has four)."""
-    listing = json.loads((RESULTS / LISTINGS[model]).read_text())
+    listing = measurement(LISTINGS[model])
     [row] = [r for r in listing["rows"] if r["compiled"] and r.get("policy", "fp8_current" if r["fp8"] else "bf16")
              == policy]
     cfg = PRESETS["llama3-8b"].with_overrides(n_layers=2, vocab_size=1024)
@@ -167,8 +167,8 @@ def test_an_accelerate_run_is_compiled_where_its_setup_compiles_blocks(policy, c
 def test_accelerates_compiled_knob_run_with_bf16_parameters_is_predicted():
     """The master-weights policy loads the model in BF16 (the export's warning); its blocks' rule came from the
     CPU listing below, and predicts the H100 run it was not fitted to (2026-12-06, 25.35 GiB)."""
-    rows = {r["policy"]: r for r in json.loads(
-        (RESULTS / "2026-12-06_h100_bench_frameworks_accelerate_knobs_compiled.json").read_text())["rows"]}
+    knobs_run = measurement("2026-12-06_h100_bench_frameworks_accelerate_knobs_compiled.json")
+    rows = {r["policy"]: r for r in knobs_run["rows"]}
     shape = plan.Shape()
     knobs, bf16 = rows["fp8_current+bf16_moments"], rows["bf16"]
     assert plan.compiled_run("accelerate", knobs["note"]) and plan.param_dtype("accelerate", plan.POLICIES[

@@ -1,10 +1,8 @@
 """The memory model: component arithmetic and the direction of FP8's effects."""
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from _measured import measurement
 
 from precsearch import cpu_bf16
 from precsearch.arch.units import unit_names
@@ -168,11 +166,11 @@ def test_activation_bytes_equal_what_autograd_saves(param_dtype, native_bf16, mo
 
 #: scripts/bench_memory.py on the H200 (2026-11-30): the TE stack (fused modules, Megatron-Core layout) at the
 #: Llama-3-8B shape, peaks of 2- and 4-block probes and of the full-depth model, per policy.
-_H200_RUN = Path(__file__).resolve().parents[3] / "scripts/results/2026-11-30_h200_bench_memory.json"
+_H200_RUN = "2026-11-30_h200_bench_memory.json"  # in tests/measured/
 
 
 def _h200_rows() -> list[dict]:
-    return json.loads(_H200_RUN.read_text())["rows"]
+    return measurement(_H200_RUN)["rows"]
 
 
 #: Bytes per logit the probe's loss held when those peaks were measured: F.cross_entropy's three float32
@@ -196,7 +194,7 @@ def test_calibrated_model_predicts_the_h200_full_depth_peaks_within_3_percent(ro
     from precsearch.probe.memory.calibration import DepthMeasurement, fit_calibration, predict_target
     from precsearch.probe.runner import backend_precisions
 
-    meta = json.loads(_H200_RUN.read_text())["meta"]
+    meta = measurement(_H200_RUN)["meta"]
     policy = Policy.from_dict(row["detail"])
     change = _loss_change(meta)
 

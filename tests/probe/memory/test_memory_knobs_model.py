@@ -1,7 +1,7 @@
 """The memory model's arithmetic for the optimizer-state and attention knobs.
 
-Each byte count is what the H200 measured at the 8B width (scripts/results/
-2026-11-30_h200_memory_model_vs_measured.md: worst 0.9% on the whole peak over the rows not used for
+Each byte count is what the H200 measured at the 8B width (tests/measured/
+2026-11-30_h200_bench_memory_knobs_call{1,2}.json: worst 0.9% on the whole peak over the rows not used for
 the per-precision offset fit). What would be wrong if
 these failed: the search would score an FP8-moment policy with the wrong saving, or miss that one
 param group makes FP8 moments cost more at the step than FP32 ones.
@@ -10,10 +10,10 @@ param group makes FP8 moments cost more at the step than FP32 ones.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
+from _measured import MEASURED, measurement
 
 from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
@@ -25,7 +25,7 @@ CFG = PRESETS["llama3-8b"].with_overrides(n_layers=2)
 N = CFG.num_params()
 FP8 = {n: Precision.FP8_DELAYED for n in unit_names(CFG) if n != "output_layer"}
 STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
-RESULTS = Path(__file__).resolve().parents[3] / "scripts" / "results"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
 def _predict(memory: MemoryKnobs, **kw):
@@ -87,7 +87,7 @@ def test_fp32_parameters_have_no_master_copy_whatever_the_knob():
 
 
 def _compare_script():
-    spec = importlib.util.spec_from_file_location("compare_memory_model", RESULTS.parent / "compare_memory_model.py")
+    spec = importlib.util.spec_from_file_location("compare_memory_model", SCRIPTS / "compare_memory_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -97,7 +97,7 @@ def test_the_model_today_stays_within_three_percent_of_the_h200_measurements():
     """Recomputed from the H200 measurements with today's model (a stored table could not catch a regression);
     the rows that fit the per-precision offset match by construction and are left out."""
     script = _compare_script()
-    rows = [r for call in (1, 2) for r in script.compare(RESULTS / f"2026-11-30_h200_bench_memory_knobs_call{call}.json")]
+    rows = [r for call in (1, 2) for r in script.compare(MEASURED / f"2026-11-30_h200_bench_memory_knobs_call{call}.json")]
     held_out = [r for r in rows if not r["fit_row"]]
     assert len(rows) == 31 and len(held_out) == 27
     assert max(abs(r["error"]) for r in held_out) <= 0.03
@@ -115,7 +115,7 @@ def test_an_fp8_output_layer_peaks_in_its_forward_as_measured_on_the_h200():
     checked = 0
     for name, seq in (("2026-12-04_h200_fp8_head_memory.json", 4096),
                       ("2026-12-04_h200_fp8_head_memory_seq2048.json", 2048)):
-        for r in json.loads((RESULTS / name).read_text())["rows"]:
+        for r in measurement(name)["rows"]:
             if not r["policy"].startswith("head "):
                 continue
             cfg = PRESETS["llama3-8b"].with_overrides(n_layers=r["layers"])
