@@ -15,7 +15,8 @@ package above it.
 from __future__ import annotations
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("precsearch._layers", "precsearch.errors", "precsearch.precision", "precsearch.precision_spec",
+    ("base", ("precsearch._layers", "precsearch.errors", "precsearch.instability", "precsearch.precision",
+              "precsearch.precision_spec",
               "precsearch.redact",
               "precsearch.version",
               "precsearch.utils")),

@@ -13,9 +13,10 @@ from pathlib import Path
 from precsearch.version import __version__
 from precsearch.cli_checks import at_least, at_most, check_fraction, check_gpus_present, check_workers
 from precsearch.errors import UserError
-from precsearch.export.pick import PICKS
+from precsearch.export.pick import DEFAULT_MARGIN, PICKS
 from precsearch.export.registry import FORMATS
 from precsearch.policy.rules import PrecisionConflict
+from precsearch.runtime.stopping import RESUME_HINT, WORKER_DONE
 from precsearch.utils import trace
 from precsearch.utils.numbers import MAX_LAYERS
 from precsearch.utils.processes import dump_stacks_on_signal
@@ -23,7 +24,6 @@ from precsearch.utils.writable import check_writable
 
 STARTED = time.time()  # near this process's start (the imports above are light): the timeline's start-up span
 EXIT_USER_ERROR = 2
-RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
 
 
 def _load_checked_space(path: Path, gpu: bool = True):
@@ -54,12 +54,12 @@ def _check_on_this_machine(space, path: Path, gpu: bool = True) -> None:
 
 def _print_emulation_note(space) -> None:
     """Say so when Blackwell recipes will run emulated (their speed and memory are then not a B200's)."""
-    from precsearch.backends import get_backend, resolve_device
+    from precsearch.backends import chosen_backend
     from precsearch.backends.capability import emulation_note
 
-    device = resolve_device(space.probe.device)
     precisions = space.search.precisions()
-    note = emulation_note(get_backend(space.backend.value, device, needs=precisions).name, precisions, device)
+    backend, device = chosen_backend(space.backend.value, space.probe.device, precisions)
+    note = emulation_note(backend, precisions, device)
     if note:
         print(note, file=sys.stderr)
 
@@ -87,9 +87,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
               + "\n".join(f"  - {check}" for check in left))
         return 0
     if space.backend.value == "auto":
-        from precsearch.backends import get_backend, resolve_device
+        from precsearch.backends import chosen_backend
 
-        chosen = get_backend("auto", resolve_device(space.probe.device), needs=space.search.precisions()).name
+        chosen, _ = chosen_backend("auto", space.probe.device, space.search.precisions())
         print(f"backend auto runs {chosen} here.")
     return 0
 
@@ -168,7 +168,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                           n_trials=args.n_trials, name=args.name, progress=not args.no_progress)
     except KeyboardInterrupt:
         return _stopped()
-    print(f"worker done: the study has {done} finished trials")
+    print(f"{WORKER_DONE}the study has {done} finished trials")
     return 0
 
 
@@ -191,16 +191,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     at_most("--n-layers", args.n_layers, MAX_LAYERS, "the blocks of the model the files are for")
     at_least("--pipeline-parallel", args.pipeline_parallel, 1, "model chunks of the Megatron run")
     check_fraction("--max-instability", args.max_instability)
+    check_fraction("--margin", args.margin)
     if args.output is not None:  # before the study is read: a path that cannot be written fails now
         check_writable(args.output, "-o/--output", directory=args.output.endswith(("/", "\\")))
     study, ws = _open_study(args.output_dir)
     result = export(study, ws, trial=args.trial, pick=args.pick, max_instability=args.max_instability,
-                    fmt=args.format, n_layers=args.n_layers, pipeline=args.pipeline_parallel)
+                    margin=args.margin, fmt=args.format, n_layers=args.n_layers, pipeline=args.pipeline_parallel)
     from precsearch.search.promotion import rung_warnings
 
     print(f"exporting {result.reason}", file=sys.stderr)
-    for warning in rung_warnings(study, result.trial) + result.warnings:
+    for warning in rung_warnings(study, result.source) + result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.cost is not None:  # before writing: what the framework runs differently, and its memory
+        _print_export_cost(result.cost, args.format, result.trial)
     written = write_export(result.files, args.output)
     if written:
         print(f"wrote trial {result.trial} ({args.format}) to {', '.join(str(p) for p in written)}")
@@ -212,6 +215,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_export_cost(cost, fmt: str, trial: int) -> None:
+    """What ``fmt``'s files change from trial ``trial`` (per module, per knob) and the memory it costs."""
+    if not cost.changes:
+        print(f"nothing changes: {fmt} runs trial {trial}'s policy as searched", file=sys.stderr)
+        return
+    print(f"what {fmt} runs differently from trial {trial} (the trial's -> what is written):", file=sys.stderr)
+    for line in cost.changes:
+        print(f"  {line}", file=sys.stderr)
+    print(f"what it costs: {cost.summary()}", file=sys.stderr)
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from precsearch.runtime.workspace import Workspace
     from precsearch.tracking import ui
@@ -219,7 +233,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: valid: 1..65535", field="--port")
-    ws = Workspace.load(args.output_dir)
+    ws = Workspace.load(_study_dir(args.output_dir))
     ws.follow_move()
     if args.optuna:
         return _optuna_dashboard(ws, args.host, args.port)
@@ -251,7 +265,15 @@ def ui_banner(ws, base_url: str) -> str:
                   f"  front table and plot:   {artifact_url(base_url, experiment, study_run, 'front/front.html')}"]
     lines.append("  (a page opened from inside MLflow that shows Evaluations or Judges is in its GenAI mode: click "
                  "'Model training' at the top of the sidebar once; the browser keeps it)")
+    lines.append(ASSISTANT_NOTE)
     return "\n".join(lines)
+
+
+#: MLflow 3.17 opens its Assistant panel by itself once per browser and address (local storage
+#: ``mlflow.assistant.fab.autoOpenedOnFirstLoad``) when the page's host is localhost; no URL parameter or
+#: server setting keeps it closed, and closing it is remembered (``mlflow.assistant.panelOpen``).
+ASSISTANT_NOTE = ("  (MLflow opens its Assistant panel on the right the first time a browser opens this address: "
+                  "its × at the top right closes it, and the browser keeps it closed)")
 
 
 def _experiment_and_study_run(ws) -> tuple[str | None, str | None]:
@@ -293,7 +315,7 @@ def _open_study(output_dir: Path):
     from precsearch.runtime.stores import open_storage
     from precsearch.runtime.workspace import Workspace
 
-    ws = Workspace.load(output_dir)
+    ws = Workspace.load(_study_dir(output_dir))
     try:
         return optuna.load_study(study_name=ws.study_name, storage=open_storage(ws.storage_url)), ws
     except KeyError:
@@ -303,11 +325,23 @@ def _open_study(output_dir: Path):
                         field="study.name") from None
 
 
+def _study_dir(output_dir: Path | None) -> Path:
+    """The study's directory (:func:`~precsearch.runtime.workspace.study_dir`); says which one when it was found."""
+    from precsearch.runtime.workspace import study_dir
+
+    found = study_dir(output_dir)
+    if output_dir is None and found != Path("."):
+        print(f"study directory: {found} (the one under precsearch-runs/)", file=sys.stderr)
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="precsearch", description="Search per-layer FP8 precision policies.")
     parser.add_argument("--version", action="version", version=f"precsearch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     out_help = "the study's output directory (default for run: precsearch-runs/<study name>)"
+    found_help = ("the study's output directory (default: this directory if it holds a study, else the one "
+                  "study under precsearch-runs/)")
 
     p = sub.add_parser("run", help="run or resume the study a space file describes")
     p.add_argument("space", type=Path, help="the search space YAML file")
@@ -340,21 +374,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("front", help="print the Pareto front of a study")
-    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--output-dir", type=Path, help=found_help)
     p.add_argument("--all", action="store_true", help="every finished trial, not only the front")
     p.set_defaults(func=cmd_front)
 
     p = sub.add_parser("export", help="write a trial's policy, or the settings of a training framework")
-    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--output-dir", type=Path, help=found_help)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--trial", type=int, help="the trial number")
     which.add_argument("--pick", choices=tuple(PICKS),
                        help="choose the trial: most memory saved, highest tokens/s on the Pareto front, or "
                             "lowest instability (among feasible trials)")
     p.add_argument("--max-instability", type=float, metavar="X",
-                   help="with --pick: only trials whose instability is at most X, in the study's stability_unit "
-                        "as its stability_limit is: BF16 seed spreads for noise (e.g. 1.0), else a fraction "
-                        "of the BF16 loss (e.g. 0.005)")
+                   help="with --pick: only trials whose instability is at most X, in the study's one unit, the "
+                        "one 'precsearch front' names above its table and its limit is in: BF16 seed spreads "
+                        "(stability_unit noise, e.g. 1.0), the reading's measure (reading damage, e.g. 0.005 "
+                        "update_norm), else a fraction of the BF16 loss (e.g. 0.005 for 0.5%%)")
+    p.add_argument("--margin", type=float, metavar="F",
+                   help="with --pick: prefer trials whose instability stays at most (1 - F) x the study's "
+                        f"stability limit, and say which trial that passed over (default {DEFAULT_MARGIN:g}; 0 "
+                        "keeps no margin)")
     p.add_argument("--format", choices=tuple(FORMATS), default=next(iter(FORMATS)),
                    help="policy.yaml (default), Megatron-LM flags + precision config, a torchtitan TOML "
                         "section, or an Accelerate snippet")
@@ -370,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("ui", help="open the MLflow UI on the study's store")
-    p.add_argument("--output-dir", type=Path, default=Path("."), help=out_help)
+    p.add_argument("--output-dir", type=Path, help=found_help)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--optuna", action="store_true",

@@ -30,5 +30,22 @@ class UserError(Exception):
         return UserError(self.detail, file=self.file or file, field=self.field or field)
 
 
+class UserErrors(UserError):
+    """Several problems found at once (every bad field of one file): one line each, the first as a
+    :class:`UserError` would show it, the others indented under it. ``file``, ``field`` and ``detail``
+    are the first problem's."""
+
+    def __init__(self, problems: list[UserError]):
+        self.problems = list(problems)
+        first = self.problems[0]
+        super().__init__(first.detail, file=first.file, field=first.field)
+
+    def _format(self) -> str:
+        return "\n  ".join(UserError._format(p) for p in self.problems)
+
+    def located(self, *, file: str | None = None, field: str | None = None) -> "UserErrors":
+        return UserErrors([p.located(file=file, field=field) for p in self.problems])
+
+
 class DataError(UserError):
     """A data source cannot be read (missing file, bad dtype, too few tokens)."""

@@ -7,7 +7,7 @@ every page a user reaches from the links `precsearch ui` prints:
 * the banner: every link a URL in model-training mode, the front plot and page included, and no
   access-log line or Starlette warning from the server;
 * the runs table: model-training mode (no Judges/Evaluations), the flag and objective columns
-  (feasible, pareto, memory_saved_pct, instability_pct or instability_spreads, tokens_per_s,
+  (feasible, pareto, memory_saved_pct, instability_in_unit, tokens_per_s,
   gap_in_noise), each front trial's saving as the terminal rounds it, feasible trials above the
   others, front trials named ``trial-N (front)``;
 * the front view (`tags.pareto = 'true'`): exactly the front trials `precsearch front` prints;
@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from precsearch.tracking.experiment_view import artifact_url, experiment_url, run_url  # noqa: E402
+from precsearch.instability import StudyUnit  # noqa: E402
 from precsearch.tracking.review_columns import instability_column  # noqa: E402
 
 #: Sidebar and breadcrumb entries MLflow 3.17 shows only in its GenAI mode.
@@ -254,7 +255,7 @@ def _check_table(check: Checks, dom: str, front: set[int], trials: dict[int, str
 
 def _check_artifacts(check: Checks, browser: str, base: str, eid: str, best: str, parent: str, results: Path,
                      prefix: str, budget_ms: int, unit: str) -> None:
-    header = "instability (BF16 seed spreads)" if unit == "noise" else "instability (% of BF16 loss)"
+    header = f"instability ({StudyUnit(unit, float('nan')).name}"  # a damage study's name goes on with its measure
     # policy.md last: headless Chromium sometimes never settles on MLflow's Markdown viewer
     for name, run, path, needs in (
             ("trial_loss", best, "loss_curves.png", "loss_curves.png"),
@@ -267,7 +268,7 @@ def _check_artifacts(check: Checks, browser: str, base: str, eid: str, best: str
         dom = page(browser, artifact_url(base, eid, run, path), shot, budget_ms)
         check(f"artifact viewer opens {path} in model-training mode", needs in dom and training_mode(dom))
     page_text = _artifact_text(base, parent, "front/front.html")
-    check("front.html: its table in the plot's unit", f"<th>{header}</th>" in page_text, header)
+    check("front.html: its table in the plot's unit", f"<th>{header}" in page_text, header)
 
 
 def _artifact_text(base: str, run_id: str, path: str) -> str:

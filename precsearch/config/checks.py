@@ -9,6 +9,8 @@ from dataclasses import fields
 
 from precsearch.arch.config import unsplittable
 from precsearch.config.group_checks import check_groups
+from precsearch.config.inert import check_inert
+from precsearch.config.soak_checks import check_soak
 from precsearch.config.space import Space
 from precsearch.config.unit_checks import check_units
 from precsearch.config.value_checks import check_values
@@ -27,7 +29,7 @@ def check_space(space: Space, *, file: str) -> None:
     (:mod:`precsearch.runtime.preflight`).
     """
     checks = (check_values, _check_model, _check_warmup, check_groups, check_units, check_nproc, _check_fidelity,
-              _check_damage)
+              _check_damage, check_inert, check_soak)
     for check in checks:
         try:
             check(space)

@@ -36,13 +36,14 @@ from collections import defaultdict
 from typing import Any
 
 from precsearch.arch.units import HF_BLOCK_PROJS
+from precsearch.export.as_run import AsRun, as_searched
 from precsearch.export.format_output import (
     Rendered,
     header,
     layer_table,
     warning_lines,
 )
-from precsearch.export.memory_knobs import accelerate_memory
+from precsearch.export.memory_knobs import accelerate_memory, accelerate_written
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import NVFP4_KNOBS, AmaxAlgo, Fp8Format, Precision
@@ -91,6 +92,12 @@ def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
         "scaling); the snippet applies the policy with precsearch's Python API instead (exact numerics; "
         "its emulated backend is slower than BF16)")
     return "precsearch", warnings
+
+
+def accelerate_as_run(policy: Policy, n_layers: int) -> AsRun:
+    """What the snippet runs: every path of :func:`choose_path` keeps each layer's precision (TE only for a
+    uniform policy, torchao for fp8_current layers, else precsearch's API); FP8 attention is lost."""
+    return AsRun(as_searched(policy, n_layers).precisions, accelerate_written(policy.memory))
 
 
 def _warmup(policy: Policy, warnings: list[str]) -> list[str]:
@@ -253,4 +260,4 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
     return Rendered(files, warnings)
 
 
-__all__ = ["FILE", "POLICY_FILE", "accelerate_files", "choose_path"]
+__all__ = ["FILE", "POLICY_FILE", "accelerate_as_run", "accelerate_files", "choose_path"]

@@ -55,11 +55,13 @@ share a local number need different precisions it keeps the commoner one and war
 from __future__ import annotations
 
 from collections import Counter
+from fnmatch import fnmatchcase
 from typing import Any
 
 import yaml
 
-from precsearch.arch.units import BLOCK_UNITS, HF_OUTPUT_LAYER
+from precsearch.arch.units import BLOCK_UNITS, HF_OUTPUT_LAYER, OUTPUT_LAYER
+from precsearch.export.as_run import AsRun
 from precsearch.export.format_output import (
     Rendered,
     block_ranges,
@@ -67,7 +69,7 @@ from precsearch.export.format_output import (
     warning_lines,
 )
 from precsearch.errors import UserError
-from precsearch.export.memory_knobs import megatron_memory
+from precsearch.export.memory_knobs import megatron_memory, megatron_written
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import AmaxAlgo, Precision
 from precsearch.precision_spec import SPECS
@@ -291,6 +293,46 @@ def _memory_flags(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[l
     return megatron_memory(memory, fp8_recipe)
 
 
+def megatron_as_run(policy: Policy, n_layers: int, pipeline: int = 1) -> AsRun:
+    """What Megatron runs of :func:`megatron_export`'s files, read back by Megatron's rules: BF16 edge blocks
+    (``--first-last-layers-bf16``, global numbers), then the first enabled matcher of the precision config
+    (``fnmatch`` on the local module name), then the global recipe; the output layer is FP8 only with
+    ``--fp8-output-proj``."""
+    flags, config, _ = megatron_export(policy, n_layers, pipeline)
+
+    def value(flag: str) -> str | None:
+        return flags[flags.index(flag) + 1] if flag in flags else None
+
+    glob = _recipe_precision({"fp4_quantization_recipe": value("--fp4-recipe")} if "--fp4-recipe" in flags
+                             else {"fp8_quantization_recipe": value("--fp8-recipe")} if "--fp8-recipe" in flags
+                             else {})
+    edges = "--first-last-layers-bf16" in flags
+    start = int(value("--num-layers-at-start-in-bf16") or 0) if edges else 0
+    end = int(value("--num-layers-at-end-in-bf16") or 0) if edges else 0
+    matchers = [m for m in (config or {}).get("matchers", {}).values() if m["enabled"]]
+    configs = (config or {}).get("configs", {})
+    chunk = chunk_layers(n_layers, pipeline)
+    run: dict[str, Precision] = {}
+    for block in range(n_layers):
+        for module in BLOCK_UNITS:
+            local = megatron_name(block % chunk, module)
+            hit = next((m for m in matchers if fnmatchcase(local, m["pattern"])), None)
+            p = _recipe_precision(configs[hit["config"]]["training_recipe"]) if hit else glob
+            run[megatron_name(block, module)] = Precision.BF16 if block < start or block >= n_layers - end else p
+    run[OUTPUT_LAYER] = Precision.MXFP8 if "--fp8-output-proj" in flags else Precision.BF16
+    return AsRun(run, megatron_written(policy.memory, value("--fp8-recipe")))
+
+
+def _recipe_precision(training_recipe: dict[str, Any]) -> Precision:
+    """The precision a Megatron ``training_recipe`` (or the global recipe flags, put that way) runs."""
+    if training_recipe.get("fp4_quantization_recipe"):
+        return Precision.NVFP4
+    recipe = training_recipe.get("fp8_quantization_recipe")
+    if recipe is None:
+        return Precision.BF16
+    return next(p for p, name in FP8_RECIPES.items() if name == recipe)
+
+
 def nvfp4_environment(policy: Policy, n_layers: int) -> dict[str, str]:
     """TE's NVFP4 environment for the policy's switches ("1" disables), or {} when no module runs NVFP4."""
     table, _ = megatron_table(policy, n_layers)
@@ -343,5 +385,5 @@ def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pi
     return Rendered(files, warnings)
 
 
-__all__ = ["ARGS_FILE", "CONFIG_FILE", "NVFP4_ENV", "chunk_layers", "megatron_export",
+__all__ = ["ARGS_FILE", "CONFIG_FILE", "NVFP4_ENV", "chunk_layers", "megatron_as_run", "megatron_export",
            "megatron_files", "megatron_name", "megatron_table", "nvfp4_environment"]

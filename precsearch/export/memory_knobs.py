@@ -25,6 +25,8 @@ Checked against the stacks' sources:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from precsearch.policy.rules import MemoryKnobs
 
 #: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices); ``fp8_block`` (precsearch's
@@ -83,6 +85,28 @@ def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple
     return flags, warnings
 
 
+def megatron_written(memory: MemoryKnobs, fp8_recipe: str | None = None) -> MemoryKnobs:
+    """The training state Megatron keeps under :func:`megatron_memory`'s flags, as memory knobs.
+
+    Block-scaled moments go out as BF16; master weights are whole FP32 unless the precision-aware
+    optimizer hands them to ``FusedAdam`` (no FP8, or ``--fp8-recipe delayed``), which keeps BF16 +
+    16-bit remainders; a policy without master weights but with its own moment dtype gets Megatron's FP32
+    main parameters; FP8 attention has no flag (see the warnings there).
+    """
+    first, second = memory.moment_dtypes("fp32")
+    master = memory.master
+    aware = (first, second) != ("fp32", "fp32") or master in ("fp16", "remainders")
+    if not memory.uses_master_weights and memory.moment_dtype != "param":
+        master = "fp32"  # Megatron keeps FP32 main parameters in BF16 training
+    if master in ("fp32", "remainders"):
+        master = "remainders" if aware and fp8_recipe in (None, "delayed") else "fp32"
+    return replace(memory, master_weights=master != "none", master_dtype="fp32" if master == "none" else master,
+                   moment_dtype=_MEGATRON_DTYPES.get(memory.moment_dtype, memory.moment_dtype),
+                   exp_avg_dtype=memory.exp_avg_dtype and _MEGATRON_DTYPES[memory.exp_avg_dtype],
+                   exp_avg_sq_dtype=memory.exp_avg_sq_dtype and _MEGATRON_DTYPES[memory.exp_avg_sq_dtype],
+                   fp8_attention="off")
+
+
 def torchtitan_memory(memory: MemoryKnobs) -> list[str]:
     """Warnings for the knobs torchtitan's TOML cannot express (it can express none of them)."""
     lost = memory.changed()
@@ -91,6 +115,17 @@ def torchtitan_memory(memory: MemoryKnobs) -> list[str]:
     return [f"{', '.join(lost)}: torchtitan cannot express these memory settings (its AdamW keeps states in the "
             "parameters' dtype, its float8 converter has no FP8 weight storage or FP8 attention here); training "
             "uses more memory than the probe measured"]
+
+
+def torchtitan_written(memory: MemoryKnobs) -> MemoryKnobs:
+    """The training state torchtitan keeps: none of the knobs (AdamW on the parameters, BF16 attention)."""
+    return MemoryKnobs()
+
+
+def accelerate_written(memory: MemoryKnobs) -> MemoryKnobs:
+    """The training state of the Accelerate snippet: the optimizer knobs (``policy.build_optimizer``), no FP8
+    attention."""
+    return memory.optimizer_knobs
 
 
 def accelerate_memory(memory: MemoryKnobs) -> list[str]:

@@ -42,7 +42,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from precsearch.arch.units import HF_OUTPUT_LAYER
+from precsearch.arch.units import HF_OUTPUT_LAYER, hf_names
+from precsearch.export.as_run import AsRun, unit_list
 from precsearch.export.format_output import (
     Rendered,
     block_ranges,
@@ -50,7 +51,7 @@ from precsearch.export.format_output import (
     layer_table,
     warning_lines,
 )
-from precsearch.export.memory_knobs import torchtitan_memory
+from precsearch.export.memory_knobs import torchtitan_memory, torchtitan_written
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
 from precsearch.precision_spec import SPECS
@@ -176,6 +177,19 @@ def torchtitan_export(policy: Policy, n_layers: int) -> tuple[dict[str, Any], li
     return settings, warnings
 
 
+def torchtitan_as_run(policy: Policy, n_layers: int) -> AsRun:
+    """What torchtitan runs of :func:`torchtitan_export`'s sections: the converter's precision for every module
+    its ``filter_fqns`` leaves in (torchtitan's substring rule), BF16 for the rest; none of the memory knobs."""
+    settings, _ = torchtitan_export(policy, n_layers)
+    converted = [(p, settings[key]) for p, (_, key, _) in EXPRESSIBLE.items() if settings[key] is not None]
+    run = {}
+    for unit in unit_list(n_layers):
+        fqn = tt_name(hf_names(unit)[0])  # a unit's names share one precision (PrecisionConflict otherwise)
+        run[unit] = next((p for p, section in converted if not is_filtered(fqn, section["filter_fqns"])),
+                         Precision.BF16)
+    return AsRun(run, torchtitan_written(policy.memory))
+
+
 def _format_warnings(policy: Policy, chosen: Precision) -> list[str]:
     fmt = policy.recipe.fp8_format
     if chosen is Precision.FP8_CURRENT and fmt is not Fp8Format.HYBRID:
@@ -242,5 +256,5 @@ def torchtitan_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
     return Rendered({FILE: "\n".join(lines) + "\n"}, warnings)
 
 
-__all__ = ["CONVERTER", "FILE", "MX_CONVERTER", "PROJ_NAMES", "converted_precision", "filter_fqns_for", "is_filtered",
+__all__ = ["CONVERTER", "FILE", "MX_CONVERTER", "PROJ_NAMES", "converted_precision", "torchtitan_as_run", "filter_fqns_for", "is_filtered",
            "torchtitan_export", "torchtitan_files", "tt_name"]

@@ -15,11 +15,14 @@ class ProbeResult:
         grad_norms: Global gradient norm per step, before clipping.
         fp8_steps: Per step, whether FP8 was on (False during the BF16 warm-up).
         eval_loss: Mean loss on the fixed held-out batches after training (NaN if diverged).
-        diverged: The probe stopped early: a non-finite loss/gradient or a loss blow-up.
+        diverged: The probe stopped early: a non-finite value (loss, gradient, optimizer state, weight) or a
+            loss blow-up.
         diverged_step: The step it stopped at, if it did.
         events: Unusual steps as ``{step, kind, value, baseline}`` dicts, in step order: loss
             spikes, gradient-norm blow-ups and non-finite values (see :mod:`precsearch.probe.measure.events`).
         reason: Why it stopped, in words ("" if it did not).
+        nonfinite: The first non-finite value, as ``{step, tensor, state}``
+            (:class:`~precsearch.probe.measure.nonfinite.NonFinite`), or None: none was found.
         tokens_per_s: Training throughput over the FP8 steps (median step time).
         peak_memory_bytes: Peak training memory (of the busiest process when the probe spans several).
         per_rank_peak_bytes: Peak memory of each process of a probe that spans several (FSDP2),
@@ -63,6 +66,7 @@ class ProbeResult:
     diverged_step: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    nonfinite: dict[str, Any] | None = None
     tokens_per_s: float = 0.0
     peak_memory_bytes: int = 0
     per_rank_peak_bytes: list[int] = field(default_factory=list)

@@ -3,8 +3,9 @@
 The loop is the one a user's training job would run under the policy: BF16
 for the warm-up steps, then FP8 where the policy assigns it; gradients clipped
 to the policy's threshold; fp32 parameters with ``torch.autocast`` to BF16;
-AdamW. A probe that produces a non-finite loss or gradient, or whose loss
-blows up, stops early and says so; it never raises for that.
+AdamW. A probe that produces a non-finite value (in the loss, a gradient, an
+optimizer state or a weight: :mod:`precsearch.probe.measure.nonfinite`), or
+whose loss blows up, stops early and says so; it never raises for that.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from precsearch.probe.memory.calibration import Calibration, DepthMeasurement, f
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.measure.diagnostics import DiagnosticsConfig, LayerWatch
 from precsearch.probe.measure.events import StepMonitor
+from precsearch.probe.measure.nonfinite import Agree, NonFiniteWatch
 from precsearch.probe.memory.peak import predict_peak
 from precsearch.probe.memory.phases import PhaseMemory
 from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
@@ -36,6 +38,16 @@ from precsearch.probe.result import ProbeResult
 from precsearch.probe.measure.signal_recorder import SignalRecorder
 
 StepCallback = Callable[[int, float, float], None]
+
+
+def clip_unless_nonfinite(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_``, bit for bit, except that a non-finite norm leaves the gradients as they
+    are: scaled by it they would all be NaN, and the one that was not finite could no longer be named."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if math.isfinite(float(norm)):  # the step reads the norm on the host anyway: no extra sync
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -52,14 +64,16 @@ class Parallel:
             see :mod:`precsearch.probe.parallel.distributed`).
         mean: The mean over processes of a per-process scalar (each process's loss on its rows).
         clip: After the backward: completes the gradients (sums the shares ranks hold) and clips them
-            to a max norm in place; returns the whole model's gradient norm.
+            to a max norm in place unless the norm is not finite; returns the whole model's gradient norm.
+        first: The first in rank order of the processes' findings of a non-finite tensor (a name or None), the
+            same on every process (:class:`~precsearch.probe.measure.nonfinite.NonFiniteWatch`).
     """
 
     split: Callable[[torch.nn.Module], None] = lambda model: None
     shard: Callable[[torch.nn.Module], None] = lambda model: None
     mean: Callable[[float], float] = lambda value: value
-    clip: Callable[[torch.nn.Module, float], torch.Tensor] = (
-        lambda model, max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm))
+    clip: Callable[[torch.nn.Module, float], torch.Tensor] = clip_unless_nonfinite
+    first: Agree = lambda found: found
 
 
 ONE_PROCESS = Parallel()
@@ -218,6 +232,7 @@ class _Run:
     first: int
     phases: PhaseMemory | None = None
     step_times: list[float] = field(default_factory=list)
+    nonfinite: NonFiniteWatch | None = None
 
 
 def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenBatches, backend: Backend,
@@ -242,7 +257,8 @@ def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenB
     result = ProbeResult(device=str(device))
     monitor = StepMonitor(probe.spike_threshold, probe.grad_blowup_factor)
     first = continuation.restore(leg, model, opt, sched, monitor, result)
-    return _Run(probe, policy, device, parallel, backend, data, model, opt, sched, monitor, result, first)
+    return _Run(probe, policy, device, parallel, backend, data, model, opt, sched, monitor, result, first,
+                nonfinite=NonFiniteWatch(model, opt, parallel.first))
 
 
 def _train(run: _Run, watch: LayerWatch, signals: SignalRecorder, on_step: StepCallback | None) -> None:
@@ -267,7 +283,7 @@ def _step(run: _Run, step: int, watch: LayerWatch, signals: SignalRecorder, on_s
         signals.record_fc1_weights(run.model)
     run.phases.mark("start")
     loss, grad_norm = _train_step(run.model, run.opt, run.data, step, fp8_on, policy.clip_grad, run.backend,
-                                  run.device, run.phases, parallel.clip, run.probe.grad_accum)
+                                  run.device, run.phases, parallel.clip, run.probe.grad_accum, run.nonfinite)
     signals.record_grad_norm(grad_norm)
     signals.end_step()
     loss = parallel.mean(loss)
@@ -280,7 +296,7 @@ def _step(run: _Run, step: int, watch: LayerWatch, signals: SignalRecorder, on_s
     result.events.extend(e.to_dict() for e in run.monitor.observe(step, loss, grad_norm))
     if on_step:
         on_step(step, loss, grad_norm)
-    if not _diverged(result, run.probe.divergence_factor, step):
+    if not _diverged(result, run.probe.divergence_factor, step, run.nonfinite):
         return True
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # the weights are still the step's
         watch.replay(step, lambda: _accumulate(run.model, run.data, step, fp8_on, run.backend, run.device,
@@ -323,27 +339,40 @@ def _accumulate(model, data, step, fp8_on, backend, device, phases: PhaseMemory 
 
 def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None,
                 clip_grads: Callable[[torch.nn.Module, float], torch.Tensor] = ONE_PROCESS.clip,
-                accum: int = 1) -> tuple[float, float]:
+                accum: int = 1, nonfinite: NonFiniteWatch | None = None) -> tuple[float, float]:
     """One optimizer step over ``accum`` micro-batches (gradient accumulation): the gradients of their mean
     loss clipped and applied once. A non-finite loss or gradient skips the optimizer step (the weights stay
-    as they were)."""
+    as they were). ``nonfinite`` then names the first non-finite gradient; after a step, it checks the
+    optimizer states and weights."""
     loss = _accumulate(model, data, step, fp8_on, backend, device, phases, accum)
     max_norm = clip if clip is not None else math.inf
     grad_norm = clip_grads(model, max_norm)
     loss_v, grad_v = float(loss), float(grad_norm)
     if phases is not None:
         phases.mark("backward")
-    if math.isfinite(loss_v) and math.isfinite(grad_v):
+    stepped = math.isfinite(loss_v) and math.isfinite(grad_v)
+    if stepped:
         opt.step()
+    elif nonfinite is not None and not math.isfinite(grad_v):  # the norm is every process's: all of them scan
+        nonfinite.gradients()
     if phases is not None:
         phases.mark("step")
     opt.zero_grad(set_to_none=True)
+    if stepped and nonfinite is not None:
+        nonfinite.after_update(step)
     return loss_v, grad_v
 
 
-def _diverged(result: ProbeResult, factor: float, step: int) -> bool:
+def _diverged(result: ProbeResult, factor: float, step: int, nonfinite: NonFiniteWatch | None = None) -> bool:
+    """Whether the probe diverged at ``step``: a non-finite value anywhere (named, with ``nonfinite``), or a loss
+    blow-up; ``result`` then says which and where."""
     loss, grad = result.losses[-1], result.grad_norms[-1]
-    if not math.isfinite(loss) or not math.isfinite(grad):
+    if nonfinite is not None and (not math.isfinite(loss) or not math.isfinite(grad)):
+        nonfinite.stopped(step, math.isfinite(loss))
+    if nonfinite is not None and nonfinite.found is not None:
+        result.nonfinite = nonfinite.found.to_dict()
+        result.reason = nonfinite.found.describe()
+    elif not math.isfinite(loss) or not math.isfinite(grad):
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         result.reason = f"non-finite {what} at step {step}"
     elif loss > factor * result.losses[0]:

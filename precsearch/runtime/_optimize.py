@@ -31,9 +31,10 @@ from precsearch.runtime.liveness import Heartbeat, WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
 from precsearch.runtime.regime_gate import gate_regime
 from precsearch.runtime.study_log import say
+from precsearch.runtime.recorder import STOP_WAIT_S
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.stopping import deferred_signals
-from precsearch.search import promotion
+from precsearch.search import promotion, proposals
 from precsearch.search.duplicate_trials import (
     MAX_DUPLICATES_IN_A_ROW,
     await_twin,
@@ -118,9 +119,10 @@ def work(ctx: StudyRun, target: int) -> None:
         raise
     finally:
         try:
-            if ctx.recorder is not None:  # the told trials' records first (also on the first Ctrl-C)
+            if ctx.recorder is not None:  # the told trials' records first (after a Ctrl-C, for STOP_WAIT_S)
                 with trace.span("recorder drain"):
-                    ctx.recorder.close()
+                    if not ctx.recorder.close(wait_s=STOP_WAIT_S if ctx.stop.requested else None):
+                        say(ctx, "the MLflow records not written yet are written when the study resumes")
         finally:
             ctx.recorder = None
             ctx.status.close()
@@ -157,7 +159,12 @@ def _work(ctx: StudyRun, target: int) -> None:
             _fail_dead_running(ctx)
             time.sleep(min(2.0, ctx.space.study.heartbeat_s))
             continue
-        in_a_row = 0 if _run_trial(ctx, target=target) else in_a_row + 1
+        ran = _run_trial(ctx, target=target)
+        if ran is None:  # the next batch of proposals needs the results of trials still running
+            _fail_dead_running(ctx)
+            time.sleep(min(0.5, ctx.space.study.heartbeat_s))
+            continue
+        in_a_row = 0 if ran else in_a_row + 1
         if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
             say(ctx, f"the sampler proposed {in_a_row} policies in a row that were already scored: the space "
                       f"looks exhausted; stopping with {finished} distinct policies")
@@ -197,8 +204,9 @@ def _finished_and_running(ctx: StudyRun, below: int | None = None) -> tuple[int,
     return finished_in(trials), running
 
 
-def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool:
-    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run).
+def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = None) -> bool | None:
+    """Ask for a trial and run it; False when it was a duplicate (told at once, nothing run), None when
+    nothing was asked: the queue is empty and the next batch of proposals waits for running trials.
 
     With ``target``, nothing is asked if the study's finished and running trials reach it once this
     worker holds the ask lock (another local worker may have asked since the count outside it).
@@ -207,6 +215,12 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     with _ask_lock(ctx), trace.span("ask"):
         if target is not None and sum(_finished_and_running(ctx)) >= target:
             return True
+        # every trial but a promotion runs a queued proposal: no worker's ask samples (search/proposals.py)
+        if not promoted_only and not with_retry(
+                lambda: proposals.queue_next(ctx.study, ctx.space.study, lambda t: suggest_policy(ctx.space, t),
+                                             target or ctx.space.study.n_trials),
+                "queueing the next proposals", budget_s=retry_s):
+            return None
         trial = with_retry(ctx.study.ask, "asking Optuna for a trial", budget_s=retry_s)
         if _not_needed(ctx, trial, promoted_only) or (target is not None and _surplus(ctx, trial, target)):
             return True
@@ -307,7 +321,9 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
                         "reading the trial", budget_s=retry_s)
     _close_unneeded(ctx, trial, f"surplus: {target} trials were finished or running when it was asked")
     if queued is not None:  # params queued to run again (a trial whose worker died) stay queued
-        with_retry(lambda: ctx.study.enqueue_trial(queued), "queueing the trial again", budget_s=retry_s)
+        place = {k: v for k, v in trial.user_attrs.items() if k == proposals.PROPOSAL}
+        with_retry(lambda: ctx.study.enqueue_trial(queued, user_attrs=place), "queueing the trial again",
+                   budget_s=retry_s)
     return True
 
 
@@ -340,7 +356,7 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
 
     Optuna's skip_if_exists would also skip it for the failed trial itself.
     """
-    keep = (promotion.FIDELITY, promotion.PROMOTED_FROM)
+    keep = (promotion.FIDELITY, promotion.PROMOTED_FROM, proposals.PROPOSAL)  # a proposal keeps its place
     attrs = {k: v for k, v in trial.user_attrs.items() if k in keep}
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     # a queued trial has no params yet: compare the params it is queued with

@@ -30,11 +30,11 @@ from precsearch.search.front import policy_summary
 from precsearch.search.scoring import (
     Score,
     constraint_value,
-    instability_text,
+    instability_reading,
     objective_values,
     score,
     stability_metrics,
-    verdict,
+    verdict_line,
 )
 from precsearch.tracking.memory_report import breakdown, saving_sources
 from precsearch.tracking.trial_record import SearchReading, log_trial
@@ -69,7 +69,7 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
-              f"instability {instability_text(s)} [{verdict(s)}]  {policy_summary(trial.params)}")
+              f"{verdict_line(s, ctx.space.objectives)}  {policy_summary(trial.params)}")
     if ctx.status is not None:
         # the references still to run, from the cache on disk: another worker may have run them
         ctx.status.eta.reference_steps = uncached_steps(ctx.space, ctx.references, ctx.device)
@@ -101,9 +101,10 @@ def recorder_of(ctx: StudyRun) -> Recorder:
     """The worker's recorder, made on first use (inline with ``PRECSEARCH_SYNC_RECORD``)."""
     if ctx.recorder is None:
         retry_s = ctx.space.study.store_retry_s
+        # after a Ctrl-C the front is left to the resumed run (seconds of plots)
         ctx.recorder = Recorder(lambda job: write_record(ctx, job),
-                                lambda: with_retry(lambda: update_front(ctx, log_metrics=False), "updating the front",
-                                                   budget_s=retry_s),
+                                lambda: ctx.stop.requested or with_retry(lambda: update_front(ctx, log_metrics=False),
+                                                                         "updating the front", budget_s=retry_s),
                                 ctx.workspace.output_dir, inline=journal.synchronous(),
                                 abandon=lambda job, exc: ctx.tracker.fail_trial(
                                     job.run_id, f"its MLflow record could not be written ({type(exc).__name__}: "
@@ -162,7 +163,8 @@ def write_record(ctx: StudyRun, job: RecordJob) -> None:
     s = _score(ctx, result, references, stressed)
     if job.study_metrics:  # the study's progress, one step per trial (the front files follow per burst)
         ctx.tracker.log_study(job.study_metrics)
-    reading = SearchReading(s, verdict(s), stability_metrics(s), guided.predicted_metrics(ctx.sensitivity, trial.params),
-                            objectives.instability_unit, rung, str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")))
+    reading = SearchReading(s, verdict_line(s, objectives), stability_metrics(s),
+                            guided.predicted_metrics(ctx.sensitivity, trial.params), objectives.instability_unit, rung,
+                            str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")), instability_reading(s, objectives))
     log_trial(ctx.tracker, run_id, trial, policy, ctx.cfg.n_layers, result, stressed, references.paired,
               references.seeds, reading, after_steps=lambda: journal.fault("after_steps"))

@@ -30,7 +30,7 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
     ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.instability_limit,
-                        ctx.space.objectives.instability_unit)
+                        ctx.space.objectives.instability_unit, ctx.space.objectives.throughput)
     ctx.tracker.log_front(files)
     metrics = study_metrics(rows, finished_count(ctx.study), names)
     if log_metrics:

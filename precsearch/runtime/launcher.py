@@ -10,6 +10,10 @@ tracking goes to a local sqlite file, the driver serves it with a local
 Workers run in their own process group and die with the driver. Ctrl-C
 reaches the driver only, which passes it on: the first asks each worker to
 stop its probe in flight and queue its trial again, the second stops them at once.
+
+The workers' output comes through the driver (:class:`Relay`), one line at a time above its
+progress bar; what the driver says once for the whole run (the stop notice, the resume hint, the
+end) is not repeated for each worker.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import nullcontext
 
@@ -29,13 +34,16 @@ from precsearch.runtime._optimize import recover_dead_trials
 from precsearch.runtime.front_update import update_front
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import open_run, start_guided
+from precsearch.runtime.stopping import RESUME_HINT, STOP_NOTICE, WORKER_DONE
 from precsearch.runtime.worker import STORAGE_ENV
 from precsearch.runtime.workspace import Workspace
+from precsearch.search import proposals
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count
 from precsearch.tracking.local_server import LocalTrackingServer
 from precsearch.utils.cpu_threads import THREADS_ENV, choose_threads
+from precsearch.utils.log import logger
 from precsearch.utils.processes import dying_with_parent
 
 
@@ -52,6 +60,7 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
     """Run the study in parallel worker processes; return the final trial rows."""
     slices = gpu_slices(gpus, space.probe.nproc) if gpus else [None] * workers
     with open_run(space, ws, progress, space_text=space_text, probes=False) as ctx:
+        proposals.set_batch_size(ctx.study, len(slices))  # before any worker proposes
         recover_dead_trials(ctx)
         start_guided(ctx)
         say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
@@ -66,12 +75,13 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
         except KeyboardInterrupt:
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise
+        stopped = ctx.stop.requested or any(c == 130 for c in codes)
+        if stopped:  # the front's files are the resumed run's to update: Ctrl-C ends within a second
+            ctx.tracker.close_stopped(lambda line: say(ctx, line))
+            raise KeyboardInterrupt
         update_front(ctx)
         done = finished_count(ctx.study)
-        stopped = ctx.stop.requested or any(c == 130 for c in codes)
-        ctx.tracker.close("KILLED" if stopped or done < target else "FINISHED")
-        if stopped:
-            raise KeyboardInterrupt
+        ctx.tracker.close("FINISHED" if done >= target else "KILLED")
         if done < target:
             raise UserError(f"the workers stopped with {done} of {target} trials finished (exit statuses "
                             f"{codes}); see their messages above; re-run to resume", field="study.n_trials")
@@ -87,30 +97,67 @@ def _start_worker(ws: Workspace, tracking_uri: str, target: int, index: int,
         env[THREADS_ENV] = str(threads)
     cmd = [sys.executable, "-m", "precsearch", "worker", "--study", ws.study_name, "--output-dir",
            str(ws.output_dir), "--n-trials", str(target), "--name", f"w{index}", "--no-progress"]
-    return subprocess.Popen(dying_with_parent(cmd), env=env, start_new_session=True)
+    return start_relayed(dying_with_parent(cmd), env)
+
+
+def start_relayed(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, its output relayed above the progress bar (``proc.relay``)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.relay = Relay(proc.stdout)
+    proc.relay.start()
+    return proc
+
+
+#: Lines a worker ends with, or says on Ctrl-C, that the driver says once for all its workers.
+DRIVER_SAYS = (WORKER_DONE, RESUME_HINT)
+
+
+class Relay(threading.Thread):
+    """Writes a worker's output line by line above the driver's progress bar (``tqdm.write``, through the
+    ``precsearch`` logger); drops blank lines and those in :data:`DRIVER_SAYS` or the stop notice."""
+
+    def __init__(self, stream, write=None):
+        super().__init__(name="precsearch-relay", daemon=True)
+        self.stream, self.write = stream, write or logger().info
+
+    def run(self) -> None:
+        for raw in self.stream:
+            line = raw.decode(errors="replace").rstrip("\r\n").rpartition("\r")[2].rstrip()
+            if line and not repeated(line):
+                self.write(line)
+
+
+def repeated(line: str) -> bool:
+    """Whether a worker's ``line`` is one the driver says once for all workers."""
+    return line.startswith(DRIVER_SAYS) or line.endswith(STOP_NOTICE)
 
 
 def _watch(ctx, procs: list[subprocess.Popen], target: int, progress: bool) -> list[int]:
-    """Wait for the workers, showing finished trials; pass Ctrl-C on. Returns their exit statuses."""
+    """Wait for the workers, showing finished trials; pass Ctrl-C on (within 0.1 s). Returns their exit
+    statuses."""
     # no remaining-time estimate here: tqdm's counts the BF16 references as trial time (the naive estimate
     # precsearch.runtime.progress.Eta replaces); each worker's status line gives the study's ETA
     bar = tqdm(total=target, desc="trials", unit="trial", disable=not progress,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
-    forwarded = False
+    forwarded, counted = False, 0.0
     try:
         while any(p.poll() is None for p in procs):
             if ctx.stop.requested and not forwarded:
                 _signal_all(procs, signal.SIGINT)
                 forwarded = True
-            bar.n = min(target, finished_count(ctx.study))
-            bar.refresh()
-            time.sleep(1.0)
+            if not forwarded and time.monotonic() - counted >= 1.0:  # a storage read a second, not ten
+                bar.n = min(target, finished_count(ctx.study))
+                bar.refresh()
+                counted = time.monotonic()
+            time.sleep(0.1)
     except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): stop the workers now
         _signal_all(procs, signal.SIGTERM)
         for p in procs:
             p.wait()
         raise
     finally:
+        for p in procs:  # a worker's last lines before the driver's (its probe process may hold the pipe a moment)
+            p.relay.join(timeout=0.5)
         bar.close()
     return [p.returncode for p in procs]
 

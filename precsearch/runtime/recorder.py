@@ -16,8 +16,9 @@ What survives a crash:
   orphan runs are closed KILLED: a trial Optuna holds COMPLETE gets its full MLflow record back.
   An entry whose trial never reached COMPLETE (a kill before the tell) is dropped; that trial is
   failed and re-queued by the usual recovery.
-* :meth:`Recorder.close` drains the queue (at study end and on the first Ctrl-C); a second
-  Ctrl-C or SIGTERM stops at once, leaving the entries for the next run.
+* :meth:`Recorder.close` drains the queue at study end; after the first Ctrl-C it waits
+  :data:`STOP_WAIT_S` at most (Ctrl-C ends in seconds, not after a record's plots), and a second
+  Ctrl-C or SIGTERM stops at once, leaving the entries not written for the next run.
 
 ``PRECSEARCH_SYNC_RECORD=1`` records inline on the critical path, as before this module, for
 ``scripts/bench_probe.py`` to compare the two side by side; the journal is kept either way.
@@ -29,6 +30,7 @@ import json
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +42,8 @@ SYNC_ENV = "PRECSEARCH_SYNC_RECORD"
 #: ``after_finish``. Nothing sets it otherwise.
 FAULT_ENV = "PRECSEARCH_RECORD_FAULT"
 _DIR = "pending_records"
+#: Seconds the first Ctrl-C waits for records in flight: a trial's record (its plots) took 3-5 s on a busy CPU.
+STOP_WAIT_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -165,21 +169,40 @@ class Recorder:
             self._thread.start()
         self._put(job)
 
-    def close(self) -> None:
-        """Write every waiting job (and the front after them); raises the error that stopped one."""
+    def close(self, wait_s: float | None = None) -> bool:
+        """Write every waiting job (and the front after them); raises the error that stopped one.
+
+        ``wait_s`` (after a Ctrl-C): wait that long at most, then :meth:`abandon` what is left to the journal
+        (the next run writes it) and return False; True when every job was written.
+        """
         if self._thread is not None and not self._closed:
             self._closed = True
+            deadline = None if wait_s is None else time.monotonic() + wait_s
             if self.error is None:
-                self._put(None)
+                if deadline is None:
+                    self._put(None)
+                else:
+                    self._put_nowait(None)
             try:
                 while self._thread.is_alive():
-                    self._thread.join(timeout=0.2)  # short joins: Ctrl-C stays deliverable
+                    if deadline is not None and time.monotonic() >= deadline:
+                        self.abandon()
+                        return False
+                    self._thread.join(timeout=0.05 if deadline is not None else 0.2)  # Ctrl-C stays deliverable
             except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: leave the rest to the journal
                 _exit_without_finalizing()
                 raise
         if self.error is not None:  # a job put while the thread was giving up
             self._close_waiting(self.error)
         self._raise_error()
+        return True
+
+    def _put_nowait(self, item: RecordJob | None) -> None:
+        """Queue ``item`` if there is room: with a deadline, a full queue is the journal's anyway."""
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            pass
 
     def abandon(self) -> None:
         """Stop without waiting (a second Ctrl-C, SIGTERM): queued and in-flight records stay journalled."""

@@ -33,6 +33,7 @@ from precsearch.runtime.workspace import Workspace
 from precsearch.search import guided
 from precsearch.tracking import Tracker
 from precsearch.utils import trace
+from precsearch.utils.processes import quick_exit
 
 
 @dataclass
@@ -71,6 +72,7 @@ def open_run(space: Space, ws: Workspace, progress: bool, *, space_text: str | N
     while the stores open, rather than when the first probe is asked for. ``executor`` is one started
     earlier still (:func:`probe_process`, before the space's checks on this machine): it is used and closed.
     """
+    quick_exit()  # Ctrl-C ends within a second: not after seconds of freeing torch and MLflow at exit
     stop = StopRequest()
     if executor is not None:
         executor.watch(lambda: stop.requested)

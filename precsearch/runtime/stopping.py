@@ -28,6 +28,14 @@ from precsearch.utils.log import logger
 from precsearch.utils.processes import exit_after
 
 
+#: What a stopped run's last line says (the CLI's, once, after every worker has stopped).
+RESUME_HINT = "stopped. Re-run the same command to resume: finished trials are kept."
+#: How a worker command's last line begins (the driver of parallel workers says the end once for all).
+WORKER_DONE = "worker done: "
+
+#: What the first Ctrl-C is said to do (after ``stopping: ``).
+STOP_NOTICE = "the probe in flight is stopped and its trial queued again (Ctrl-C again to stop at once)"
+
 #: Seconds a process has after SIGTERM to close its trial and exit (an MLflow call's timeout is 30 s).
 TERM_GRACE_S = 60.0
 
@@ -56,8 +64,7 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self._say("stopping: the probe in flight is stopped and its trial queued again (Ctrl-C again to stop "
-                  "at once)")
+        self._say(f"stopping: {STOP_NOTICE}")
 
     def _on_sigterm(self, signum, frame) -> None:
         self.requested = True

@@ -7,10 +7,11 @@ from contextlib import contextmanager
 
 import optuna
 
-from precsearch.config.space import Sampler, StudySection
+from precsearch.config.space import StudySection
 from precsearch.errors import UserError
 from precsearch.redact import first_line, redact_url
 from precsearch.runtime.workspace import Workspace
+from precsearch.search import proposals
 
 
 def open_storage(url: str, study: StudySection | None = None) -> optuna.storages.BaseStorage:
@@ -139,15 +140,11 @@ def open_tracker(ws: Workspace, parent_id: str | None = None, retry_s: float = 0
 
 
 def make_sampler(study: StudySection, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
-    """The sampler a space names, seeded (``seed_offset`` gives parallel workers different streams)."""
+    """The sampler a space names, seeded (``seed_offset`` gives parallel workers different streams).
+
+    It proposes only where a worker asks with the study's queue empty (workers on several machines asking at
+    once): every other trial's params come from a seeded batch (:mod:`precsearch.search.proposals`).
+    """
     # numpy RandomState takes 0..2**32-1: a worker's offset (and a resume's trial count) must not push
     # study.seed (at most 2**32 - 1) past it
-    seed = (study.seed + seed_offset) % 2**32
-    if study.sampler is Sampler.TPE:
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(4, study.n_trials // 3)),
-                                          multivariate=True)
-    if study.sampler is Sampler.NSGA2:
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, study.n_trials // 3)))
-    if study.sampler is Sampler.GP:
-        return optuna.samplers.GPSampler(seed=seed)
-    return optuna.samplers.RandomSampler(seed=seed)
+    return proposals.make_sampler(study, (study.seed + seed_offset) % 2**32)

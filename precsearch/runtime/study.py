@@ -30,6 +30,7 @@ from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun, open_run, start_guided
 from precsearch.runtime.workspace import Workspace
 from precsearch.utils import trace
+from precsearch.search import proposals
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count
@@ -53,6 +54,7 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
 
         return run_parallel(space, space_text, ws, target, workers=workers, gpus=gpus, progress=progress)
     with open_run(space, ws, progress, space_text=space_text, executor=executor) as ctx:
+        proposals.set_batch_size(ctx.study, workers)
         recover_dead_trials(ctx)
         start_guided(ctx)
         say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials already "
@@ -62,11 +64,11 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         except KeyboardInterrupt:
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise
-        with trace.span("front update"):
-            update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
-        if ctx.stop.requested:
+        if ctx.stop.requested:  # the front's files are the resumed run's to update: Ctrl-C ends within a second
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise KeyboardInterrupt
+        with trace.span("front update"):
+            update_front(ctx)  # also after a resume with nothing left to run: a kill may have come before the update
         with trace.span("MLflow close"):
             ctx.tracker.close("FINISHED")
         return trial_rows(ctx.study, objective_names(space.objectives))

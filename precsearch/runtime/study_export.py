@@ -7,50 +7,114 @@ by :mod:`precsearch.export`, which knows no study.
 
 from __future__ import annotations
 
+import math
 import platform
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 import torch
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
-from precsearch.config.space import ModelSection, instability_unit
+from precsearch.config.space import ModelSection
 from precsearch.errors import UserError
-from precsearch.export.pick import choose_trial
-from precsearch.export.registry import render
+from precsearch.export.format_output import block_ranges
+from precsearch.export.pick import DEFAULT_MARGIN, Margin, choose_trial
+from precsearch.export.as_run import as_searched
+from precsearch.export.registry import FORMATS, as_run, render
+from precsearch.instability import StudyUnit
 from precsearch.policy import Policy
 from precsearch.policy.file import dump_policy
+from precsearch.runtime.export_cost import ExportCost, export_cost
 from precsearch.runtime.workspace import Workspace
+from precsearch.search.duplicate_trials import DUPLICATE_OF
 from precsearch.search.front import trial_rows
 from precsearch.version import __version__
 
 
 def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Policy, dict[str, Any]]:
-    """The policy of trial ``number`` and its provenance (study, trial, objectives, probe, versions)."""
+    """The policy of trial ``number`` and its provenance (study, trial, objectives, probe, versions).
+
+    A duplicate (a proposal of a policy already scored, told its twin's result and not run again) gives its
+    twin's policy and score, its provenance naming both (``trial`` the number asked for, ``duplicate_of``).
+    """
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    if number not in trials:
-        valid = f"0..{max(trials)}" if trials else "none yet"
-        raise UserError(f"no trial {number} in study '{ws.study_name}'; valid: {valid}", field="--trial")
-    trial = trials[number]
-    if trial.state is not TrialState.COMPLETE:
-        raise UserError(f"trial {number} did not complete (state {trial.state.name}); export a completed trial",
-                        field="--trial")
+    source = trials[scored_source(trials, number, ws.study_name)]
     space = study.user_attrs["space"]
-    policy = Policy.from_dict(trial.user_attrs["policy"])
-    score = trial.user_attrs.get("score", {})
+    policy = Policy.from_dict(source.user_attrs["policy"])
+    score = source.user_attrs.get("score", {})
     provenance = {
         "study": ws.study_name,
         "trial": number,
+        **({"duplicate_of": source.number} if source.number != number else {}),
         "objectives": {k: score.get(k) for k in ("memory_saved", "instability", "loss_gap", "tokens_per_s",
-                                                 "feasible", "diverged")},
-        "memory_source": trial.user_attrs.get("memory_source"),
+                                                 "feasible", "diverged")} | _in_unit(space, score),
+        "memory_source": source.user_attrs.get("memory_source"),
         "probe": {"model": space["model"], "probe": space["probe"]},
         "backend": space["backend"],
         "versions": {"precsearch": __version__, "torch": str(torch.__version__), "optuna": str(optuna.__version__),
                      "python": platform.python_version()},
     }
     return policy, provenance
+
+
+def _in_unit(space: dict[str, Any], score: dict[str, Any]) -> dict[str, Any]:
+    """The trial's instability in its study's one unit, as the terminal and ``front`` gave it: ``instability`` (the
+    value; the raw objective was a fraction of the BF16 loss whatever the unit), its unit's name and limit, the
+    band, and ± 2 SE where the reading has a standard error."""
+    unit = StudyUnit.of(space.get("objectives", {}))
+    reading = unit.read(score)
+    found = {"instability": reading.value if reading.number != "-" else None, "instability_unit": unit.name,
+             "instability_limit": unit.limit if math.isfinite(unit.limit) else None, "instability_band": reading.band}
+    return found | ({"instability_2se": 2 * reading.se} if reading.interval else {})
+
+
+#: Why a trial in each state has no policy to export, as the refusal says it.
+_UNFINISHED = {TrialState.FAIL: "failed", TrialState.PRUNED: "was pruned", TrialState.RUNNING: "is still running",
+               TrialState.WAITING: "is queued and has not run"}
+
+
+def _twin(trial: FrozenTrial, trials: dict[int, FrozenTrial]) -> FrozenTrial | None:
+    """The trial whose probe scored ``trial``'s policy: itself, or its twin's (following duplicates); None if
+    there is none (not complete, or a duplicate whose twin is gone)."""
+    seen: set[int] = set()
+    while trial is not None and trial.state is TrialState.COMPLETE and trial.number not in seen:
+        if "policy" in trial.user_attrs:
+            return trial
+        if DUPLICATE_OF not in trial.user_attrs:
+            return None
+        seen.add(trial.number)
+        trial = trials.get(int(trial.user_attrs[DUPLICATE_OF]))
+    return None
+
+
+def exportable(trials: dict[int, FrozenTrial]) -> dict[int, int]:
+    """Trial number -> the number of the trial whose policy and score it exports, for every exportable trial."""
+    sources = {n: _twin(t, trials) for n, t in trials.items()}
+    return {n: s.number for n, s in sorted(sources.items()) if s is not None}
+
+
+def scored_source(trials: dict[int, FrozenTrial], number: int, study_name: str) -> int:
+    """The number of the trial ``--trial number`` exports (its own, or its twin's for a duplicate).
+
+    Raises:
+        UserError: No such trial, or one with no policy (failed, pruned, still running, queued), naming its
+            state and the trials that can be exported.
+    """
+    ok = exportable(trials)
+    valid = f"valid: {block_ranges(list(ok))}" if ok else "no trial can be exported yet"
+    if number in ok:
+        return ok[number]
+    if number not in trials:
+        raise UserError(f"no trial {number} in study '{study_name}'; {valid}", field="--trial")
+    trial = trials[number]
+    if trial.state in _UNFINISHED:
+        why = f"trial {number} {_UNFINISHED[trial.state]} (state {trial.state.name}): it has no policy to export"
+    elif DUPLICATE_OF in trial.user_attrs:
+        why = f"trial {number} repeats trial {trial.user_attrs[DUPLICATE_OF]}, which has no policy to export"
+    else:
+        why = f"trial {number} completed without a recorded policy (state {trial.state.name})"
+    raise UserError(f"{why}; {valid}", field="--trial")
 
 
 def export_trial(study: optuna.Study, ws: Workspace, number: int) -> str:
@@ -65,49 +129,79 @@ def target_layers(study: optuna.Study) -> int:
 
 @dataclass
 class Export:
-    """One export: which trial, why, and the files (name -> text) with warnings."""
+    """One export: which trial, why, and the files (name -> text) with warnings.
+
+    ``source`` is the trial whose probe scored the policy: ``trial`` itself, or its twin for a duplicate.
+    ``cost``: for a framework's format, what its files change and what that costs (None for ``policy``).
+    """
 
     trial: int
     reason: str
     files: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    source: int | None = None
+    cost: ExportCost | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            self.source = self.trial
 
 
 def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick: str | None = None,
-           max_instability: float | None = None, fmt: str = "policy", n_layers: int | None = None,
-           pipeline: int = 1) -> Export:
+           max_instability: float | None = None, margin: float | None = None, fmt: str = "policy",
+           n_layers: int | None = None, pipeline: int = 1) -> Export:
     """Choose a trial (by number, or by ``pick`` rule) and render it in format ``fmt``.
 
     Args:
-        trial: Trial number; exclusive with ``pick``.
+        trial: Trial number; exclusive with ``pick``. A duplicate exports its twin's policy.
         pick: ``max-memory``, ``fastest`` or ``most-stable`` (see :func:`choose_trial`).
         max_instability: Only trials at or below this instability qualify (with ``pick``), in the study's
             ``stability_unit`` (BF16 seed spreads for ``noise``, a fraction of the BF16 loss otherwise).
+        margin: With ``pick``: the share of the study's stability limit to keep clear of (default
+            :data:`~precsearch.export.pick.DEFAULT_MARGIN`; 0 keeps none), see :class:`Margin`.
         fmt: ``policy``, ``megatron``, ``torchtitan`` or ``accelerate``.
         n_layers: Blocks of the model the files are for (default: the study's target model).
         pipeline: Megatron only: model chunks of the run (pipeline stages x virtual stages).
     """
     if (trial is None) == (pick is None):
         raise UserError("give either a trial number or a rule to pick one", field="--trial/--pick")
-    if max_instability is not None and pick is None:
-        raise UserError("only applies with --pick", field="--max-instability")
+    for flag, value in (("--max-instability", max_instability), ("--margin", margin)):
+        if value is not None and pick is None:
+            raise UserError("only applies with --pick", field=flag)
     if pick is not None:
-        rows = trial_rows(study, study.user_attrs["objectives"])
-        objectives = study.user_attrs.get("space", {}).get("objectives", {})
-        unit = instability_unit(objectives.get("reading", "final"), objectives.get("stability_unit", "relative"))
-        row, reason = choose_trial(rows, pick, max_instability, unit)
-        trial = row["trial"]
+        trial, reason, chosen_by = _pick(study, pick, max_instability, margin)
     else:
         reason = f"trial {trial} (asked for by number)"
     policy, provenance = trial_policy(study, ws, trial)
+    source = provenance.get("duplicate_of", trial)
+    if source != trial:
+        reason += (f": the same policy as trial {source}, which was run and scored (trial {trial} was not run "
+                   f"again); exporting trial {source}'s policy and score")
     if pick is not None:
-        provenance["chosen_by"] = {"pick": pick, "max_instability": max_instability, "reason": reason}
-        if max_instability is not None:
-            provenance["chosen_by"]["max_instability_unit"] = unit
-    rendered = render(fmt, policy, n_layers if n_layers is not None else target_layers(study), provenance,
-                      pipeline=pipeline)
-    verdict = infeasible_warning(study, trial)
-    return Export(trial, reason, rendered.files, ([verdict] if verdict else []) + rendered.warnings)
+        provenance["chosen_by"] = chosen_by
+    n_layers = n_layers if n_layers is not None else target_layers(study)
+    cost = None
+    if fmt in FORMATS and FORMATS[fmt].framework:  # an unknown fmt is refused by render, naming the valid ones
+        cost = export_cost(study.user_attrs["space"], as_searched(policy, n_layers),
+                           as_run(fmt, policy, n_layers, pipeline=pipeline), n_layers)
+        provenance["as_written"] = cost.figures()
+    rendered = render(fmt, policy, n_layers, provenance, pipeline=pipeline)
+    verdict = infeasible_warning(study, source)
+    return Export(trial, reason, rendered.files, ([verdict] if verdict else []) + rendered.warnings, source, cost)
+
+
+def _pick(study: optuna.Study, pick: str, max_instability: float | None,
+          margin: float | None) -> tuple[int, str, dict[str, Any]]:
+    """The trial a ``pick`` rule chooses, the sentence saying why, and the ``chosen_by`` provenance."""
+    rows = trial_rows(study, study.user_attrs["objectives"])
+    objectives = study.user_attrs.get("space", {}).get("objectives", {})
+    unit = StudyUnit.of(objectives)
+    keep = Margin(unit.limit, DEFAULT_MARGIN if margin is None else margin)
+    row, reason = choose_trial(rows, pick, max_instability, unit, keep)
+    chosen_by = {"pick": pick, "max_instability": max_instability, "margin": keep.share, "reason": reason}
+    if max_instability is not None:
+        chosen_by["max_instability_unit"] = unit.name
+    return row["trial"], reason, chosen_by
 
 
 def infeasible_warning(study: optuna.Study, number: int) -> str | None:
@@ -118,24 +212,17 @@ def infeasible_warning(study: optuna.Study, number: int) -> str | None:
         return None
     if score.get("diverged"):
         return f"trial {number} diverged in its probe: this policy broke training where BF16 did not"
-    objectives = study.user_attrs["space"]["objectives"]
-    limit, unit = objectives["stability_limit"], objectives["stability_unit"]
+    unit = StudyUnit.of(study.user_attrs["space"]["objectives"])
     if not score.get("stable", False):
-        measured = score["instability"]
-        if objectives.get("reading") == "damage":
-            damage = objectives["damage"]
-            return (f"trial {number} is not feasible: its fixed-state damage reads {measured:.3g} "
-                    f"({damage.get('measure', 'grad_noise')}; limit objectives.damage.limit {damage['limit']}), "
-                    f"or its probe had loss spikes or gradient blow-ups BF16 did not")
-        if unit == "noise":
-            floor = score.get("noise_floor") or float("nan")
-            shown = f"{measured / floor:.2f} BF16 seed spreads" if floor > 0 else "unknown (no noise floor)"
-            return (f"trial {number} is not feasible: instability {shown} > objectives.stability_limit {limit} "
-                    f"(in noise units); it trained measurably worse than BF16 in its probe")
-        return (f"trial {number} is not feasible: instability {100 * measured:.2f}% > objectives.stability_limit "
-                f"{100 * limit:.2f}% of the BF16 loss; it trained measurably worse than BF16 in its probe")
+        shown = unit.read(score).text()
+        if unit.kind == "damage":
+            return (f"trial {number} is not feasible: its fixed-state damage reads {shown} "
+                    f"(objectives.damage.limit), or its probe had loss spikes or gradient blow-ups BF16 did not")
+        return (f"trial {number} is not feasible: instability {shown} (objectives.stability_limit); it trained "
+                f"measurably worse than BF16 in its probe")
     return (f"trial {number} is not feasible: stable at probe.lr, but not under stress "
             f"(objectives.stress, in the constraint)")
 
 
-__all__ = ["Export", "export", "export_trial", "infeasible_warning", "target_layers", "trial_policy"]
+__all__ = ["Export", "export", "export_trial", "exportable", "infeasible_warning", "scored_source", "target_layers",
+           "trial_policy"]

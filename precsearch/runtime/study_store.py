@@ -2,7 +2,9 @@
 
 A study created here records what workers and later commands need (objectives, the space, the
 MLflow experiment and parent run). A loaded one must have been scored under the same settings
-(:mod:`precsearch.runtime.identity`). A resumed study's sampler is seeded past its known trials:
+(:mod:`precsearch.runtime.identity`). The policies trials run are proposed in seeded batches
+(:mod:`precsearch.search.proposals`); the study's own sampler proposes only for a worker that asks with
+the queue empty (workers on several machines at once). It is seeded past the known trials on a resume:
 the seed's first points are the ones already scored, and each would come back as a duplicate.
 """
 

@@ -4,8 +4,9 @@ A worker needs only the study's name and storage URL: the space is stored in
 the study (``user_attrs["space"]``), as are the MLflow experiment and the
 study's parent run. Trials go to the tracking URI given (an ``mlflow
 server`` that every worker reaches over HTTP, for workers on several
-machines). Each worker draws from its own sampler seed, so parallel workers
-do not propose the same trials.
+machines). Workers run the policies queued in seeded batches
+(:mod:`precsearch.search.proposals`); each worker's own sampler, seeded apart, proposes only when
+workers on several machines ask at once with the queue empty.
 """
 
 from __future__ import annotations

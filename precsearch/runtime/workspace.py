@@ -141,6 +141,26 @@ class Workspace:
                          _rebase(self.tracking_uri, old, output_dir), self.experiment, self.dir_field)
 
 
+def study_dir(output_dir: Path | None) -> Path:
+    """The study directory ``front``, ``export`` and ``ui`` read: ``output_dir`` when given, else the current
+    directory if it holds a study, else the one study under ``precsearch-runs/``.
+
+    Raises:
+        UserError: naming ``--output-dir``, when no study is found, or when ``precsearch-runs/`` holds
+            several (each is named, to pick one).
+    """
+    if output_dir is not None or (Path.cwd() / MANIFEST).is_file():
+        return Path(output_dir or ".")
+    studies = sorted(p.parent for p in DEFAULT_OUTPUT_ROOT.glob(f"*/{MANIFEST}"))
+    if len(studies) == 1:
+        return studies[0]
+    if not studies:
+        raise UserError(f"no study here ({MANIFEST} missing) nor under {DEFAULT_OUTPUT_ROOT}/; give the "
+                        "--output-dir that 'precsearch run' used", field="--output-dir")
+    raise UserError(f"{len(studies)} studies under {DEFAULT_OUTPUT_ROOT}/: give one as --output-dir "
+                    f"({', '.join(str(s) for s in studies)})", field="--output-dir")
+
+
 def check_dir_name(name: str, field: str) -> None:
     """Refuse a study name that would not be one folder under ``precsearch-runs``."""
     problem = name_problem(name)

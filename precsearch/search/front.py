@@ -13,7 +13,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from precsearch.search.pareto import pareto_indices
+from precsearch.instability import MARGIN, StudyUnit, number
+from precsearch.search.pareto import INTERVAL_SE, pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
 
@@ -27,14 +28,23 @@ def policy_summary(params: dict[str, Any]) -> str:
 def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
     """One row per finished trial with its score, ``pareto`` set over the feasible trials.
 
-    A trial superseded by a higher rung of the same policy has no row.
+    Instabilities whose intervals (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the
+    reading has one) overlap count as equal, so the front is the memory and speed trade-off among trials
+    equally safe within what the reading can tell, plus the riskier trials that buy more of either. A trial
+    superseded by a higher rung of the same policy has no row. Each row also gives its instability in the study's
+    one unit (:mod:`precsearch.instability`): ``instability_in_unit``, ``instability_unit`` (its name),
+    ``instability_limit`` and ``instability_band``.
     """
     first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", 0)
-    rows = highest_rungs([_row(t, first) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    unit = StudyUnit.of(study.user_attrs.get("space", {}).get("objectives", {}))
+    rows = highest_rungs([_row(t, first, unit)
+                          for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                           if "score" in t.user_attrs])
     feasible = [r for r in rows if r["feasible"]]
     points = [[r[name] for name in objectives] for r in feasible]
-    front = {feasible[i]["trial"] for i in pareto_indices(points, [DIRECTIONS[n] for n in objectives])}
+    spreads = [[INTERVAL_SE * r["instability_se"] if name == "instability" else 0.0 for name in objectives]
+               for r in feasible]
+    front = {feasible[i]["trial"] for i in pareto_indices(points, [DIRECTIONS[n] for n in objectives], spreads)}
     for r in rows:
         r["pareto"] = r["trial"] in front
     return rows
@@ -49,14 +59,21 @@ def highest_rungs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["fidelity_steps"] == top[policy_key(r["params"])]]
 
 
-def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
+def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> dict[str, Any]:
     score = trial.user_attrs["score"]
+    reading = unit.read(score)
     return {
         "trial": trial.number,
         "fidelity_steps": rung_of(trial, first_rung),
         "promoted_from": trial.user_attrs.get(PROMOTED_FROM),
         "memory_saved": score["memory_saved"],
         "instability": score["instability"],
+        "instability_se": score.get("damage_se", math.nan),  # the damage reading's standard error; none otherwise
+        "instability_in_unit": reading.value,
+        "instability_unit": unit.name,
+        "instability_limit": unit.limit,
+        "instability_band": reading.band,
+        "instability_figure": reading.figure,
         "loss_gap": score["loss_gap"],
         "noise_floor": score.get("noise_floor", math.nan),
         "gap_in_noise": score.get("gap_in_noise", math.nan),
@@ -65,6 +82,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
         "diverged": score["diverged"],
+        "nonfinite": score.get("nonfinite", ""),
         "memory_source": trial.user_attrs.get("memory_source", ""),
         "memory_sources": trial.user_attrs.get("memory_sources", ""),
         "policy": policy_summary(trial.params),
@@ -74,23 +92,41 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
-    """A plain-text table of rows, best memory saving first; ``flags`` adds feasible and pareto columns."""
+    """A plain-text table of rows, best memory saving first; ``flags`` adds feasible and pareto columns.
+
+    Instability is in the study's one unit (named above the table, with the limit) and its band, as the
+    terminal's trial lines give them (:mod:`precsearch.instability`)."""
     extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
-    header = (f"{'trial':>5}  {'mem saved':>9}  {'instab.':>8}  {'loss gap':>8}  {'BF16 seed noise':>16}  "
-              f"{'tok/s':>8}  {'steps':>6}{extra}  policy")
-    lines = [header, "-" * len(header)]
+    width = max([11] + [len(_instability(r)) for r in rows])
+    header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}  {'band':<14}  {'loss gap':>8}  "
+              f"{'BF16 seed noise':>16}  {'tok/s':>8}  {'steps':>6}{extra}  policy")
+    lines = [_unit_line(rows), header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in its own measure
         noise = "-" if r["diverged"] or damage else noise_text(r["noise_floor"], r["gap_in_noise"])
-        instab = f"{r['instability']:7.3g}x" if damage else f"{100 * r['instability']:7.3f}%"
         marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
         # where the saving comes from, last: one row per line, the columns before it unchanged
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
-        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {instab:>8}  "
-                     f"{gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  {r['fidelity_steps']:>6}{marks}  "
+        sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
+        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}  "
+                     f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  "
+                     f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
     return "\n".join(lines)
+
+
+def _instability(row: dict[str, Any]) -> str:
+    """The row's instability as the trial line printed it: ``1.98``, ``0.00138 ± 0.00062 (2 SE)``."""
+    return row.get("instability_figure") or number(row["instability"])
+
+
+def _unit_line(rows: list[dict[str, Any]]) -> str:
+    """The unit the table's instability is in, and the limit in it."""
+    row = rows[0] if rows else {}
+    return (f"instability in {row.get('instability_unit', '(unit not stored)')}; limit "
+            f"{number(row.get('instability_limit', math.nan))}; band 'stable': at most {100 * (1 - MARGIN):g}% of "
+            "the limit (the reading + 2 SE where it has one)")
 
 
 def _yes(flag: bool) -> str:

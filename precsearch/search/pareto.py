@@ -11,24 +11,43 @@ so the two small functions below are kept; ``tests/search/test_pareto_scoring.py
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+# INTERVAL_SE: the standard errors on each side of a reading that make its interval (about 95%); one value for
+# the front and for the interval and band every output prints (precsearch.instability)
+from precsearch.instability import INTERVAL_SE
 
-def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str]) -> bool:
-    """True if ``a`` is at least as good as ``b`` everywhere and strictly better somewhere."""
+
+def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str],
+              a_spread: Sequence[float] | None = None, b_spread: Sequence[float] | None = None) -> bool:
+    """True if ``a`` is at least as good as ``b`` everywhere and strictly better somewhere.
+
+    With spreads (each value's interval half-width, 0 or NaN for an exact value), two values whose intervals
+    overlap are equal on that objective: ``a`` is better or worse there only when the intervals are apart.
+    """
     better = False
-    for x, y, d in zip(a, b, directions):
+    for i, (x, y, d) in enumerate(zip(a, b, directions)):
+        hx = _spread(a_spread, i)
+        hy = _spread(b_spread, i)
         if d == "minimize":
             x, y = -x, -y
-        if x < y:
+        if x + hx < y - hy:
             return False
-        better = better or x > y
+        better = better or x - hx > y + hy
     return better
 
 
-def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str]) -> list[int]:
-    """Indices of the points no other point dominates (duplicates all kept)."""
+def _spread(spread: Sequence[float] | None, i: int) -> float:
+    value = 0.0 if spread is None else spread[i]
+    return 0.0 if math.isnan(value) else value
+
+
+def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str],
+                   spreads: Sequence[Sequence[float]] | None = None) -> list[int]:
+    """Indices of the points no other point dominates (duplicates all kept); ``spreads`` as :func:`dominates`."""
+    spread = (lambda k: spreads[k]) if spreads is not None else (lambda k: None)
     return [
         i for i, p in enumerate(points)
-        if not any(dominates(q, p, directions) for j, q in enumerate(points) if j != i)
+        if not any(dominates(q, p, directions, spread(j), spread(i)) for j, q in enumerate(points) if j != i)
     ]

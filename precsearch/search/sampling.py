@@ -3,8 +3,10 @@
 Param names are short and flat so that they read well as MLflow params:
 ``precision.<group>``, ``precision.L<block>.<unit>`` (per-module units), ``precision.default``,
 ``recipe.<setting>``, ``warmup_steps``, ``clip_grad``, ``memory.<knob>``, ``bf16_blocks.first``/``.last``.
-Fixed knobs make no param. Rules are matched first to last: the BF16 end blocks first (they override a
-unit's choice in those blocks), then the per-module units, then the groups.
+Fixed knobs make no param, and neither does a recipe setting or the FP8 warm-up in a trial whose layers
+run no precision that reads it (:mod:`precsearch.config.inert`): it takes its first value. Rules are
+matched first to last: the BF16 end blocks first (they override a unit's choice in those blocks), then the
+per-module units, then the groups.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from typing import Any
 
 import optuna
 
+from precsearch.config.inert import inert_in, knob_at
 from precsearch.config.space import Space
 from precsearch.config.unit_space import searched_units
 from precsearch.policy.rules import MemoryKnobs, Policy, Rule
 from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
+
+#: The ``search.recipe`` settings, each a field of :class:`LayerRecipe`.
+RECIPE_SETTINGS = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", *NVFP4_KNOBS)
 
 
 def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) -> Policy:
@@ -28,18 +34,20 @@ def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) 
     units = searched_units(search.units, space.model.probe().n_layers)
     rules += tuple(Rule(u.rule_name, (u.unit,), u.knob.suggest(trial, u.param)) for u in units)
     rules += tuple(g.to_rule(g.precision.suggest(trial, f"precision.{g.name}")) for g in search.groups)
-    recipe = LayerRecipe(
-        fp8_format=search.recipe.fp8_format.suggest(trial, "recipe.fp8_format"),
-        amax_history_len=search.recipe.amax_history_len.suggest(trial, "recipe.amax_history_len"),
-        amax_compute_algo=search.recipe.amax_compute_algo.suggest(trial, "recipe.amax_compute_algo"),
-        margin=search.recipe.margin.suggest(trial, "recipe.margin"),
-        **{k: getattr(search.recipe, k).suggest(trial, f"recipe.{k}") for k in NVFP4_KNOBS},
-    )
+    default = search.default_precision.suggest(trial, "precision.default")
+    # a setting no layer of this trial reads is not asked for: trials differing only there are duplicates
+    inert = inert_in({r.precision for r in rules} | {default})
+
+    def pick(name: str) -> Any:
+        knob = knob_at(space, name)
+        return knob.options()[0] if name in inert else knob.suggest(trial, name)
+
+    recipe = LayerRecipe(**{k: pick(f"recipe.{k}") for k in RECIPE_SETTINGS})
     return Policy(
         rules=rules,
-        default=search.default_precision.suggest(trial, "precision.default"),
+        default=default,
         recipe=recipe,
-        warmup_steps=search.warmup_steps.suggest(trial, "warmup_steps"),
+        warmup_steps=pick("warmup_steps"),
         clip_grad=search.clip_grad.suggest(trial, "clip_grad"),
         memory=MemoryKnobs(**{f.name: getattr(search.memory, f.name).suggest(trial, f"memory.{f.name}")
                               for f in fields(MemoryKnobs)}),

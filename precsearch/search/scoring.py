@@ -40,7 +40,12 @@
 * under stress (``objectives.stress``), the same figures for the policy and
   the BF16 reference both run at a higher learning rate; the stressed gap is
   read against the noise floor measured at the base learning rate;
-* feasible = stable, and also stable under stress when ``stress.in_constraint``.
+* feasible = stable, and also stable under stress when ``stress.in_constraint``;
+* a non-finite value anywhere (the loss, a gradient, an optimizer state or a
+  weight of the probe: :mod:`precsearch.probe.measure.nonfinite`; the policy's
+  gradient or update at a state of the damage reading) makes the trial
+  infeasible whatever its figures, and ``nonfinite`` names it
+  (``non-finite at step 12 in decoder.layers.1.mlp.linear_fc1.weight exp_avg_sq``).
 
 Instability stays in relative units whatever ``stability_unit`` is: it is an
 Optuna objective, and the noise floor differs between references (one per
@@ -55,7 +60,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from precsearch.config.space import ObjectivesSection
+from precsearch.instability import Reading, StudyUnit
 from precsearch.probe.measure.events import count_events
+from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.result import ProbeResult
 
 #: Instability given to a diverged probe: far outside any sensible stability limit.
@@ -102,6 +109,8 @@ class Score:
     damage: float = math.nan
     damage_se: float = math.nan
     damage_measure: str = ""
+    nonfinite: str = ""  # the first non-finite value of the probe or its reading, in words; "" if none
+    stress_nonfinite: str = ""  # the same of the stress probe
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,7 +230,15 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         stable_under_stress=pressed.constraint <= 0 if pressed else None,
         feasible=constraint <= 0,
         constraint=constraint,
+        nonfinite=nonfinite_text(result),
+        stress_nonfinite=nonfinite_text(stress[0]) if stress else "",
     )
+
+
+def nonfinite_text(result: ProbeResult) -> str:
+    """The probe's first non-finite value in words, else its damage reading's, else ``""``."""
+    found = result.nonfinite or (result.damage or {}).get("nonfinite")
+    return NonFinite.from_dict(found).describe() if found else ""
 
 
 def memory_saved(result: ProbeResult, reference: ProbeResult) -> tuple[float, float]:
@@ -260,7 +277,7 @@ def _damage_pair(result: ProbeResult, objectives: ObjectivesSection, gap: float,
     """The pair read by the fixed-state reading; a probe without one (it failed to read) is unstable."""
     reading = result.damage or {}
     value, se = float(reading.get("value", math.nan)), float(reading.get("se", math.nan))
-    if not math.isfinite(value):
+    if not math.isfinite(value) or reading.get("nonfinite"):
         return _Pair(gap, DIVERGED_INSTABILITY, spikes, blowups, False, DIVERGED_INSTABILITY, tail, math.nan,
                      value, se)
     catastrophe = DIVERGED_INSTABILITY if spikes + blowups else -math.inf  # spikes BF16 did not have
@@ -307,10 +324,14 @@ def stability_metrics(s: Score) -> dict[str, float]:
 
 def verdict(s: Score) -> str:
     """The trial's verdict in words: ``feasible``, ``unstable`` or ``diverged``, with the gap, the noise floor
-    it is read against, and stress (``unstable; gap +3.10% vs BF16 seed noise 0.80% (+3.9x)``)."""
+    it is read against, and stress (``unstable; gap +3.10% vs BF16 seed noise 0.80% (+3.9x)``); a non-finite
+    value instead of the figures (``diverged; non-finite at step 12 in NAME exp_avg_sq``)."""
     words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
-    if s.reading == "damage" and not s.diverged:
-        words += f"; damage {damage_text(s.damage, s.damage_se, s.damage_measure or 'grad_noise')}; loss gap {100 * s.loss_gap:+.2f}%"
+    if s.nonfinite:  # infeasible whatever the figures: they are not worth showing
+        words = f"{'diverged' if s.diverged else 'infeasible'}; {s.nonfinite}"
+    elif s.reading == "damage" and not s.diverged:  # the reading itself is the line's instability
+        words += ("" if math.isfinite(s.damage) else "; damage not read (scored as unstable)")
+        words += f"; loss gap {100 * s.loss_gap:+.2f}%"
         if s.spikes + s.grad_blowups:
             words += f"; {s.spikes + s.grad_blowups} loss spike(s)/blow-up(s) beyond BF16's"
     elif not s.diverged:
@@ -319,28 +340,31 @@ def verdict(s: Score) -> str:
             words += f"; BF16 still falling {100 * s.reference_tail_descent:.1f}% over the tail (early descent)"
     if s.stable_under_stress is not None:
         under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
+        under += f" ({s.stress_nonfinite})" if s.stress_nonfinite else ""
         words += f"; under stress: {under}"
     return words
 
 
-def instability_text(s: Score) -> str:
-    """The instability objective in its unit: a % of the BF16 loss, or the damage reading in noise units."""
-    if s.reading == "damage":
-        return f"{s.instability:.3g} {s.damage_measure or 'grad_noise'}"
-    return f"{100 * s.instability:.3f}%"
+def instability_reading(s: Score, objectives: ObjectivesSection) -> Reading:
+    """The trial's instability in its study's one unit (:mod:`precsearch.instability`), as every output shows it."""
+    return StudyUnit.of(objectives.model_dump()).read(s.to_dict())
 
 
-def damage_text(value: float, se: float, measure: str = "grad_noise") -> str:
-    """A fixed-state reading as shown next to a verdict: ``0.0044 ± 0.0014 update_norm``, or for a figure in
-    noise units ``0.044 ± 0.014 x SGD noise (grad_noise)``."""
-    if not math.isfinite(value):
-        return "not read"
-    spread = f" ± {se:.2g}" if math.isfinite(se) else ""
-    return f"{value:.3g}{spread} " + (f"x SGD noise ({measure})" if measure.endswith("_noise") else measure)
+def instability_text(s: Score, objectives: ObjectivesSection) -> str:
+    """The instability in the study's unit, with its limit and band: ``1.98 BF16 seed spreads; limit 2: near the
+    limit``, ``0.00138 ± 0.00062 (2 SE) update_norm (...); limit 0.01: stable``."""
+    return instability_reading(s, objectives).text()
+
+
+def verdict_line(s: Score, objectives: ObjectivesSection) -> str:
+    """The trial's verdict as the terminal and its MLflow tag ``verdict`` show it:
+    ``instability 1.98 BF16 seed spreads; limit 2: near the limit [feasible; gap +2.47% vs ...]``."""
+    return f"instability {instability_text(s, objectives)} [{verdict(s)}]"
 
 
 def noise_text(floor: float, gap_in_noise: float) -> str:
-    """The noise floor and a gap in its units, as shown next to a verdict: ``0.80% (+3.9x)``."""
+    """The noise floor and a gap in its units, as shown next to a verdict: ``0.80% (+3.88x)`` (two decimals: one
+    printed a gap of 1.98 floors as +2.0x, the limit of a noise study)."""
     if not math.isfinite(floor):
         return "unknown (one seed)"
-    return f"{100 * floor:.2f}% ({gap_in_noise:+.1f}x)" if math.isfinite(gap_in_noise) else f"{100 * floor:.2f}%"
+    return f"{100 * floor:.2f}% ({gap_in_noise:+.2f}x)" if math.isfinite(gap_in_noise) else f"{100 * floor:.2f}%"

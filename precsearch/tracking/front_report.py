@@ -2,9 +2,12 @@
 
 The plot (:func:`front_figure`) shows every scored trial, each labelled with its
 trial number, in four kinds (front, feasible, unstable, diverged), with the
-stability limit drawn in the space's ``stability_unit``: percent of the BF16
-loss (``relative``), or BF16 seed spreads (``noise``, where each trial's
-instability is divided by its reference's noise floor, as the verdict does).
+stability limit drawn in the study's one unit (:mod:`precsearch.instability`): a
+fraction of the BF16 loss (``relative``), BF16 seed spreads (``noise``, where each
+trial's instability is divided by its reference's noise floor, as the verdict
+does), or the fixed-state reading's measure (``damage``). The CSV and JSON give
+it as ``instability_in_unit`` beside ``instability_unit`` (the unit's name) and
+``instability_band``; ``instability`` stays the raw objective Optuna optimises.
 
 ``front.html`` holds the same plot (the PNG inline, with an image map: hovering
 a point shows its trial, objectives and policy) and a table of every trial. It
@@ -24,28 +27,36 @@ import math
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "loss_gap",
-           "noise_floor", "gap_in_noise", "tokens_per_s", "diverged", "policy")
+from precsearch.instability import Reading, StudyUnit
+
+COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "instability_in_unit",
+           "instability_unit", "instability_band", "loss_gap", "noise_floor", "gap_in_noise", "diverged", "policy")
+"""front.csv's columns: what a trial's probes decide, so the same study writes the same file. The measured
+speed (``tokens_per_s``, a clock's reading) joins them only as an objective (``objectives.throughput``)."""
 KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
          "unstable": ("tab:orange", "X", 7), "diverged": ("black", "x", 7)}
 """Legend label: colour, marker, marker size."""
 
 
 def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: float,
-                unit: str = "relative") -> list[Path]:
-    """Write front.csv/.json (front rows) and front.png/.html (all trials); return the paths."""
+                unit: str = "relative", throughput: bool = False) -> list[Path]:
+    """Write front.csv/.json (front rows) and front.png/.html (all trials); return the paths.
+
+    front.csv has :data:`COLUMNS`, and ``tokens_per_s`` when ``throughput`` is an objective.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     front = [r for r in rows if r["pareto"]]
     paths = [directory / f"front.{ext}" for ext in ("csv", "json", "png", "html")]
     with paths[0].open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        columns = COLUMNS[:-2] + ("tokens_per_s",) + COLUMNS[-2:] if throughput else COLUMNS
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(front)
     paths[1].write_text(json.dumps([_finite(r) for r in front], indent=2, default=str))
     fig = front_figure(rows, stability_limit, unit)
     png = io.BytesIO()
     fig.savefig(png, format="png")
-    areas = _point_areas(fig, rows, unit)
+    areas = _point_areas(fig, rows, unit, stability_limit)
     _close(fig)
     paths[2].write_bytes(png.getvalue())
     paths[3].write_text(front_html(rows, png.getvalue(), areas, stability_limit, unit))
@@ -66,14 +77,15 @@ def kind(row: dict[str, Any]) -> str:
     return "feasible" if row["feasible"] else "unstable"
 
 
+def reading(row: dict[str, Any], unit: str, limit: float = math.nan) -> Reading:
+    """The trial's instability in the study's one unit (``unit``: ``relative``, ``noise`` or ``damage``)."""
+    return StudyUnit(unit, limit, row.get("damage_measure", "") if unit == "damage" else "").read(row)
+
+
 def y_value(row: dict[str, Any], unit: str) -> float:
-    """The trial's instability in ``unit``: percent of BF16 loss, or BF16 seed spreads (NaN if unknown)."""
-    if unit == "noise":
-        floor = row.get("noise_floor") or math.nan
-        return row["instability"] / floor if floor > 0 else math.nan
-    if unit == "damage":  # the fixed-state reading, in its own measure
-        return row["instability"]
-    return 100 * row["instability"]
+    """The trial's instability in ``unit``: a fraction of the BF16 loss, BF16 seed spreads, or the fixed-state
+    reading's measure (NaN if unknown)."""
+    return reading(row, unit).value
 
 
 def damage_measure(rows: list[dict[str, Any]]) -> str:
@@ -82,15 +94,12 @@ def damage_measure(rows: list[dict[str, Any]]) -> str:
 
 
 def y_label(unit: str, measure: str = "") -> str:
-    if unit == "damage":
-        return f"instability: fixed-state damage ({measure or 'reading'})"
-    return {"noise": "instability (BF16 seed spreads)"}.get(unit, "instability: loss gap vs BF16 (% of BF16 loss)")
+    return f"instability ({StudyUnit(unit, math.nan, measure).name})"
 
 
 def limit_label(limit: float, unit: str, measure: str = "") -> str:
-    if unit == "damage":
-        return f"stability limit {limit:g} {measure or '(fixed-state reading)'}"
-    return f"stability limit {limit:g} seed spreads" if unit == "noise" else f"stability limit {100 * limit:g}%"
+    study = StudyUnit(unit, limit, measure)
+    return f"stability limit {study.limit_text} {study.name}"
 
 
 def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative"):
@@ -104,11 +113,10 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     # 600 px wide: MLflow's artifact viewer, beside its Assistant panel, cut a wider front.html at the front's side
     fig, ax = plt.subplots(figsize=(6.0, 5.0), dpi=100)
-    line = limit if unit in ("noise", "damage") else 100 * limit
+    line = limit
     top = _y_top(rows, unit, line)
     seen: set[str] = set()
     points: dict[tuple[float, float], list[dict[str, Any]]] = {}
@@ -136,8 +144,6 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
                  f"{sum(1 for r in rows if r['pareto'])} on the front"
                  + ("\n▲ on the top edge: a trial above the axis, its value in its label" if off_scale else ""),
                  fontsize=10)
-    if unit not in ("noise", "damage"):
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
     fig.tight_layout()
     _label_points(ax, points, top, unit)
     return fig
@@ -161,14 +167,9 @@ def _y_top(rows: list[dict[str, Any]], unit: str, line: float) -> float:
     return 1.12 * max([1.25 * line, *values])
 
 
-def y_text(row: dict[str, Any], unit: str) -> str:
-    """The trial's instability as the plot's axis reads it: ``0.42 seed spreads`` or ``1.055%``."""
-    y = y_value(row, unit)
-    if not math.isfinite(y):
-        return "-"
-    if unit == "damage":
-        return f"{y:.3g} {row.get('damage_measure', '')}".rstrip()
-    return f"{y:.2f} seed spreads" if unit == "noise" else f"{y:.3f}%"
+def y_text(row: dict[str, Any], unit: str, limit: float = math.nan) -> str:
+    """The trial's instability as the trial line gives it: ``1.98 BF16 seed spreads; limit 2: near the limit``."""
+    return reading(row, unit, limit).text()
 
 
 def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]], top: float, unit: str) -> None:
@@ -187,7 +188,7 @@ def _label_points(ax, points: dict[tuple[float, float], list[dict[str, Any]]], t
     for (x, y), members in points.items():
         text = ",".join(str(r["trial"]) for r in members)
         if y_value(members[0], unit) > top:
-            text += f" ({y_text(members[0], unit).replace(' seed spreads', ' spreads')})"
+            text += f" ({reading(members[0], unit).number})"
         px, py = centres[(x, y)]
         width, height = 6.5 * len(text) + 2, 11
         for dx, dy in ((7, 4), (7, -15), (-7 - width, 4), (-7 - width, -15), (7, 16), (7, -27), (-7 - width, 16),
@@ -207,7 +208,7 @@ def _close(fig) -> None:
     plt.close(fig)
 
 
-def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, int, str]]:
+def _point_areas(fig, rows: list[dict[str, Any]], unit: str, limit: float) -> list[tuple[int, int, str]]:
     """Each plotted trial's pixel position in the saved PNG and its hover text."""
     ax = fig.axes[0]
     height = fig.bbox.height
@@ -218,7 +219,7 @@ def _point_areas(fig, rows: list[dict[str, Any]], unit: str) -> list[tuple[int, 
             continue
         px, py = ax.transData.transform((100 * r["memory_saved"], min(y, ax.get_ylim()[1])))
         text = (f"trial {r['trial']} ({kind(r)}): memory saved {100 * r['memory_saved']:.2f}%, "
-                f"instability {y_text(r, unit)}; {r['policy']}")
+                f"instability {y_text(r, unit, limit)}; {r['policy']}")
         areas.append((round(px), round(height - py), text))
     return areas
 
@@ -228,14 +229,15 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
     """A script-free page: the plot (with hover text per point) and a table of every trial, best memory first."""
     # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
     measure = damage_measure(rows)
-    in_unit = {"noise": "BF16 seed spreads", "damage": measure or "fixed-state reading"}.get(unit, "% of BF16 loss")
-    head = ("trial", "kind", "memory saved", f"instability ({in_unit})", "loss gap vs BF16", "tokens/s", "steps",
-            "policy")
+    in_unit = StudyUnit(unit, limit, measure).name
+    head = ("trial", "kind", "memory saved", f"instability ({in_unit})", "band", "loss gap vs BF16", "tokens/s",
+            "steps", "policy")
     body = []
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.2f}%"
-        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", y_text(r, unit).replace(" seed spreads", ""),
-                 gap, f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
+        shown = reading(r, unit, limit)
+        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", shown.figure, shown.band, gap,
+                 f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png).decode()
     spots = "".join(f'<area shape="circle" coords="{x},{y},7" title="{html.escape(t)}" alt="{html.escape(t)}">'

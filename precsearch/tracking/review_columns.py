@@ -3,9 +3,11 @@
 MLflow shows a metric as its raw float, cut to the column's width (``0.05030341…`` for a 5.03% saving),
 and sorts the runs table by one key only. So each trial run also gets:
 
-* ``memory_saved_pct`` and ``instability_pct`` (``relative`` studies) or ``instability_spreads`` (``noise``
-  studies: BF16 seed spreads, as the verdict reads it) or ``instability_sgd_noise`` (a study read by the
-  fixed-state reading), rounded, as the terminal prints them;
+* ``memory_saved_pct``, and ``instability_in_unit`` (logged by :mod:`~precsearch.tracking.trial_record`): the
+  instability in the study's one unit, named by the run's tag ``instability_unit``, as the terminal prints it
+  (:mod:`precsearch.instability`); the table and charts show it. The per-unit copies of earlier versions,
+  ``instability_pct`` (``relative``), ``instability_spreads`` (``noise``) and ``instability_sgd_noise`` (the
+  fixed-state reading), are still logged: stored studies' views and scripts read them;
 * ``tokens_per_s`` to the token and ``gap_in_noise`` to two decimals, as the terminal prints them (the
   study keeps the full values);
 * ``feasible_first_memory_saved``: the runs table's default sort, feasible trials first, each part by
@@ -27,8 +29,17 @@ NAME_TAG = "mlflow.runName"
 _GOLDEN = 0.618033988749895  # hue step: consecutive trials land far apart on the colour wheel
 
 
+#: The instability column the table and charts show, whatever the unit (the run's tag ``instability_unit`` names it).
+IN_UNIT = "instability_in_unit"
+
+
 def instability_column(unit: str) -> str:
-    """The display metric of instability in the study's ``stability_unit``."""
+    """The display metric of instability the views show: :data:`IN_UNIT`, the study's one unit (any ``unit``)."""
+    return IN_UNIT
+
+
+def _legacy_column(unit: str) -> str:
+    """The per-unit display metric of earlier versions, still logged."""
     return {"noise": "instability_spreads", "damage": "instability_sgd_noise"}.get(unit, "instability_pct")
 
 
@@ -42,11 +53,11 @@ def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
         out[SORT_KEY] = out[MEMORY_PCT] + (1000.0 if metrics.get("feasible") else 0.0)
     instability, floor = metrics.get("instability", math.nan), metrics.get("noise_floor", math.nan)
     if unit == "noise" and math.isfinite(instability) and math.isfinite(floor) and floor > 0:
-        out[instability_column(unit)] = round(instability / floor, 2)
+        out[_legacy_column(unit)] = round(instability / floor, 2)
     elif unit == "damage" and math.isfinite(instability):  # the fixed-state reading, in its own measure
-        out[instability_column(unit)] = float(f"{instability:.3g}")
+        out[_legacy_column(unit)] = float(f"{instability:.3g}")
     elif unit != "noise" and math.isfinite(instability):
-        out[instability_column(unit)] = round(100 * instability, 3)
+        out[_legacy_column(unit)] = round(100 * instability, 3)
     for name, digits in (("tokens_per_s", 0), ("gap_in_noise", 2)):
         if math.isfinite(value := metrics.get(name, math.nan)):
             out[name] = round(value, digits)

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from precsearch.instability import Reading
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.tracking.diagnostics_report import (
@@ -41,6 +42,9 @@ class SearchReading:
         stability_unit: ``objectives.stability_unit``.
         rung: The steps it ran (its fidelity rung).
         promoted_from: The trial it was promoted from, or ``-``.
+        instability: Its instability in the study's one unit (:class:`precsearch.instability.Reading`), logged as
+            the metric ``instability_in_unit`` and the tags ``instability_unit`` (the unit's name) and
+            ``instability_band``; None leaves them out.
     """
 
     score: Any
@@ -50,6 +54,7 @@ class SearchReading:
     stability_unit: str
     rung: int
     promoted_from: str
+    instability: Reading | None = None
 
 
 def log_trial(tracker: Any, run_id: str, trial: Any, policy: Policy, n_layers: int, result: ProbeResult,
@@ -89,7 +94,15 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
              "reference_eval_loss": paired.eval_loss, "wall_s": result.wall_s,
              "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
              "reference_seeds": n_seeds, "fidelity_steps": rung, "start_step": result.start_step}
-            | reading.stability | diagnostics_metrics(result) | damage_metrics(result))
+            | reading.stability | diagnostics_metrics(result) | damage_metrics(result)
+            | _in_unit(reading.instability))
+
+
+def _in_unit(instability: Reading | None) -> dict[str, float]:
+    """``instability_in_unit`` as the terminal prints it (the study keeps the full value); none if unknown."""
+    if instability is None or instability.number == "-":
+        return {}
+    return {"instability_in_unit": float(instability.number)}
 
 
 def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[str, str]:
@@ -97,10 +110,19 @@ def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[
     s, rung = reading.score, reading.rung
     return ({"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
              "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
+             "nonfinite": s.nonfinite or "-",
              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
              "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),
              "stability_unit": reading.stability_unit, "fidelity_steps": str(rung), "verdict": reading.verdict,
-             "promoted_from": reading.promoted_from} | diagnostics_tags(result))
+             "promoted_from": reading.promoted_from} | diagnostics_tags(result) | _unit_tags(reading.instability))
+
+
+def _unit_tags(instability: Reading | None) -> dict[str, str]:
+    """The unit ``instability_in_unit`` is in, its limit there, and the reading's band."""
+    if instability is None:
+        return {}
+    return {"instability_unit": instability.unit.name, "instability_limit": instability.unit.limit_text,
+            "instability_band": instability.band}
 
 
 def trial_artifacts(policy: Policy, n_layers: int, result: ProbeResult, stressed: ProbeResult | None,

@@ -59,6 +59,23 @@ def dump_stacks_on_signal(signum: int = signal.SIGUSR1) -> None:
 
 
 _exit_armed: list[float] = []
+_quick_exit: list[bool] = []
+
+
+def quick_exit() -> None:
+    """Skip the garbage collections of the interpreter's shutdown, from now on in this process (idempotent).
+
+    A process that imported torch, MLflow and matplotlib spent 1.7 s after its last line freeing them
+    (on a busy 2-core machine; 0.4 s with the collections skipped), once in the driver and once in each
+    worker after a Ctrl-C. ``gc.freeze`` at exit leaves what a collection would free to the OS; every
+    ``atexit`` handler and the flush of standard streams still run.
+    """
+    if not _quick_exit:
+        import atexit
+        import gc
+
+        _quick_exit.append(True)
+        atexit.register(lambda: (gc.disable(), gc.freeze()))
 
 
 def exit_after(seconds: float) -> None:

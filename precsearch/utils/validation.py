@@ -1,39 +1,78 @@
-"""pydantic validation errors as :class:`UserError`: the file, the dotted field, one line."""
+"""pydantic validation errors as :class:`UserError`: the file, the dotted field, one line per problem."""
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from precsearch.errors import UserError
+from precsearch.errors import UserError, UserErrors
 from precsearch.utils.yaml_io import _one_line
 
 
 def user_error(exc: ValidationError, model: type[BaseModel], file: str, prefix: str = "") -> UserError:
-    """The first problem of a pydantic validation of ``model`` as a :class:`UserError` naming ``file`` and the field.
+    """Every problem of a pydantic validation of ``model`` as a :class:`UserError` naming ``file`` and the field.
 
-    The field is dotted (``search.groups[2].precision``); an unknown key lists the valid ones; ``prefix``
-    starts the message (e.g. ``"malformed policy: "``).
+    One problem gives a :class:`UserError`, several a :class:`UserErrors` (one line each). The field is
+    dotted (``search.groups[2].precision``); each line names the bad value, and for a name (a key, an
+    enum member) the valid ones and the closest to what was written; ``prefix`` starts each message
+    (e.g. ``"malformed policy: "``).
     """
-    # a misspelt key shows up twice (unknown key, required field missing): the unknown key is the cause
-    err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    loc = err["loc"]
-    field = _dotted(loc)
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
+    errors = _causes(exc.errors())
+    problems = [UserError(_one_line(prefix + _message(err, model)), file=file, field=_one_line(_dotted(err["loc"])))
+                for err in errors]
+    return problems[0] if len(problems) == 1 else UserErrors(problems)
+
+
+def _causes(errors: list[dict]) -> list[dict]:
+    """The errors less a required field reported missing beside an unknown key that is its misspelling
+    (``stepz`` for ``steps``): the unknown key is the cause, listed once."""
+    misspelt = {(tuple(e["loc"][:-1]), str(e["loc"][-1])) for e in errors if e["type"] == "extra_forbidden"}
+
+    def explained(err: dict) -> bool:
+        parent, name = tuple(err["loc"][:-1]), str(err["loc"][-1])
+        return any(p == parent and closest(key, [name]) for p, key in misspelt)
+
+    return [e for e in errors if not (e["type"] == "missing" and explained(e))]
+
+
+def _message(err: dict, model: type[BaseModel]) -> str:
+    """One problem's message: what is wrong, the value written, what would be valid."""
+    loc, kind = err["loc"], err["type"]
+    if kind == "extra_forbidden":
         valid = _valid_keys(model, loc[:-1])
-        msg = f"unknown key '{loc[-1]}'" + (f"; valid keys: {', '.join(valid)}" if valid else "")
-    elif err["type"] == "missing":
-        msg = "this field is required"
-    elif err["type"] in _RANGE_ERRORS:
-        msg = f"{msg} (got {err['input']!r}){_valid_range(model, loc)}"
-    more = len(exc.errors()) - 1
-    if more:
-        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return UserError(_one_line(prefix + msg), file=file, field=_one_line(field))
+        if not valid:
+            return f"unknown key '{loc[-1]}'"
+        return f"unknown key '{loc[-1]}'{_did_you_mean(str(loc[-1]), valid)} valid keys: {', '.join(valid)}"
+    if kind == "missing":
+        return "this field is required"
+    msg = err["msg"].removeprefix("Value error, ")
+    valid = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
+    if kind in _CHOICE_ERRORS and isinstance(err.get("input"), str) and valid:
+        return f"unknown value {err['input']!r}{_did_you_mean(err['input'], valid)} valid: {', '.join(valid)}"
+    if kind in _RANGE_ERRORS:
+        return f"{msg} (got {err['input']!r}){_valid_range(model, loc)}"
+    value = err.get("input")
+    if isinstance(value, (str, int, float, bool)) and repr(value) not in msg and str(value) not in msg:
+        msg += f" (got {value!r})"
+    return msg
 
 
+def closest(value: str, valid: list[str]) -> str | None:
+    """The valid name nearest to ``value`` (a misspelling of it), or None when none is near."""
+    found = difflib.get_close_matches(value, valid, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _did_you_mean(value: str, valid: list[str]) -> str:
+    """``; did you mean 'steps'?`` (or ``;`` alone when nothing valid is near), before the valid names."""
+    near = closest(value, valid)
+    return f"; did you mean {near!r}?" if near else ";"
+
+
+_CHOICE_ERRORS = {"enum", "literal_error"}
 _RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 

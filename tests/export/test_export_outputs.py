@@ -45,9 +45,10 @@ def _study(score: dict, **objectives) -> optuna.Study:
 
 @pytest.mark.parametrize("score, objectives, fragments", [
     ({"instability": 0.11, "stable": False, "feasible": False}, {},
-     ["trial 0 is not feasible", "instability 11.00% > objectives.stability_limit 1.00%"]),
+     ["trial 0 is not feasible",
+      "instability 0.11 fraction of the BF16 loss; limit 0.01: unstable (objectives.stability_limit)"]),
     ({"instability": 0.15, "stable": False, "feasible": False}, {"stability_unit": "noise", "reference_seeds": 2},
-     ["instability 3.00 BF16 seed spreads > objectives.stability_limit 2.0"]),
+     ["instability 3 BF16 seed spreads; limit 2: unstable (objectives.stability_limit)"]),
     ({"instability": 1.0, "stable": False, "feasible": False, "diverged": True}, {}, ["trial 0 diverged"]),
     ({"instability": 0.0, "stable": True, "feasible": False}, {}, ["not under stress"]),
 ], ids=["relative", "noise", "diverged", "stress"])

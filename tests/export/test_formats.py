@@ -60,8 +60,8 @@ def test_choose_trial_rules(pick, limit, trial):
 
 def test_choose_trial_explains_the_choice():
     _, reason = choose_trial(ROWS, "max-memory", 0.005)
-    assert reason == ("trial 2 saves the most memory of 4 feasible trials with instability <= 0.005 of the BF16 "
-                      "loss (memory saved 25.00%, instability 0.002, 800 tokens/s)")
+    assert reason == ("trial 2 saves the most memory of 4 feasible trials with instability <= 0.005 fraction of "
+                      "the BF16 loss (memory saved 25.00%, instability 0.002 fraction of the BF16 loss, 800 tokens/s)")
 
 
 def test_max_instability_is_in_the_study_unit_seed_spreads_for_a_noise_study():
@@ -69,9 +69,9 @@ def test_max_instability_is_in_the_study_unit_seed_spreads_for_a_noise_study():
     spread) let every trial through and 0.005 matched none that the user meant."""
     rows = [dict(r, noise_floor=0.005) for r in ROWS]  # trial 1: 0.004 / 0.005 = 0.8 spreads; trial 0: 2.0
     row, reason = choose_trial(rows, "max-memory", 1.0, unit="noise")
-    assert row["trial"] == 2 and "instability <= 1 BF16 seed spreads" in reason and "0.4 seed spreads" in reason
+    assert row["trial"] == 2 and "instability <= 1 BF16 seed spreads" in reason and "0.4 BF16 seed spreads" in reason
     assert choose_trial(rows, "max-memory", 2.0, unit="noise")[0]["trial"] == 0
-    with pytest.raises(UserError, match=r"<= 0.1 BF16 seed spreads; the lowest is 0.2 \(trial 4\)"):
+    with pytest.raises(UserError, match=r"<= 0.1 BF16 seed spreads \(the study's unit\); the lowest is 0.2 \(trial 4\)"):
         choose_trial(rows, "max-memory", 0.1, unit="noise")
 
 
@@ -80,7 +80,7 @@ def test_choose_trial_refusals():
         choose_trial(ROWS, "cheapest")
     with pytest.raises(UserError, match="must be >= 0"):
         choose_trial(ROWS, "max-memory", -1)
-    with pytest.raises(UserError, match=r"instability <= 0.0001 of the BF16 loss; the lowest is 0.001 \(trial 4\)"):
+    with pytest.raises(UserError, match=r"instability <= 0.0001 fraction of the BF16 loss \(the study's unit\); the lowest is 0.001 \(trial 4\)"):
         choose_trial(ROWS, "max-memory", 0.0001)
     with pytest.raises(UserError, match="no feasible finished trial among 2"):
         choose_trial([r for r in ROWS if not r["feasible"]], "most-stable")
@@ -163,8 +163,10 @@ def test_export_by_rule_records_why_in_the_provenance(study, tmp_path):
     policy, provenance = load_policy_file(tmp_path / "p.yaml")
     assert policy == POLICIES[1]
     assert provenance["chosen_by"] == {"pick": "max-memory", "max_instability": 0.005, "reason": result.reason,
-                                       "max_instability_unit": "relative"}
-    assert export(study, WS, pick="max-memory").trial == 0
+                                       "max_instability_unit": "fraction of the BF16 loss", "margin": 0.1}
+    # trial 0 is past 90% of the tiny space's 0.01 limit: the default margin passes it over, --margin 0 takes it
+    assert export(study, WS, pick="max-memory").trial == 1
+    assert export(study, WS, pick="max-memory", margin=0).trial == 0
 
 
 def test_export_formats_use_the_target_depth(study):

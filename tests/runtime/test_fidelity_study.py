@@ -141,15 +141,15 @@ def test_rerun_of_a_finished_rung_study_runs_nothing_new(rung_study):
 
 def test_a_policy_that_diverges_at_a_longer_rung_is_recorded_there_and_not_promoted_further(tmp_path,
                                                                                            monkeypatch):
-    """Trial 4 (the one promotion to 24 steps; trial 2 is a duplicate of 0, told without a probe) is made to
-    produce NaN: it is diverged at 24 steps, nothing runs at 36, and the policy leaves the front although its
-    12-step trial was feasible."""
-    monkeypatch.setenv("PRECSEARCH_FAULTS", "4:nan")
+    """Trial 3 (the one promotion to 24 steps, after the three 12-step trials) is made to produce NaN: it is
+    diverged at 24 steps, nothing runs at 36, and the policy leaves the front although its 12-step trial was
+    feasible."""
+    monkeypatch.setenv("PRECSEARCH_FAULTS", "3:nan")
     space = _space(tmp_path, [12, 24, 36], 1, **{"study.n_trials": 3, "objectives.reference_seeds": 1})
     assert main(["run", str(space), "--output-dir", str(tmp_path / "out"), "--no-progress"]) == 0
     study = _study(tmp_path / "out")
     trials = _by_number(study)
-    diverged = trials[4]
+    diverged = trials[3]
     assert diverged.user_attrs[FIDELITY] == 24 and diverged.state is TrialState.COMPLETE
     assert diverged.user_attrs["score"]["diverged"] and "non-finite" in diverged.user_attrs["reason"]
     assert diverged.user_attrs["probe_result"]["diverged_step"] == 12  # the rung's first step, continued
@@ -158,7 +158,7 @@ def test_a_policy_that_diverges_at_a_longer_rung_is_recorded_there_and_not_promo
     assert source.user_attrs["score"]["feasible"]
     rows = trial_rows(study, study.user_attrs["objectives"])
     row = next(r for r in rows if r["params"] == source.params)
-    assert row["trial"] == 4 and not row["pareto"]
+    assert row["trial"] == 3 and not row["pareto"]
 
 
 def test_a_run_killed_mid_rung_resumes_the_rung_from_the_saved_state(tmp_path):

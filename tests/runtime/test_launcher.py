@@ -98,3 +98,75 @@ def test_killed_parallel_run_resumes_without_losing_or_repeating_trials(tmp_path
     assert not [r for r in trial_runs if r.info.status == "RUNNING"]
     complete = {t.number for t in study.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs}
     assert {n for n, v in per_trial.items() if v == ["FINISHED"]} == complete
+
+
+def test_a_workers_lines_come_once_each_above_the_bar_and_what_the_driver_says_is_not_repeated(capsys):
+    """What the driver shows of its workers: each line of theirs once, on a row of its own above the bar
+    (not written into the bar's row); the stop notice, the resume hint and 'worker done' are the driver's to
+    say once for all workers, so a worker's copies are dropped, as are blank lines."""
+    import io
+
+    from tqdm import tqdm
+
+    from precsearch.runtime.launcher import Relay
+    from precsearch.runtime.stopping import STOP_NOTICE
+
+    said = [b"[w0] trial 3: memory saved 4.79% (predicted)\n", f"[w0] stopping: {STOP_NOTICE}\n".encode(),
+            b"[w0] trial 4 interrupted: marked failed\n", b"\n",
+            b"stopped. Re-run the same command to resume: finished trials are kept.\n",
+            b"worker done: the study has 4 finished trials\n", b"42%|###  | 5/12\r[w0] after a bar\n"]
+    bar = tqdm(total=12, desc="trials", file=sys.stdout, bar_format="{desc}: {n_fmt}/{total_fmt}")
+    bar.update(5)
+    relay = Relay(io.BytesIO(b"".join(said)))
+    relay.start()
+    relay.join(timeout=10)
+    bar.close()
+    out = capsys.readouterr().out
+    shown = ["[w0] trial 3: memory saved 4.79% (predicted)", "[w0] trial 4 interrupted: marked failed",
+             "[w0] after a bar"]
+    for line in shown:
+        assert out.count(line) == 1, out
+        assert f"\r{line}\n" in out, f"{line!r} is not on a row of its own above the bar: {out!r}"
+    for dropped in ("stopping:", "stopped. Re-run", "worker done", "42%"):
+        assert dropped not in out, out
+
+
+def test_ctrl_c_reaches_the_workers_within_a_fraction_of_a_second_and_their_last_lines_come_first(capsys):
+    """The driver passes Ctrl-C on within 0.1 s (it polled once a second) and returns as soon as the workers
+    exit, after their last lines; the slowest part of a stop must be the workers' own."""
+    import threading
+    import types
+
+    from precsearch.runtime.launcher import _watch, start_relayed
+
+    worker = ("import signal, sys, time\n"
+              "def stop(*_):\n"
+              "    print('[w{i}] trial {i} interrupted: marked failed', flush=True)\n"
+              "    print('stopped. Re-run the same command to resume: finished trials are kept.', flush=True)\n"
+              "    sys.exit(130)\n"
+              "signal.signal(signal.SIGINT, stop)\n"
+              "print('[w{i}] joined', flush=True)\n"
+              "time.sleep(60)\n")
+    procs = [start_relayed([sys.executable, "-c", worker.format(i=i)]) for i in range(2)]
+    ctx = types.SimpleNamespace(stop=types.SimpleNamespace(requested=False),
+                                study=optuna.create_study(directions=["maximize", "minimize"]))
+    asked = []
+
+    def ask() -> None:
+        time.sleep(3.0)  # the workers have started and said their first line
+        asked.append(time.monotonic())
+        ctx.stop.requested = True
+
+    threading.Thread(target=ask, daemon=True).start()
+    try:
+        codes = _watch(ctx, procs, target=4, progress=False)
+    finally:
+        for p in procs:
+            p.kill()
+    latency = time.monotonic() - asked[0]
+    out = capsys.readouterr().out
+    assert codes == [130, 130]
+    assert latency < 1.0, f"the driver took {latency:.2f} s to end after Ctrl-C"
+    for i in range(2):
+        assert out.count(f"[w{i}] joined") == 1 and out.count(f"[w{i}] trial {i} interrupted") == 1, out
+    assert "stopped. Re-run" not in out, "the resume hint is the driver's, said once"

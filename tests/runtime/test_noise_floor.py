@@ -58,7 +58,7 @@ def test_gap_is_reported_in_both_units_and_the_limit_read_in_the_chosen_one():
 def test_every_verdict_shows_the_noise_floor_it_is_read_against():
     """A verdict without the floor hid that the quickstart called 0.8-sigma gaps unstable (issue 16)."""
     s = score(_result(2.03), _result(2.0), ObjectivesSection(stability_limit=0.01), noise_floor=0.05)
-    assert verdict(s) == "unstable; gap +1.50% vs BF16 seed noise 5.00% (+0.3x)"
+    assert verdict(s) == "unstable; gap +1.50% vs BF16 seed noise 5.00% (+0.30x)"
     one_seed = score(_result(2.0), _result(2.0), ObjectivesSection(reference_seeds=1))
     assert verdict(one_seed) == "feasible; gap +0.00% vs BF16 seed noise unknown (one seed)"
 
@@ -166,4 +166,4 @@ def test_a_study_logs_noise_and_stress_figures(tmp_path: Path, capsys):
     capsys.readouterr()
     assert main(["front", "--output-dir", str(out), "--all"]) == 0
     table = capsys.readouterr().out
-    assert "BF16 seed noise" in table.splitlines()[0] and f"{100 * score_['noise_floor']:.2f}%" in table
+    assert "BF16 seed noise" in table.splitlines()[1] and f"{100 * score_['noise_floor']:.2f}%" in table

@@ -220,3 +220,66 @@ def test_a_space_refused_on_this_machine_leaves_no_probe_process(tmp_path, capsy
     _one_line_error(err, "data.path")
     assert len(started) == 1  # the refusal came after the probe process started
     assert not [p for p in mp.active_children() if p.name == "precsearch-probe"]
+
+
+def _study_under_runs(root: Path, name: str):
+    """A study as ``precsearch run`` leaves it under ``root/precsearch-runs/<name>`` (no trial yet)."""
+    from precsearch.runtime.workspace import Workspace
+
+    out = (root / "precsearch-runs" / name).resolve()
+    out.mkdir(parents=True)
+    ws = Workspace(out, name, f"sqlite:///{out}/optuna.db", f"sqlite:///{out}/mlflow.db", name)
+    ws.save()
+    study = optuna.create_study(study_name=name, storage=ws.storage_url, directions=["maximize", "minimize"])
+    study.set_user_attr("objectives", ["memory_saved", "instability"])
+    return ws
+
+
+def _fake_dashboard(monkeypatch) -> dict:
+    """optuna-dashboard replaced by a recorder of what it was asked to serve (``ui --optuna``)."""
+    import sys
+    import types
+
+    served = {}
+    fake = types.ModuleType("optuna_dashboard")
+    fake.__spec__ = types.SimpleNamespace(name="optuna_dashboard")
+    fake.run_server = lambda storage, host, port: served.update(storage=storage)
+    monkeypatch.setitem(sys.modules, "optuna_dashboard", fake)
+    return served
+
+
+def test_front_export_and_ui_find_the_one_study_under_precsearch_runs(tmp_path, capsys, monkeypatch):
+    """Without --output-dir they said 'no study here' beside the one study under precsearch-runs/."""
+    ws = _study_under_runs(tmp_path, "alpha")
+    monkeypatch.chdir(tmp_path)
+    assert main(["front"]) == 0
+    out, err = capsys.readouterr()
+    assert "no finished feasible trial yet" in out and "precsearch-runs/alpha" in err, err
+    assert main(["export", "--trial", "0"]) == 2  # the study is read: it has no trial 0 yet
+    err = capsys.readouterr().err
+    assert "alpha" in err and "no study here" not in err, err
+    served = _fake_dashboard(monkeypatch)
+    assert main(["ui", "--optuna"]) == 0
+    assert served == {"storage": ws.storage_url}
+
+
+@pytest.mark.parametrize("argv", [["front"], ["export", "--trial", "0"], ["ui", "--optuna"]],
+                         ids=["front", "export", "ui"])
+def test_several_studies_under_precsearch_runs_are_named_and_none_is_guessed(tmp_path, capsys, monkeypatch, argv):
+    for name in ("alpha", "beta"):
+        _study_under_runs(tmp_path, name)
+    monkeypatch.chdir(tmp_path)
+    served = _fake_dashboard(monkeypatch)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    _one_line_error(err, "--output-dir")
+    assert "precsearch-runs/alpha" in err and "precsearch-runs/beta" in err, err
+    assert not served
+
+
+def test_no_study_here_nor_under_precsearch_runs_asks_for_output_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["front"]) == 2
+    err = capsys.readouterr().err
+    _one_line_error(err, "--output-dir")
+    assert "no study here" in err and "precsearch-runs/" in err, err

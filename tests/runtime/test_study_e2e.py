@@ -108,14 +108,14 @@ def test_experiment_opens_in_model_training_mode_on_the_study_view(finished_stud
     params = set(_study(finished_study).trials[0].params)
     # the flags first (MLflow's Assistant panel covers the right), then the objectives in percent
     assert view["selectedColumns"][:6] == ["tags.`feasible`", "tags.`pareto`", "metrics.`memory_saved_pct`",
-                                           "metrics.`instability_pct`", "metrics.`tokens_per_s`",
+                                           "metrics.`instability_in_unit`", "metrics.`tokens_per_s`",
                                            "metrics.`gap_in_noise`"]
     assert {f"params.`{p}`" for p in params} <= set(view["selectedColumns"])
     # feasible trials first, by memory saved
     assert view["orderByKey"] == "metrics.`feasible_first_memory_saved`" and view["orderByAsc"] is False
     assert json.loads(tags[VIEW_PREFIX + FRONT_KEY])["searchFilter"] == FRONT_FILTER
     axes = [(c["xaxis"]["key"], c["yaxis"]["key"]) for c in view["compareRunCharts"]]
-    assert ("memory_saved_pct", "instability_pct") in axes  # the chart view opens on the trade-off
+    assert ("memory_saved_pct", "instability_in_unit") in axes  # the chart view opens on the trade-off
     _, runs = _runs(finished_study)
     for run in (r for r in runs if r.data.tags.get("precsearch.role") == "trial"):
         m = run.data.metrics
@@ -161,7 +161,8 @@ def test_terminal_shows_status_lines_reference_reason_and_next_commands(finished
 
 def test_front_all_has_feasible_and_pareto_columns(finished_study, capsys):
     assert main(["front", "--all", "--output-dir", str(finished_study.output_dir)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    unit, *lines = capsys.readouterr().out.splitlines()  # the unit line, then the table
+    assert unit.startswith("instability in "), unit
     assert lines[0].split()[-3:] == ["feasible", "pareto", "policy"]
     study = _study(finished_study)
     rows = {r["trial"]: r for r in trial_rows(study, study.user_attrs["objectives"])}
@@ -189,7 +190,7 @@ def test_front_command_prints_the_same_front(finished_study, capsys):
     out = capsys.readouterr().out
     study = _study(finished_study)
     rows = trial_rows(study, study.user_attrs["objectives"])
-    printed = {int(line.split()[0]) for line in out.splitlines()[2:]}
+    printed = {int(line.split()[0]) for line in out.splitlines()[3:]}  # below the unit line, header and rule
     assert printed == {r["trial"] for r in rows if r["pareto"]}
 
 

@@ -22,6 +22,24 @@ def test_front_of_a_known_set():
     assert pareto_indices(points, DIRS) == [0, 1, 3]
 
 
+def test_instabilities_whose_intervals_overlap_count_as_equal():
+    """Issue 53: the 8B study put 12 of 16 trials on its front, split by 2% differences in a reading whose standard
+    error was larger. Within the intervals the trials tie on stability, and memory decides."""
+    a, b = [0.30, 0.00100], [0.29, 0.00098]  # b reads 2% safer, a saves a point more
+    assert not dominates(a, b, DIRS)  # exact values: a trade-off, both on the front
+    assert dominates(a, b, DIRS, [0, 0.0002], [0, 0.0002])  # ± 2 SE overlap: a ties on stability, wins on memory
+    assert not dominates(a, [0.29, 0.00050], DIRS, [0, 0.0002], [0, 0.0001])  # apart: a real trade-off
+    assert dominates([0.3, 0.001], [0.2, 0.002], DIRS, [0, math.nan], [0, math.nan])  # NaN: no interval
+
+
+def test_the_front_with_intervals_keeps_the_trade_off_among_equally_safe_trials_and_the_riskier_ones():
+    points = [[0.30, 0.0010], [0.29, 0.0009], [0.25, 0.0011], [0.40, 0.0100], [0.10, 0.0001]]
+    spreads = [[0, 0.0003], [0, 0.0003], [0, 0.0003], [0, 0.0010], [0, 0.00005]]
+    # 0-2 overlap: 0 saves most of them; 3 is riskier beyond the intervals but saves more; 4 is safer beyond them
+    assert pareto_indices(points, DIRS) == [0, 1, 3, 4]
+    assert pareto_indices(points, DIRS, spreads) == [0, 3, 4]
+
+
 def _event(step, kind):
     return {"step": step, "kind": kind, "value": 9.0, "baseline": 3.0}
 

@@ -14,10 +14,13 @@ def _space(**overrides) -> Space:
     return Space.model_validate(tiny_space_dict(**overrides))
 
 
+NVFP4_MLP = [{"name": "mlp", "modules": ["*.mlp.*"], "precision": "nvfp4"}]
+
+
 def test_nvfp4_switches_are_searched_params():
     """A searched switch must become a trial param and reach the layer recipe (else it changes nothing)."""
     space = _space(**{"search.recipe.nvfp4_rht": {"choices": [True, False]},
-                      "search.recipe.nvfp4_stochastic_rounding": False})
+                      "search.recipe.nvfp4_stochastic_rounding": False, "search.groups": NVFP4_MLP})
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = study.ask()
     policy = suggest_policy(space, trial)
@@ -40,3 +43,26 @@ def test_bf16_edge_blocks_win_over_groups():
     assert policy.precision_for("output_layer", 4) is Precision.NVFP4  # "*" with a block limit: no head
     assert policy_from_params(space, {"bf16_blocks.last": 0}).precision_for(names[3], 4) is Precision.NVFP4
     assert edge_rules(0, 0) == ()
+
+
+def test_a_setting_no_layer_of_the_trial_reads_is_not_sampled():
+    """Issue 53: trials differing only in a setting their layers never read scored alike and both reached the
+    front. A trial with no delayed-scaling layer must not ask for the delayed settings, so its params equal
+    those of every such twin (caught as a duplicate). The FP8 warm-up stays sampled in an all-BF16 trial."""
+    space = _space(**{"search.recipe.amax_history_len": {"choices": [1, 16]}, "search.recipe.margin": {"low": 0,
+                      "high": 2}, "search.warmup_steps": {"choices": [4, 0]}})
+    params = {"precision.attention": "bf16", "precision.mlp": "fp8_block"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.enqueue_trial(params)
+    trial = study.ask()
+    policy = suggest_policy(space, trial)
+    assert set(trial.params) == {"precision.attention", "precision.mlp", "warmup_steps"}  # fp8_block: no history
+    assert policy.recipe.amax_history_len == 1 and policy.recipe.margin == 0  # the first value, unasked
+    delayed = policy_from_params(space, {"precision.attention": "fp8_delayed", "precision.mlp": "bf16",
+                                         "recipe.amax_history_len": 16, "recipe.margin": 2, "warmup_steps": 0})
+    assert (delayed.recipe.amax_history_len, delayed.recipe.margin) == (16, 2)  # read, so searched
+    bf16 = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    bf16.enqueue_trial({"precision.attention": "bf16", "precision.mlp": "bf16"})
+    trial = bf16.ask()
+    suggest_policy(space, trial)
+    assert set(trial.params) == {"precision.attention", "precision.mlp", "warmup_steps"}

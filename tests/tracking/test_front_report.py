@@ -57,8 +57,8 @@ def test_the_y_axis_is_linear_and_a_trial_above_it_is_on_the_top_edge_with_its_v
     assert ax.get_yscale() == "linear"
     diverged = next(line for line in ax.lines if line.get_gid() == "trial-5")
     assert diverged.get_ydata()[0] == pytest.approx(ax.get_ylim()[1]) and diverged.get_marker() == "^"
-    assert "5 (100.000%)" in [t.get_text() for t in ax.texts]
-    assert ax.get_ylim()[1] < 10  # the 3% trial and the 1% limit keep the axis, not the 100%
+    assert "5 (1)" in [t.get_text() for t in ax.texts]  # a fraction of the BF16 loss, the study's unit
+    assert ax.get_ylim()[1] < 0.1  # the 3% trial and the 1% limit keep the axis, not the 100%
     assert "linear" in ax.get_ylabel()
 
 
@@ -69,13 +69,13 @@ def test_the_legend_is_below_the_plot_inside_the_figure(figure):
     assert legend.y1 <= axes.y0 and figure.bbox.width <= 620
 
 
-def test_kinds_are_told_apart_and_the_limit_is_drawn_in_percent(figure):
+def test_kinds_are_told_apart_and_the_limit_is_drawn_in_the_study_unit(figure):
     ax = figure.axes[0]
     labels = ax.get_legend_handles_labels()[1]
     assert set(KINDS) <= set(labels)
     limit = [line for line in ax.lines if line.get_label().startswith("stability limit")]
-    assert limit and limit[0].get_ydata()[0] == pytest.approx(1.0)  # 0.01 relative = 1%
-    assert "1%" in limit[0].get_label()
+    assert limit and limit[0].get_ydata()[0] == pytest.approx(0.01)  # the limit as the space states it
+    assert limit[0].get_label() == "stability limit 0.01 fraction of the BF16 loss"
 
 
 def test_noise_unit_plots_seed_spreads_and_its_limit():
@@ -106,10 +106,10 @@ def test_the_page_table_gives_instability_in_the_plot_unit(tmp_path):
     """The page's table gave instability in % while its plot (noise unit) used seed spreads."""
     page = write_front(ROWS, tmp_path, 2.0, unit="noise")[3].read_text()
     assert "<th>instability (BF16 seed spreads)</th>" in page
-    assert "<td>0.40</td>" in page  # trial 3: 0.004 over a 0.01 noise floor
-    assert "instability 0.40 seed spreads" in page  # its hover text too
+    assert "<td>0.4</td><td>stable</td>" in page  # trial 3: 0.004 over a 0.01 noise floor
+    assert "instability 0.4 BF16 seed spreads; limit 2: stable" in page  # its hover text too
     relative = write_front(ROWS, tmp_path, 0.01)[3].read_text()
-    assert "<th>instability (% of BF16 loss)</th>" in relative and "<td>0.400%</td>" in relative
+    assert "<th>instability (fraction of the BF16 loss)</th>" in relative and "<td>0.004</td>" in relative
 
 
 def test_a_damage_front_names_its_measure_on_the_axis_the_limit_and_the_page(tmp_path):
@@ -121,8 +121,21 @@ def test_a_damage_front_names_its_measure_on_the_axis_the_limit_and_the_page(tmp
     fig = front_figure(rows, 0.01, unit="damage")
     ax = fig.axes[0]
     assert "update_norm" in ax.get_ylabel()
-    assert any(line.get_label() == "stability limit 0.01 update_norm" for line in ax.lines)
+    assert any(line.get_label() == "stability limit 0.01 update_norm (AdamW update error bias^2 / update^2)"
+               for line in ax.lines)
     plt.close(fig)
     page = write_front(rows, tmp_path, 0.01, unit="damage")[3].read_text()
-    assert "<th>instability (update_norm)</th>" in page and "% of BF16 loss" not in page
-    assert "<td>0.004 update_norm</td>" in page and "instability 0.004 update_norm" in page
+    assert "<th>instability (update_norm (AdamW update error bias^2 / update^2))</th>" in page
+    assert "BF16 loss" not in page
+    assert "<td>0.004</td>" in page and "instability 0.004 update_norm (AdamW" in page
+
+
+def test_front_csv_holds_what_the_probes_decide_and_speed_only_as_an_objective(tmp_path):
+    """Two runs of one study differ in measured speed only: with tokens/s in it, front.csv differed every run
+    (issue 53: the same command must give the same front file)."""
+    fast = [r | {"tokens_per_s": 2 * r["tokens_per_s"]} for r in ROWS]
+    first = write_front(ROWS, tmp_path / "a", 0.01)[0].read_text()
+    assert write_front(fast, tmp_path / "b", 0.01)[0].read_text() == first
+    assert "tokens_per_s" not in first.splitlines()[0]
+    searched = write_front(ROWS, tmp_path / "c", 0.01, throughput=True)[0].read_text().splitlines()
+    assert "tokens_per_s" in searched[0].split(",") and searched[1].split(",")[-3] == "100.0"

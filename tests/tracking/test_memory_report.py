@@ -52,7 +52,7 @@ def test_front_prints_the_summary_after_its_policy_on_the_same_row():
            "gap_in_noise": float("nan"), "tokens_per_s": 12000.0, "fidelity_steps": 100, "diverged": False,
            "policy": "fp8", "memory_sources": "moments -35.1 GiB, master -11.7 GiB"}
     lines = format_table([row]).splitlines()
-    assert len(lines) == 3 and lines[-1].endswith("fp8  [saved from: moments -35.1 GiB, master -11.7 GiB]")
+    assert len(lines) == 4 and lines[-1].endswith("fp8  [saved from: moments -35.1 GiB, master -11.7 GiB]")
     assert "saved from" not in format_table([{**row, "memory_sources": ""}])
 
 

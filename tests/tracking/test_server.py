@@ -176,3 +176,16 @@ def test_a_stopped_ui_leaves_no_server_process_behind(study_dir, signum, tmp_pat
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_banner_says_how_to_close_mlflows_assistant_panel(tmp_path):
+    """MLflow 3.17 opens its Assistant panel over the runs table once per browser and address, and no URL
+    parameter or server setting keeps it closed: the banner must say how to close it for good."""
+    from precsearch.cli import ui_banner
+    from precsearch.tracking.mlflow_tracker import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    Tracker(uri, "s", tmp_path / "art", "s")
+    banner = ui_banner(Workspace(tmp_path, "s", "sqlite:///o.db", uri, "s"), "http://127.0.0.1:5000")
+    note = banner.splitlines()[-1]
+    assert "Assistant panel" in note and "×" in note and "keeps it closed" in note, banner

@@ -23,6 +23,7 @@ from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.damage.placement import states_fit
 from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state, side_grams
 from precsearch.probe.damage.states import State, reference_states, state_steps
+from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import ModelConfig
 from precsearch.probe.model.reuse import ModelCache
@@ -108,14 +109,17 @@ class DamageReader:
 
 
 def reading_dict(states: list[StateReading], settings: DamageSection) -> dict[str, Any]:
-    """The reading as ``ProbeResult.damage`` holds it (``value``: the worst state's ``settings.measure``)."""
+    """The reading as ``ProbeResult.damage`` holds it (``value``: the worst state's ``settings.measure``;
+    ``nonfinite``: the first state's non-finite tensor as ``{step, tensor, state}``, or None)."""
     measure = settings.measure
     worst = max(states, key=lambda s: _finite(s.total[measure][0]))
+    bad = next((NonFinite(s.step, s.nonfinite, i).to_dict() for i, s in enumerate(states) if s.nonfinite), None)
     return {
         "measure": measure,
         "value": worst.total[measure][0],
         "se": worst.total[measure][1],
         "state_step": worst.step,
+        "nonfinite": bad,
         "tokens_per_step": settings.tokens_per_step,
         "states": [{"step": s.step, "total": {k: list(v) for k, v in s.total.items()},
                     "units": {u: {k: list(v) for k, v in f.items()} for u, f in s.units.items()}}

@@ -30,6 +30,13 @@ For the training run's tokens per step B (``objectives.damage.tokens_per_step``)
 All squared figures are ratios of squared norms. The trial's reading is the
 largest over the states of the figure ``objectives.damage.measure`` names.
 
+A non-finite value in the policy's side (a unit's gradient or AdamW update at a
+state, or its held-out loss) is named in ``StateReading.nonfinite`` and makes the
+trial infeasible whatever the figures say. The compare finds it at no extra cost:
+a Gram matrix is non-finite exactly when one of the float64 rows it is made of is
+(a square of any FP32 value fits float64), so the ``e`` matrix tells of the
+gradients and the ``ue`` matrix of the updates.
+
 Each unit is compared in one streaming pass over chunks of its flattened tensors
 (:mod:`.compare`), the BF16 side's own Gram matrices once per state
 (:func:`side_grams`) and each chunk's elementwise step fused on CUDA.
@@ -113,6 +120,9 @@ class StateReading:
     step: int
     total: dict[str, tuple[float, float]]
     units: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    #: The policy's first non-finite tensor at this state (``UNIT.weight gradient`` / ``update``, ``held-out
+    #: loss``), or None.
+    nonfinite: str | None = None
 
 
 def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: ProbeSection,
@@ -132,7 +142,18 @@ def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: Probe
     total = {key: sum(gm[key] for gm in grams.values()) for key in GRAMS}
     reading = StateReading(step=state.step, total=_figures(total, r) | {"forward": _forward(bf16, pol)})
     reading.units = {unit: _figures(gm, r) for unit, gm in grams.items()}
+    reading.nonfinite = first_nonfinite(grams, pol)
     return reading
+
+
+def first_nonfinite(grams: dict[str, dict[str, Tensor]], pol: Side) -> str | None:
+    """The policy side's first non-finite tensor, unit by unit (its gradient, then its update), then the
+    held-out loss; None when all are finite (see the module docstring)."""
+    for unit, gm in grams.items():
+        for key, what in (("e", "gradient"), ("ue", "update")):
+            if not bool(torch.isfinite(gm[key]).all()):
+                return f"{unit}.weight {what}"
+    return None if all(math.isfinite(x) for x in pol.eval_losses) else "held-out loss"
 
 
 def side_grams(bf16: Side, state: State, probe: ProbeSection, settings: DamageSection, device: torch.device, *,

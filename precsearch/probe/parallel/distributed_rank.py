@@ -24,7 +24,7 @@ from precsearch.probe.data import TokenBatches, load_batches
 from precsearch.probe.memory.calibration import Calibration, DepthMeasurement, fit_calibration
 from precsearch.probe.memory.rank_peak import predict_rank_peak
 from precsearch.probe.result import ProbeResult
-from precsearch.probe.runner import Parallel, StepCallback, run_probe
+from precsearch.probe.runner import Parallel, StepCallback, clip_unless_nonfinite, run_probe
 from precsearch.probe.parallel.tensor_parallel import TensorParallel, clip_grad_norm, split_model, sum_partial_grads
 
 __all__ = ["RankBatches", "main", "predict_rank_peak"]  # predict_rank_peak: see precsearch.probe.memory.rank_peak
@@ -159,11 +159,12 @@ class _Mesh:
 
         def clip(model: nn.Module, max_norm: float) -> torch.Tensor:
             if tp is None:
-                return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_norm)
+                return clip_unless_nonfinite(model, max_norm)
             sum_partial_grads(model, tp)
             return clip_grad_norm(model, max_norm, tp, dp_group)
 
-        return Parallel(split=split, shard=lambda model: _shard(model, device, dp), mean=_mean_over_ranks, clip=clip)
+        return Parallel(split=split, shard=lambda model: _shard(model, device, dp), mean=_mean_over_ranks, clip=clip,
+                        first=_first_over_ranks)
 
 
 def _predict_target_per_rank(result: ProbeResult, space: Space, policy: Policy, predicted_rank_bytes: int) -> None:
@@ -252,6 +253,17 @@ def _reduce_delayed_amax(model: nn.Module) -> None:
 
 def _collective_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _first_over_ranks(found: str | None) -> str | None:
+    """The first rank's finding of a non-finite tensor (a name), or None when no rank found one."""
+    anyone = torch.tensor(int(found is not None), dtype=torch.int32, device=_collective_device())
+    dist.all_reduce(anyone)  # every step: one small all-reduce; the names travel only when some rank found one
+    if not int(anyone):
+        return None
+    every: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, found)
+    return next((f for f in every if f is not None), None)
 
 
 def _mean_over_ranks(value: float) -> float:

@@ -1,0 +1,174 @@
+"""A study's instability in its one unit: the value, the unit's name, the limit, the interval and a band.
+
+A study states its stability limit in one unit, and every output shows instability in that unit, as
+this module words and rounds it: the terminal's trial line, ``precsearch front`` and ``front/``, the
+MLflow metric ``instability_in_unit`` with the tag ``instability_unit``, the exported ``policy.yaml``
+and ``precsearch export --max-instability``. The unit:
+
+* ``stability_unit: relative`` (the default): a fraction of the BF16 loss (``0.01`` is 1%);
+* ``stability_unit: noise``: BF16 seed spreads, the instability over the reference's noise floor;
+* ``reading: damage``: the fixed-state reading's ``objectives.damage.measure`` (``update_norm``...),
+  whose standard error gives an interval, value ± :data:`INTERVAL_SE` SE.
+
+The **band** says where a reading stands against the limit, taking what the reading cannot resolve
+into account. Its upper end is value + 2 SE (the value where there is no standard error), its lower
+end value - 2 SE (the value):
+
+* ``stable``: the upper end at most ``(1 - MARGIN) x limit``: clear of the limit by a tenth of it, the
+  margin ``precsearch export --pick`` keeps by default (a trial at 1.98 of a 2.0 limit passed by a hair
+  in one seeded probe, and another seed may fail it);
+* ``near the limit``: neither: within the margin, or its interval overlaps the limit;
+* ``unstable``: the lower end above the limit;
+* ``unknown``: no finite value (a noise study without a noise floor, a reading that failed).
+
+The band is about the reading alone: a trial's verdict (feasible, unstable, diverged) also counts
+loss spikes, divergence and stress. This module is in the base layer (it imports nothing of the
+package) so that tracking and export can word instability as the search does; it reads the stored
+score and objectives as plain dicts, as a stored study holds them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Standard errors each side of a reading that has one, as the front's interval-aware Pareto reads it.
+INTERVAL_SE = 2.0
+#: The share of the limit a ``stable`` reading keeps clear of (export's default ``--margin``).
+MARGIN = 0.1
+
+#: What each fixed-state figure is, after its name (``docs/stability-reading.md`` has the table).
+MEASURES: dict[str, str] = {
+    "update_norm": "AdamW update error bias^2 / update^2",
+    "grad_norm": "gradient error bias^2 / gradient^2",
+    "grad_noise": "gradient error / SGD noise of a training step",
+    "grad_bias_noise": "gradient bias / SGD noise of a training step",
+    "grad_var_noise": "gradient error variance / SGD noise of a training step",
+    "update_noise": "update error / SGD noise of a training step",
+    "forward": "relative held-out loss change",
+}
+RELATIVE_NAME = "fraction of the BF16 loss"
+NOISE_NAME = "BF16 seed spreads"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def number(value: float, limit: float = math.nan, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, more where fewer would print a value on the other side of
+    ``limit`` (or on it) as the limit: 1.982 of a 2.0 limit is ``1.98``, 1.9996 is ``1.9996``, never ``2``."""
+    if not _finite(value):
+        return "-"
+    for d in range(digits, 17):
+        text = f"{value:.{d}g}"
+        shown = float(text)
+        if not _finite(limit) or value == limit or (shown < limit) == (value < limit) and shown != limit:
+            return text
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class StudyUnit:
+    """The unit a study's instability and limit are in.
+
+    Attributes:
+        kind: ``relative``, ``noise`` or ``damage`` (the reading's measure).
+        limit: The stability limit, in this unit.
+        measure: The damage reading's figure (``update_norm``...); empty for the other kinds.
+    """
+
+    kind: str
+    limit: float
+    measure: str = ""
+
+    @classmethod
+    def of(cls, objectives: Mapping[str, Any]) -> "StudyUnit":
+        """The unit of a study's ``objectives`` section, as a dict (a stored study's space, of any version)."""
+        if objectives.get("reading") == "damage":
+            damage = objectives.get("damage") or {}
+            limit = damage.get("limit")
+            return cls("damage", float(limit) if _finite(limit) else math.nan, damage.get("measure") or "grad_noise")
+        kind = objectives.get("stability_unit") or "relative"
+        limit = objectives.get("stability_limit")
+        return cls(kind, float(limit) if _finite(limit) else math.nan)
+
+    @property
+    def name(self) -> str:
+        """The unit in words: ``BF16 seed spreads``, ``fraction of the BF16 loss``,
+        ``update_norm (AdamW update error bias^2 / update^2)``."""
+        if self.kind == "damage":
+            what = MEASURES.get(self.measure)
+            return f"{self.measure} ({what})" if what else (self.measure or "the fixed-state reading's measure")
+        return NOISE_NAME if self.kind == "noise" else RELATIVE_NAME
+
+    @property
+    def limit_text(self) -> str:
+        return number(self.limit)
+
+    def value(self, score: Mapping[str, Any]) -> float:
+        """A stored score's instability in this unit (NaN for a noise study with no noise floor): the score keeps
+        instability relative (it is an Optuna objective, and the floor differs between references)."""
+        instability = score.get("instability")
+        if not _finite(instability):
+            return math.nan
+        if self.kind != "noise":
+            return float(instability)
+        floor = score.get("noise_floor")
+        return instability / floor if _finite(floor) and floor > 0 else math.nan
+
+    def read(self, score: Mapping[str, Any]) -> "Reading":
+        """The reading of a stored score (``instability``, ``noise_floor``; ``damage_se`` or ``instability_se``)."""
+        se = score.get("damage_se", score.get("instability_se")) if self.kind == "damage" else math.nan
+        return Reading(self.value(score), float(se) if _finite(se) else math.nan, self)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One trial's instability in its study's unit, with its standard error (NaN where the reading has none)."""
+
+    value: float
+    se: float
+    unit: StudyUnit
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """(value - 2 SE, value + 2 SE), or None where the reading has no standard error."""
+        if not (_finite(self.se) and _finite(self.value)):
+            return None
+        return self.value - INTERVAL_SE * self.se, self.value + INTERVAL_SE * self.se
+
+    @property
+    def band(self) -> str:
+        """``stable``, ``near the limit``, ``unstable`` or ``unknown`` (see the module docstring)."""
+        if not _finite(self.value):
+            return "unknown"
+        low, high = self.interval or (self.value, self.value)
+        if not _finite(self.unit.limit):
+            return "unknown"
+        if high <= (1 - MARGIN) * self.unit.limit:
+            return "stable"
+        return "unstable" if low > self.unit.limit else "near the limit"
+
+    @property
+    def number(self) -> str:
+        """The value as every output prints it (:func:`number` against the limit)."""
+        return number(self.value, self.unit.limit)
+
+    @property
+    def figure(self) -> str:
+        """The value with its interval's half-width: ``1.98`` or ``0.00138 ± 0.00062 (2 SE)``."""
+        spread = f" ± {number(INTERVAL_SE * self.se, digits=2)} (2 SE)" if self.interval else ""
+        return self.number + spread
+
+    def text(self) -> str:
+        """The reading in words: ``1.98 BF16 seed spreads; limit 2: near the limit``."""
+        limit = f"; limit {self.unit.limit_text}" if _finite(self.unit.limit) else ""
+        if not _finite(self.value):
+            return f"unknown in {self.unit.name}{limit}"
+        return f"{self.figure} {self.unit.name}{limit}: {self.band}" if limit else f"{self.figure} {self.unit.name}"
+
+
+__all__ = ["INTERVAL_SE", "MARGIN", "MEASURES", "Reading", "StudyUnit", "number"]

@@ -1,0 +1,127 @@
+"""One stability unit, everywhere (issue 53, item 1).
+
+The quickstart's terminal said ``instability 2.473% [...(+2.0x)]`` of a limit of 2.0 seed spreads, MLflow
+``instability_spreads 1.98``, the exported policy ``instability: 0.0247`` and its reason ``1.982 seed
+spreads``: four numbers in three units for one trial, and one of them rounded onto the limit. Here one
+finished study of each kind (``noise``, and a ``damage`` reading) is read through the terminal's trial
+line, what the MLflow tracker logs, ``front.csv`` and the exported ``policy.yaml``: each output must give
+the same value in the same unit, named by the same string, against the same limit.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import optuna
+import pytest
+import yaml
+
+from _spaces import tiny_space_dict
+from precsearch.config.loader import parse_space
+from precsearch.instability import Reading, StudyUnit, number
+from precsearch.policy import Policy, Rule
+from precsearch.precision import Precision
+from precsearch.probe.result import ProbeResult
+from precsearch.runtime.study_export import export
+from precsearch.runtime.workspace import Workspace
+from precsearch.search.front import format_table, trial_rows
+from precsearch.search.scoring import instability_reading, score, stability_metrics, verdict_line
+from precsearch.tracking.experiment_view import metric_columns
+from precsearch.tracking.front_report import write_front
+from precsearch.tracking.review_columns import review_metrics
+from precsearch.tracking.trial_record import SearchReading, trial_metrics, trial_tags
+
+POLICY = Policy(rules=(Rule("all", ("*",), Precision.FP8_CURRENT),), clip_grad=1.0)
+
+
+def _result(eval_loss: float, damage: dict | None = None) -> ProbeResult:
+    return ProbeResult(losses=[3.0, 2.5], eval_loss=eval_loss, peak_memory_bytes=1000, target_memory_bytes=900,
+                       tokens_per_s=100.0, damage=damage)
+
+
+def test_a_value_just_below_the_limit_never_prints_as_the_limit():
+    """1.982 of a 2.0 limit printed as ``2.0x``: a pass that reads as the limit itself."""
+    assert number(1.982, 2.0) == "1.98" and number(1.9996, 2.0) == "1.9996" and number(2.0004, 2.0) == "2.0004"
+    assert number(0.024731, 0.01) == "0.0247" and number(2.0, 2.0) == "2"
+
+
+@pytest.mark.parametrize(("value", "se", "band"), [
+    (1.5, math.nan, "stable"), (1.8, math.nan, "stable"), (1.98, math.nan, "near the limit"),
+    (2.01, math.nan, "unstable"), (1.5, 0.2, "near the limit"), (1.5, 0.1, "stable"), (2.3, 0.1, "unstable"),
+    (2.1, 0.1, "near the limit"), (math.nan, math.nan, "unknown")])
+def test_the_band_reads_the_interval_against_the_limit_with_a_tenth_of_margin(value, se, band):
+    """Stable only clear of 90% of the limit (with 2 SE where the reading has them); unstable only when the whole
+    interval is above it. A 1.5 ± 0.2 (SE) reading reaches 1.9: it cannot be called clear of a 2.0 limit."""
+    assert Reading(value, se, StudyUnit("noise" if math.isnan(se) else "damage", 2.0, "grad_noise")).band == band
+
+
+def _study(tmp_path, overrides: dict, result: ProbeResult, floor: float):
+    """A finished one-trial study as ``precsearch run`` stores it, and the trial's score."""
+    space = parse_space(tiny_space_dict(**overrides))
+    s = score(result, _result(2.0), space.objectives, noise_floor=floor)
+    ws = Workspace.for_space(space, tmp_path)
+    ws.save()
+    study = optuna.create_study(study_name=ws.study_name, storage=ws.storage_url,
+                                directions=["maximize", "minimize"])
+    study.set_user_attr("objectives", ["memory_saved", "instability"])
+    study.set_user_attr("space", space.model_dump(mode="json"))
+    study.add_trial(optuna.trial.create_trial(
+        values=[s.memory_saved, s.instability], params={"x": "a"},
+        distributions={"x": optuna.distributions.CategoricalDistribution(["a", "b"])},
+        user_attrs={"policy": POLICY.to_dict(), "score": s.to_dict()}))
+    return space, s, study, ws
+
+
+def _four_outputs(tmp_path, overrides: dict, result: ProbeResult, floor: float = math.nan) -> dict:
+    """The trial's instability as each output gives it: (value text, unit name, limit)."""
+    space, s, study, ws = _study(tmp_path, overrides, result, floor)
+    objectives = space.objectives
+    line = verdict_line(s, objectives)  # the terminal's trial line, after "memory saved ...%"
+    reading = SearchReading(s, line, stability_metrics(s), {}, objectives.instability_unit, 2, "-",
+                            instability_reading(s, objectives))
+    metrics = trial_metrics(result, _result(2.0), 3, reading)
+    metrics |= review_metrics(metrics, objectives.instability_unit)  # as MlflowTracker.finish_trial logs them
+    tags = trial_tags(result, study.trials[0], reading)
+    assert "instability_in_unit" in metric_columns(objectives.instability_unit)  # the runs table shows it
+    write_front(trial_rows(study, ["memory_saved", "instability"]), tmp_path / "front",
+                objectives.instability_limit, objectives.instability_unit)
+    with (tmp_path / "front" / "front.csv").open() as fh:
+        front = next(csv.DictReader(fh))
+    (tmp_path / "policy.yaml").write_text(export(study, ws, trial=0).files["policy.yaml"])
+    exported = yaml.safe_load((tmp_path / "policy.yaml").read_text())["provenance"]["objectives"]
+    limit = objectives.instability_limit
+    return {
+        "terminal": line,
+        "mlflow": (number(metrics["instability_in_unit"], limit), tags["instability_unit"], tags["instability_limit"]),
+        "front.csv": (number(float(front["instability_in_unit"]), limit), front["instability_unit"], number(limit)),
+        "policy.yaml": (number(exported["instability"], exported["instability_limit"]), exported["instability_unit"],
+                        number(exported["instability_limit"])),
+        "band": {tags["instability_band"], front["instability_band"], exported["instability_band"]},
+        "table": format_table(trial_rows(study, ["memory_saved", "instability"])),
+    }
+
+
+def test_a_noise_study_gives_one_value_in_seed_spreads_everywhere(tmp_path):
+    """The quickstart's trial: a 2.473% gap over a 1.25% noise floor is 1.98 of a 2.0 limit."""
+    out = _four_outputs(tmp_path, {"objectives.stability_unit": "noise", "objectives.stability_limit": 2.0,
+                                   "objectives.reference_seeds": 3}, _result(2.0 * 1.02473), floor=0.0125)
+    shown = ("1.98", "BF16 seed spreads", "2")
+    assert out["terminal"].startswith("instability 1.98 BF16 seed spreads; limit 2: near the limit [feasible; ")
+    assert "(+1.98x)" in out["terminal"] and "2.0x" not in out["terminal"]
+    assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == shown
+    assert out["band"] == {"near the limit"}
+    assert "instability in BF16 seed spreads; limit 2" in out["table"] and " 1.98  near the limit" in out["table"]
+
+
+def test_a_damage_study_gives_one_value_in_its_measure_with_its_interval(tmp_path):
+    """The 8B study printed ``instability 0.00138 update_norm`` and ``0.00138x``: no limit, no interval."""
+    state = {"step": 2, "total": {"update_norm": [0.00138, 0.0003]}, "units": {}}  # as the reader stores one
+    result = _result(2.0002, damage={"value": 0.00138, "se": 0.0003, "measure": "update_norm", "state_step": 2,
+                                     "seconds": 0.1, "states": [state]})
+    out = _four_outputs(tmp_path, {"objectives.reading": "damage"}, result)
+    name = "update_norm (AdamW update error bias^2 / update^2)"
+    assert out["terminal"].startswith(f"instability 0.00138 ± 0.0006 (2 SE) {name}; limit 0.01: stable [feasible")
+    assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == ("0.00138", name, "0.01")
+    assert out["band"] == {"stable"}
+    assert "0.00138 ± 0.0006 (2 SE)" in out["table"] and name in out["table"]
