@@ -13,18 +13,17 @@ from __future__ import annotations
 import csv
 import math
 
-import optuna
 import pytest
 import yaml
 
 from _spaces import tiny_space_dict
+from _studies import one_trial_study
 from precsearch.config.loader import parse_space
 from precsearch.instability import Reading, StudyUnit, number
 from precsearch.policy import Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime.study_export import export
-from precsearch.runtime.workspace import Workspace
 from precsearch.search.front import format_table, trial_rows
 from precsearch.search.scoring import instability_reading, score, stability_metrics, verdict_line
 from precsearch.tracking.experiment_view import metric_columns
@@ -60,16 +59,7 @@ def _study(tmp_path, overrides: dict, result: ProbeResult, floor: float):
     """A finished one-trial study as ``precsearch run`` stores it, and the trial's score."""
     space = parse_space(tiny_space_dict(**overrides))
     s = score(result, _result(2.0), space.objectives, noise_floor=floor)
-    ws = Workspace.for_space(space, tmp_path)
-    ws.save()
-    study = optuna.create_study(study_name=ws.study_name, storage=ws.storage_url,
-                                directions=["maximize", "minimize"])
-    study.set_user_attr("objectives", ["memory_saved", "instability"])
-    study.set_user_attr("space", space.model_dump(mode="json"))
-    study.add_trial(optuna.trial.create_trial(
-        values=[s.memory_saved, s.instability], params={"x": "a"},
-        distributions={"x": optuna.distributions.CategoricalDistribution(["a", "b"])},
-        user_attrs={"policy": POLICY.to_dict(), "score": s.to_dict()}))
+    study, ws = one_trial_study(tmp_path, space, POLICY.to_dict(), s.to_dict(), [s.memory_saved, s.instability])
     return space, s, study, ws
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 
-import optuna
 import pytest
-from optuna.trial import create_trial
 
 from _spaces import tiny_space_dict
+from _studies import one_trial_study
 from precsearch.cli import main
 from precsearch.config.loader import parse_space
 from precsearch.config.space import ModelSection
@@ -24,7 +23,6 @@ from precsearch.policy import MemoryKnobs, Policy, Rule
 from precsearch.precision import Precision
 from precsearch.probe.memory.peak import MASTER_BYTES, STATE_BYTES, predict_peak
 from precsearch.runtime.study_export import export
-from precsearch.runtime.workspace import Workspace
 
 TRIAL_SAVED = 0.05216  # the trial's recorded memory_saved, as the quickstart's pick had it
 QKV_DELAYED = Rule("qkv", ("*.self_attention.linear_qkv",), Precision.FP8_DELAYED)
@@ -41,17 +39,9 @@ def _study(tmp_path, monkeypatch, policy: Policy, **overrides):
     """A finished study of one trial of ``policy`` on disk, as ``precsearch run`` leaves it."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     space = parse_space(tiny_space_dict(**overrides))
-    ws = Workspace.for_space(space, tmp_path)
-    ws.save()
-    study = optuna.create_study(study_name=ws.study_name, storage=ws.storage_url,
-                                directions=["maximize", "minimize"])
-    study.set_user_attr("objectives", ["memory_saved", "instability"])
-    study.set_user_attr("space", space.model_dump(mode="json"))
     score = {"memory_saved": TRIAL_SAVED, "instability": 0.0, "loss_gap": -0.001, "tokens_per_s": 100.0,
              "feasible": True, "stable": True, "diverged": False}
-    dist = {"x": optuna.distributions.CategoricalDistribution(["a"])}
-    study.add_trial(create_trial(values=[TRIAL_SAVED, 0.0], params={"x": "a"}, distributions=dist,
-                                 user_attrs={"policy": policy.to_dict(), "score": score}))
+    study, ws = one_trial_study(tmp_path, space, policy.to_dict(), score, [TRIAL_SAVED, 0.0])
     return study, ws, space
 
 
