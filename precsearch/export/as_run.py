@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
-from precsearch.export.format_output import block_ranges
-from precsearch.policy.rules import MemoryKnobs, Policy, block_index
+from precsearch.export.format_output import describe_by_block
+from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import Precision
 
 
@@ -52,16 +52,7 @@ def _knob_view(memory: MemoryKnobs, param_dtype: str) -> dict[str, str]:
 
 def _modules(units: list[str]) -> str:
     """``mlp.linear_fc1 in blocks 0-3, 7; output_layer``: a short account of unit names."""
-    by_suffix: dict[str, list[int]] = defaultdict(list)
-    other = []
-    for unit in units:
-        block = block_index(unit)
-        if block is None:
-            other.append(unit)
-        else:
-            by_suffix[unit.split(".", 3)[3]].append(block)
-    parts = [f"{suffix} in blocks {block_ranges(by_suffix[suffix])}" for suffix in BLOCK_UNITS if suffix in by_suffix]
-    return "; ".join(parts + other)
+    return describe_by_block(units, lambda unit: unit.split(".", 3)[3], BLOCK_UNITS)
 
 
 def describe_changes(trial: AsRun, written: AsRun, param_dtype: str) -> list[str]:

@@ -15,12 +15,13 @@ export is chosen in :mod:`precsearch.export.pick`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from precsearch.arch.units import hf_linear_names
-from precsearch.policy.rules import Policy
+from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Precision
 
 @dataclass
@@ -34,6 +35,21 @@ class Rendered:
 def layer_table(policy: Policy, n_layers: int) -> dict[str, Precision]:
     """HF layer name -> precision under ``policy``, for a model with ``n_layers`` blocks."""
     return {n: policy.precision_for(n, n_layers) for n in hf_linear_names(n_layers)}
+
+
+def describe_by_block(names: Iterable[str], kind_of: Callable[[str], str], order: Iterable[str]) -> str:
+    """``q_proj in blocks 0-3; lm_head``: names in blocks grouped by their kind (``kind_of``, listed in ``order``)
+    with their block ranges, then the names outside any block as they are."""
+    by_kind: dict[str, list[int]] = defaultdict(list)
+    other = []
+    for name in names:
+        block = block_index(name)
+        if block is None:
+            other.append(name)
+        else:
+            by_kind[kind_of(name)].append(block)
+    parts = [f"{kind} in blocks {block_ranges(by_kind[kind])}" for kind in order if kind in by_kind]
+    return "; ".join(parts + other)
 
 
 def block_ranges(blocks: Iterable[int]) -> str:

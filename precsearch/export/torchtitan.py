@@ -46,7 +46,7 @@ from precsearch.arch.units import HF_OUTPUT_LAYER, hf_names
 from precsearch.export.as_run import AsRun, unit_list
 from precsearch.export.format_output import (
     Rendered,
-    block_ranges,
+    describe_by_block,
     header,
     layer_table,
     warning_lines,
@@ -203,17 +203,7 @@ def _format_warnings(policy: Policy, chosen: Precision) -> list[str]:
 
 def _describe(names: list[str]) -> str:
     """``attention q_proj in blocks 0-3; lm_head``: a short account of HF layer names."""
-    by_proj: dict[str, list[int]] = defaultdict(list)
-    other = []
-    for n in names:
-        b = block_index(n)
-        if b is None:
-            other.append(n)
-        else:
-            by_proj[n.rsplit(".", 1)[-1]].append(b)
-    parts = [f"{p} in blocks {block_ranges(bs)}" for p, bs in sorted(
-        by_proj.items(), key=lambda kv: list(PROJ_NAMES).index(kv[0]))]
-    return "; ".join(parts + other)
+    return describe_by_block(names, lambda name: name.rsplit(".", 1)[-1], PROJ_NAMES)
 
 
 def _toml(value: Any) -> str:
