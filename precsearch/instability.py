@@ -140,16 +140,19 @@ class Reading:
             return None
         return self.value - INTERVAL_SE * self.se, self.value + INTERVAL_SE * self.se
 
+    def clear_of(self, limit: float, share: float = MARGIN) -> bool:
+        """Whether the interval's upper end (the value where there is none) is at most ``(1 - share) x limit``:
+        the ``stable`` band's rule, and the margin ``precsearch export --pick`` keeps."""
+        return (self.interval or (self.value, self.value))[1] <= (1 - share) * limit
+
     @property
     def band(self) -> str:
         """``stable``, ``near the limit``, ``unstable`` or ``unknown`` (see the module docstring)."""
-        if not _finite(self.value):
+        if not _finite(self.value) or not _finite(self.unit.limit):
             return "unknown"
-        low, high = self.interval or (self.value, self.value)
-        if not _finite(self.unit.limit):
-            return "unknown"
-        if high <= (1 - MARGIN) * self.unit.limit:
+        if self.clear_of(self.unit.limit):
             return "stable"
+        low = (self.interval or (self.value, self.value))[0]
         return "unstable" if low > self.unit.limit else "near the limit"
 
     @property

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from precsearch.errors import UserError
-from precsearch.instability import StudyUnit, number
+from precsearch.instability import MARGIN, StudyUnit, number
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _study_unit(unit: str | StudyUnit, limit: float = math.nan) -> StudyUnit:
 
 #: The share of the stability limit a pick keeps clear of by default (``--margin``): a trial at 1.98 of a
 #: 2.0 limit passed by a hair in one seeded probe, and another seed may well fail it.
-DEFAULT_MARGIN = 0.1
+DEFAULT_MARGIN = MARGIN  # the "stable" band's clearance: a pick keeps what the outputs call stable
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Margin:
         """Whether ``row`` stays clear of the limit (always, with no margin or no finite limit)."""
         if self.share == 0 or not _finite(self.limit):
             return True
-        return _upper(row, unit) <= (1 - self.share) * self.limit
+        return _study_unit(unit).read(row).clear_of(self.limit, self.share)
 
     def describe(self, row: dict[str, Any], unit: str | StudyUnit) -> str:
         """``instability 1.98 of limit 2`` (with ``± 2 SE`` where the reading has one), digits as every output
@@ -87,11 +87,6 @@ class Margin:
         study = _study_unit(unit)
         shown = StudyUnit(study.kind, self.limit, study.measure).read(row)
         return f"instability {shown.figure} of limit {number(self.limit)}"
-
-
-def _upper(row: dict[str, Any], unit: str | StudyUnit) -> float:
-    reading = _study_unit(unit).read(row)
-    return reading.interval[1] if reading.interval else reading.value
 
 
 def choose_trial(rows: list[dict[str, Any]], pick: str, max_instability: float | None = None,
