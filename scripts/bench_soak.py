@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -216,18 +217,11 @@ def forward(model, ids, targets, combo: Combo, s: Setup):
 
 
 def first_non_finite(model, opt) -> str | None:
-    """The name of the first weight, gradient or optimizer state that holds a NaN or inf, else None."""
-    names = {p: n for n, p in model.named_parameters()}
-    for p, n in names.items():
-        if not torch.isfinite(p.detach().float()).all():
-            return f"{n} (weight)"
-        if p.grad is not None and not torch.isfinite(p.grad.float()).all():
-            return f"{n} (gradient)"
-    for p, state in opt.state.items():
-        for key, x in state.items():
-            if torch.is_tensor(x) and x.is_floating_point() and not torch.isfinite(x.float()).all():
-                return f"{names.get(p, '?')} ({key})"
-    return None
+    """The name of the first gradient, optimizer state or weight that holds a NaN or inf, else None (the probe's
+    own check, :mod:`precsearch.probe.measure.nonfinite`: a parameter's states before its weight)."""
+    from precsearch.probe.measure.nonfinite import first_nonfinite, named_grads, named_update_tensors
+
+    return first_nonfinite(itertools.chain(named_grads(model), named_update_tensors(model, opt)))
 
 
 def train(combo_name: str, seed: int, s: Setup) -> dict:

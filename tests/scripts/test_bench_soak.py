@@ -32,7 +32,7 @@ def test_a_verdict_needs_two_standard_errors_beyond_the_tolerance(mean, se, tol,
 
 def _run(combo, seed, loss=None, nan_step=None):
     r = {"combo": combo, "seed": seed}
-    return r | ({"non_finite_step": nan_step, "non_finite_tensor": "w (exp_avg)"} if nan_step else
+    return r | ({"non_finite_step": nan_step, "non_finite_tensor": "w exp_avg"} if nan_step else
                 {"held_out_loss": loss})
 
 
@@ -45,7 +45,7 @@ def test_summary_pairs_each_run_with_its_seeds_standard_run_and_lists_the_non_fi
                                              _run("std_fp32_fp8block", seed, (2.0 + seed) * (1 + 1e-4 * seed)))
     rows = bench_soak.summarise(runs)["rows"]
     bad = rows["std_fp32_fp8block"]
-    assert bad["non_finite"] == [{"seed": 2, "step": 1100, "tensor": "w (exp_avg)"}] and bad["paired"] == 3
+    assert bad["non_finite"] == [{"seed": 2, "step": 1100, "tensor": "w exp_avg"}] and bad["paired"] == 3
     assert bad["status"] == "non-finite"
     assert bad["gap_pct"] == pytest.approx(100 * 1e-4 * (0 + 1 + 3) / 3)
     diverged = rows["std_rem_fp8"]
@@ -58,10 +58,10 @@ def test_the_first_non_finite_tensor_is_named_with_its_state():
     opt = FP8StateAdamW(model.parameters(), master="none", exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32")
     assert bench_soak.first_non_finite(model, opt) is None
     opt.state[model.bias]["exp_avg_sq"][1] = math.nan
-    assert bench_soak.first_non_finite(model, opt) == "bias (exp_avg_sq)"
+    assert bench_soak.first_non_finite(model, opt) == "bias exp_avg_sq"
     with torch.no_grad():
         model.weight[0, 0] = math.inf
-    assert bench_soak.first_non_finite(model, opt) == "weight (weight)"  # weights are looked at first
+    assert bench_soak.first_non_finite(model, opt) == "weight"  # parameters in order: the weight comes first
 
 
 def test_the_lr_warms_up_holds_and_anneals_to_zero():
