@@ -28,11 +28,12 @@ def front_policies(study_dir: Path, top: int | None = None) -> dict[str, Policy]
     """The Pareto-front policies of a finished study, most memory saved first."""
     import optuna
 
+    from precsearch.runtime.stores import open_storage
     from precsearch.runtime.workspace import Workspace
     from precsearch.search.front import trial_rows
 
     ws = Workspace.load(study_dir)
-    study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+    study = optuna.load_study(study_name=ws.study_name, storage=open_storage(ws.storage_url))
     rows = sorted((r for r in trial_rows(study, study.user_attrs["objectives"]) if r["pareto"]),
                   key=lambda r: -r["memory_saved"])
     trials = {t.number: t for t in study.trials}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 
 import optuna
@@ -23,7 +24,7 @@ def open_storage(url: str, study: StudySection | None = None) -> optuna.storages
     """
     try:
         if url.startswith(("sqlite:", "postgresql", "mysql")):
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **_heartbeat_kwargs(study))
+            storage = _new_rdb_storage(url, _heartbeat_kwargs(study))
             return _retrying(storage, study.store_retry_s) if study is not None else storage
         if url.startswith("journal:"):
             backend = optuna.storages.journal.JournalFileBackend(url.removeprefix("journal:"))
@@ -36,6 +37,33 @@ def open_storage(url: str, study: StudySection | None = None) -> optuna.storages
                         field="study.storage") from None
     raise UserError(f"unsupported storage URL '{redact_url(url)}'; valid: sqlite:///PATH, postgresql://…, "
                     "journal:PATH", field="study.storage")
+
+
+#: How often opening a new database is tried again when another process is creating its tables.
+SCHEMA_RACE_ATTEMPTS = 5
+
+
+def _new_rdb_storage(url: str, heartbeat: dict) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage, tried again when another process created the same new database's tables first.
+
+    Optuna checks for each table, then creates it; two processes opening one new SQLite file at once (a
+    second worker, ``precsearch front`` at a run's start) both see it missing and one fails with
+    "table ... already exists" (or a duplicate version row). A second try finds the tables made.
+    """
+    for attempt in range(1, SCHEMA_RACE_ATTEMPTS + 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy's OperationalError / IntegrityError
+            if attempt == SCHEMA_RACE_ATTEMPTS or not _lost_schema_race(exc):
+                raise
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+def _lost_schema_race(exc: BaseException) -> bool:
+    text = str(exc)
+    return type(exc).__name__ in ("OperationalError", "IntegrityError", "ProgrammingError") and (
+        "already exists" in text or "UNIQUE constraint failed" in text or "duplicate key" in text)
 
 
 #: The storage calls a study makes (Optuna's BaseStorage and heartbeat API), retried while the database is away.
