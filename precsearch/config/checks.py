@@ -62,10 +62,30 @@ def _check_warmup(space: Space) -> None:
 
 
 def _check_damage(space: Space) -> None:
-    """The fixed-state reading runs in a one-process probe's process; a sharded probe has no whole model to read."""
-    if space.objectives.reading == "damage" and space.probe.nproc > 1:
+    """The fixed-state reading runs in a one-process probe's process; a sharded probe has no whole model to read.
+
+    It reads a policy at the BF16 run's states with low precision on where the state's step is past the
+    policy's warm-up: a searched warm-up no state falls inside reads the same for every choice (and memory and
+    speed do not depend on it), so trials differing only in it score alike and crowd the front.
+    """
+    if space.objectives.reading != "damage":
+        return
+    if space.probe.nproc > 1:
         raise UserError(f"reading 'damage' reads one-process probes; probe.nproc is {space.probe.nproc}; valid: "
                         "probe.nproc 1, or reading final or tail", field="objectives.reading")
+    warmup = space.search.warmup_steps
+    if warmup.is_fixed:
+        return
+    steps = space.objectives.damage.state_steps(space.probe.steps)
+    longest = max(warmup.options())
+    if steps[0] >= longest:
+        fractions = ", ".join(f"{f:g}" for f in space.objectives.damage.states)
+        raise UserError(
+            f"searched as {sorted(warmup.options())}, but objectives.damage.states [{fractions}] read the BF16 run "
+            f"at steps {steps}, all past the longest warm-up ({longest}): every choice reads the same, and memory "
+            f"and speed do not depend on it, so trials differing only in it score alike; fix "
+            f"search.warmup_steps, or add a state inside the warm-up (a fraction below {longest / space.probe.steps:g} "
+            "of probe.steps) to objectives.damage.states", field="search.warmup_steps")
 
 
 def _check_fidelity(space: Space) -> None:

@@ -54,6 +54,10 @@ class DamageSection(Section):
         "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "
         "rounding of the updates)")
 
+    def state_steps(self, probe_steps: int) -> list[int]:
+        """The BF16 run's steps read at: ``states`` of ``probe_steps`` (0 the start), sorted, without repeats."""
+        return sorted({round(f * probe_steps) for f in self.states})
+
     @field_validator("states")
     @classmethod
     def _fractions(cls, v: list[float]) -> list[float]:

@@ -92,3 +92,19 @@ def test_every_rule_names_a_real_setting_and_a_real_cause():
         knob_at(space, rule.setting)
         if rule.by != PRECISIONS:
             knob_at(space, rule.by)
+
+
+def test_a_warm_up_the_fixed_state_reading_reads_past_is_refused_naming_the_states():
+    """The reading turns low precision on at a state past the policy's warm-up: with every state (here step 12
+    of 12) past the longest warm-up (4), warm-ups 0 and 4 read alike (the 8B space's pairs of equal trials)."""
+    message = _refusal(**{"objectives.reading": "damage", "objectives.reference_seeds": 1,
+                          "objectives.damage.states": [1.0], "search.warmup_steps": {"choices": [0, 4]}})
+    for fragment in ["space.yaml: search.warmup_steps: searched as [0, 4]", "objectives.damage.states [1]",
+                     "at steps [12]", "past the longest warm-up (4)", "a fraction below 0.333333"]:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_a_state_inside_the_warm_up_lets_the_reading_see_it():
+    check_space(parse_space(tiny_space_dict(**{
+        "objectives.reading": "damage", "objectives.reference_seeds": 1, "objectives.damage.states": [0.0, 1.0],
+        "search.warmup_steps": {"choices": [0, 4]}})), file="space.yaml")

@@ -22,7 +22,7 @@ from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.probe.damage.placement import states_fit
 from precsearch.probe.damage.reading import Side, StateReading, measure_side, read_state, side_grams
-from precsearch.probe.damage.states import State, reference_states, state_steps
+from precsearch.probe.damage.states import State, reference_states
 from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import ModelConfig
@@ -49,7 +49,7 @@ class DamageReader:
         if clip_grad not in self._bf16:
             if self.models is not None:
                 self.models.clear()  # the BF16 run builds its own model: the kept one would only add to the peak
-            at = state_steps(self.settings.states, self.probe.steps)
+            at = self.settings.state_steps(self.probe.steps)
             on_device = self._states_on_device(len(at))
             self.states_on[clip_grad] = "device" if on_device else "host"
             with trace.span("reading: BF16 run"):  # the run to its states, kept on the device or page-locked

@@ -57,11 +57,6 @@ class State:
     pinned: PinnedBlock | None = field(default=None, repr=False)  # the host memory the tensors are views into
 
 
-def state_steps(fractions: list[float], steps: int) -> list[int]:
-    """The run's steps at ``fractions`` of ``steps`` (0 the start, 1 the end), sorted, without repeats."""
-    return sorted({round(f * steps) for f in fractions})
-
-
 def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device: torch.device,
                      clip_grad: float | None, at: list[int], init: CheckpointStart | None = None, *,
                      keep_on_device: bool = False) -> list[State]:
