@@ -38,6 +38,8 @@ from typing import Any
 INTERVAL_SE = 2.0
 #: The share of the limit a ``stable`` reading keeps clear of (export's default ``--margin``).
 MARGIN = 0.1
+#: The bands, safest first (the front ranks trials by it before their readings).
+BANDS = ("stable", "near the limit", "unstable", "unknown")
 
 #: What each fixed-state figure is, after its name (``docs/stability-reading.md`` has the table).
 MEASURES: dict[str, str] = {
@@ -174,4 +176,4 @@ class Reading:
         return f"{self.figure} {self.unit.name}{limit}: {self.band}" if limit else f"{self.figure} {self.unit.name}"
 
 
-__all__ = ["INTERVAL_SE", "MARGIN", "MEASURES", "Reading", "StudyUnit", "number"]
+__all__ = ["BANDS", "INTERVAL_SE", "MARGIN", "MEASURES", "Reading", "StudyUnit", "number"]

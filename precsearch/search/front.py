@@ -13,7 +13,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from precsearch.instability import MARGIN, StudyUnit, number
+from precsearch.instability import BANDS, MARGIN, StudyUnit, number
 from precsearch.search.pareto import INTERVAL_SE, pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
@@ -28,9 +28,10 @@ def policy_summary(params: dict[str, Any]) -> str:
 def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
     """One row per finished trial with its score, ``pareto`` set over the feasible trials.
 
-    Instabilities whose intervals (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the
-    reading has one) overlap count as equal, so the front is the memory and speed trade-off among trials
-    equally safe within what the reading can tell, plus the riskier trials that buy more of either. A trial
+    Trials in the ``stable`` band count as equally safe, and so do others whose instability intervals
+    (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the reading has one) overlap in the
+    same band, so the front is the memory and speed trade-off among trials equally safe, plus the riskier
+    trials (near the limit) that buy more of either. A trial
     superseded by a higher rung of the same policy has no row. Each row also gives its instability in the study's
     one unit (:mod:`precsearch.instability`): ``instability_in_unit``, ``instability_unit`` (its name),
     ``instability_limit`` and ``instability_band``.
@@ -41,13 +42,31 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
                           for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                           if "score" in t.user_attrs])
     feasible = [r for r in rows if r["feasible"]]
-    points = [[r[name] for name in objectives] for r in feasible]
-    spreads = [[INTERVAL_SE * r["instability_se"] if name == "instability" else 0.0 for name in objectives]
-               for r in feasible]
-    front = {feasible[i]["trial"] for i in pareto_indices(points, [DIRECTIONS[n] for n in objectives], spreads)}
+    coordinates = [_pareto_coordinates(r, objectives) for r in feasible]
+    directions = [d for name in objectives for d in (["minimize"] * 2 if name == "instability" else [DIRECTIONS[name]])]
+    front = {feasible[i]["trial"] for i in pareto_indices([c[0] for c in coordinates], directions,
+                                                            [c[1] for c in coordinates])}
     for r in rows:
         r["pareto"] = r["trial"] in front
     return rows
+
+
+def _pareto_coordinates(row: dict[str, Any], objectives: list[str]) -> tuple[list[float], list[float]]:
+    """A row's point and spreads for the front. Instability is two coordinates: the band's rank (stable before
+    near the limit), then the reading with its interval, except in the ``stable`` band, where every reading
+    counts as equal (all clear of the limit by its margin: a reading at 1% of the limit is no safer to act on
+    than one at 50%, and the front would otherwise keep trials that only buy a smaller reading)."""
+    point: list[float] = []
+    spread: list[float] = []
+    for name in objectives:
+        if name != "instability":
+            point.append(row[name])
+            spread.append(0.0)
+            continue
+        stable = row["instability_band"] == "stable"
+        point += [float(BANDS.index(row["instability_band"])), 0.0 if stable else row["instability"]]
+        spread += [0.0, 0.0 if stable else INTERVAL_SE * row["instability_se"]]
+    return point, spread
 
 
 def highest_rungs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,16 +110,18 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
     }
 
 
-def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
+def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | None = None) -> str:
     """A plain-text table of rows, best memory saving first; ``flags`` adds feasible and pareto columns.
 
     Instability is in the study's one unit (named above the table, with the limit) and its band, as the
-    terminal's trial lines give them (:mod:`precsearch.instability`)."""
+    terminal's trial lines give them (:mod:`precsearch.instability`). ``target``: a line naming the study's
+    target, above the table. A row's ``runs_as_is_in`` (the targets that run its policy as it is, where the
+    caller added them) closes its line."""
     extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
     width = max([11] + [len(_instability(r)) for r in rows])
     header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}  {'band':<14}  {'loss gap':>8}  "
               f"{'BF16 seed noise':>16}  {'tok/s':>8}  {'steps':>6}{extra}  policy")
-    lines = [_unit_line(rows), header, "-" * len(header)]
+    lines = ([target] if target else []) + [_unit_line(rows), header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in its own measure
@@ -109,6 +130,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False) -> str:
         # where the saving comes from, last: one row per line, the columns before it unchanged
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
         sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
+        sources += f"  [runs as-is in: {r['runs_as_is_in']}]" if r.get("runs_as_is_in") else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}  "
                      f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  "
                      f"{r['fidelity_steps']:>6}{marks}  "

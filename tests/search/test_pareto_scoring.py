@@ -2,8 +2,11 @@
 
 import math
 
+import optuna
+
 from precsearch.config.space import ObjectivesSection
 from precsearch.probe.result import ProbeResult
+from precsearch.search.front import trial_rows
 from precsearch.search.pareto import dominates, pareto_indices
 from precsearch.search.scoring import DIVERGED_INSTABILITY, constraint_value, score
 
@@ -83,3 +86,36 @@ def test_divergence_is_infeasible():
     s = score(_result(float("nan"), 900, diverged=True), _result(2.0, 1000), ObjectivesSection())
     assert s.diverged and not s.feasible and s.instability == DIVERGED_INSTABILITY
     assert constraint_value(s) > 0
+
+
+def _damage_study(readings: list[tuple[float, float, float]]) -> optuna.Study:
+    """An in-memory study of a damage-read space (limit 0.01) with one trial per (memory saved, reading, SE)."""
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.set_user_attr("space", {"probe": {"steps": 40}, "objectives": {
+        "reading": "damage", "damage": {"measure": "update_norm", "limit": 0.01}}})
+    for k, (memory, reading, se) in enumerate(readings):
+        score = {"memory_saved": memory, "instability": reading, "damage_se": se, "loss_gap": 0.0,
+                 "tokens_per_s": 1.0, "feasible": True, "diverged": False, "reading": "damage",
+                 "damage_measure": "update_norm"}
+        study.add_trial(optuna.trial.create_trial(
+            values=[memory, reading], params={"k": k},
+            distributions={"k": optuna.distributions.IntDistribution(0, 99)}, user_attrs={"score": score}))
+    return study
+
+
+def test_the_front_counts_every_stable_trial_as_equally_safe_and_keeps_the_riskier_ones_that_buy_more():
+    """Issue 53: the quickstart's front kept trial 4 (4.83% saved, reading 1.8e-5) beside trial 8 (5.22%, 1.9e-4)
+    because its reading was smaller beyond the intervals, though both were at 2% of the limit or less."""
+    rows = trial_rows(_damage_study([
+        (0.0522, 0.000187, 0.000055),  # 0: stable, saves most of the stable ones
+        (0.0483, 0.0000182, 0.000012),  # 1: stable, a smaller reading: no safer to act on
+        (0.0700, 0.0095, 0.0002),  # 2: near the limit, saves more: the riskier choice, kept
+        (0.0600, 0.0098, 0.0001),  # 3: near the limit, saves less than 2 at a reading its interval overlaps
+        (0.0800, 0.0097, 0.0001),  # 4: near the limit, saves most: beats 2 and 3
+    ]), ["memory_saved", "instability"])
+    bands = [r["instability_band"] for r in rows]
+    assert bands == ["stable", "stable", "near the limit", "near the limit", "near the limit"]
+    assert [r["trial"] for r in rows if r["pareto"]] == [0, 4]
+    # a stable trial is never dominated by a riskier one, however much more it saves
+    rows = trial_rows(_damage_study([(0.01, 0.001, 0.0001), (0.5, 0.0095, 0.001)]), ["memory_saved", "instability"])
+    assert [r["pareto"] for r in rows] == [True, True]
