@@ -72,6 +72,8 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
             with server as tracking_uri:
                 procs = [_start_worker(ws, tracking_uri, target, i, gpu, len(slices)) for i, gpu in enumerate(slices)]
                 codes = _watch(ctx, procs, target, progress)
+                if local and ctx.stop.requested:  # every worker has exited: nothing is mid-write through it
+                    server.stop(grace_s=0.0)
         except KeyboardInterrupt:
             ctx.tracker.close_stopped(lambda line: say(ctx, line))
             raise

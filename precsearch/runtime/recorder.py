@@ -42,8 +42,9 @@ SYNC_ENV = "PRECSEARCH_SYNC_RECORD"
 #: ``after_finish``. Nothing sets it otherwise.
 FAULT_ENV = "PRECSEARCH_RECORD_FAULT"
 _DIR = "pending_records"
-#: Seconds the first Ctrl-C waits for records in flight: a trial's record (its plots) took 3-5 s on a busy CPU.
-STOP_WAIT_S = 0.3
+#: Seconds the first Ctrl-C waits for records in flight: one nearly written ends; a trial's record (its plots)
+#: takes 3-5 s on a busy CPU, so most are left to the journal, which the resumed run writes.
+STOP_WAIT_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -169,11 +170,13 @@ class Recorder:
             self._thread.start()
         self._put(job)
 
-    def close(self, wait_s: float | None = None) -> bool:
+    def close(self, wait_s: float | None = None, stopping: Callable[[], bool] | None = None) -> bool:
         """Write every waiting job (and the front after them); raises the error that stopped one.
 
         ``wait_s`` (after a Ctrl-C): wait that long at most, then :meth:`abandon` what is left to the journal
-        (the next run writes it) and return False; True when every job was written.
+        (the next run writes it) and return False; True when every job was written. ``stopping``: polled while
+        waiting without a limit; once it answers True (a Ctrl-C during the study's last records), the wait
+        becomes :data:`STOP_WAIT_S`.
         """
         if self._thread is not None and not self._closed:
             self._closed = True
@@ -185,10 +188,12 @@ class Recorder:
                     self._put_nowait(None)
             try:
                 while self._thread.is_alive():
+                    if deadline is None and stopping is not None and stopping():
+                        deadline = time.monotonic() + STOP_WAIT_S
                     if deadline is not None and time.monotonic() >= deadline:
                         self.abandon()
                         return False
-                    self._thread.join(timeout=0.05 if deadline is not None else 0.2)  # Ctrl-C stays deliverable
+                    self._thread.join(timeout=0.05 if deadline is not None or stopping else 0.2)  # Ctrl-C stays deliverable
             except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: leave the rest to the journal
                 _exit_without_finalizing()
                 raise

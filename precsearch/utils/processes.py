@@ -59,6 +59,24 @@ def dump_stacks_on_signal(signum: int = signal.SIGUSR1) -> None:
 
 
 _exit_armed: list[float] = []
+
+
+def exit_now(code: int) -> None:
+    """End this process with ``code`` after its ``atexit`` handlers, log handlers and standard streams, without
+    the interpreter's teardown of its modules (torch's, MLflow's: 0.2 s of a stopped run's 1.2 s on a busy 2-core
+    machine, in the driver and again in each worker). For a process whose work is closed and said."""
+    import atexit
+    import logging
+
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    finally:
+        os._exit(code)
+
+
 _quick_exit: list[bool] = []
 
 

@@ -335,3 +335,30 @@ def test_second_ctrl_c_stops_at_once_and_requeues_the_trial(tmp_path):
     interrupted = [t for t in study.trials if t.user_attrs.get("interrupted")]
     waiting = [t for t in study.trials if t.state is TrialState.WAITING]
     assert len(interrupted) == 1 and [w.system_attrs['fixed_params'] for w in waiting] == [interrupted[0].params]
+
+
+def test_a_ctrl_c_while_a_trial_is_asked_starts_no_mlflow_run_and_no_probe(tmp_path, monkeypatch, capsys):
+    """Ctrl-C landing between a trial's ask and its probe: the worker used to start its MLflow run (0.5 s on a
+    busy machine) and its probe, then kill it. The trial is closed and queued again before either starts."""
+    from precsearch.runtime import _optimize
+
+    real = _optimize.await_twin
+
+    def ctrl_c_here(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the study's handler notes the stop request
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_optimize, "await_twin", ctrl_c_here)
+    space = write_space(tmp_path, tiny_space_dict(**{"study.n_trials": 2, "objectives.reference_seeds": 1}))
+    assert main(["run", str(space), "--output-dir", str(tmp_path / "out"), "--no-progress"]) == 130
+    ws = Workspace.load(tmp_path / "out")
+    study = _study(ws)
+    closed = [t for t in study.trials if t.state is TrialState.FAIL]
+    assert [t.user_attrs.get("interrupted") for t in closed] == [True]
+    assert "mlflow_run_id" not in closed[0].user_attrs  # no MLflow run was started for it
+    waiting = [t for t in study.trials if t.state is TrialState.WAITING]  # the seeded batch's proposals, and it
+    assert [t.user_attrs.get("requeued_from") for t in waiting if t.system_attrs["fixed_params"] == closed[0].params
+            ] == [closed[0].number]
+    assert "trial 0 interrupted: marked failed" in capsys.readouterr().out
+    _, runs = _runs(ws)
+    assert [r.data.tags.get("precsearch.role") for r in runs] == ["study"]  # no trial's run
