@@ -38,8 +38,11 @@ def _load_space_file(path: Path):
     from precsearch.config.checks import check_space
     from precsearch.config.loader import load_space
 
+    from precsearch.runtime.target_space import check_target
+
     space = load_space(path)
     check_space(space, file=str(path))
+    check_target(space, file=str(path))  # after the file's own checks: it asks the export about each choice
     return space
 
 
@@ -82,6 +85,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.space}: valid{' on this machine (file, fields, checkpoint and data)' if left else ''}. Probe: "
           f"{cfg.n_layers} layers, dim {cfg.dim}, {space.probe.steps} steps; "
           f"{len(space.search.groups)} layer groups ({knobs} searched); backend {space.backend.value}.")
+    if space.target is not None:
+        from precsearch.runtime.target_space import target_line
+
+        print(target_line(space.model_dump(mode="json")))
     if left:
         print("Not checked here, no CUDA GPU on this machine: run 'precsearch validate' on the GPU machine for\n"
               + "\n".join(f"  - {check}" for check in left))
@@ -130,8 +137,11 @@ def _run(args: argparse.Namespace, space, executor) -> int:
         return _stopped()
     from precsearch.runtime.workspace import Workspace
 
+    from precsearch.runtime.target_space import runs_as_is_of_space, target_line
+
     print("\nPareto front (feasible trials no other trial beats on every objective):")
-    print(format_table([r for r in rows if r["pareto"]]))
+    front = runs_as_is_of_space(space, [r for r in rows if r["pareto"]])
+    print(format_table(front, target=target_line(space.model_dump(mode="json"))))
     print(next_commands(Workspace.for_space(space, args.output_dir).output_dir))
     return 0
 
@@ -173,12 +183,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_front(args: argparse.Namespace) -> int:
+    from precsearch.runtime.target_space import runs_as_is_of_study, target_line
     from precsearch.search.front import format_table, trial_rows
 
     study, _ = _open_study(args.output_dir)
     rows = trial_rows(study, study.user_attrs["objectives"])
-    shown = rows if args.all else [r for r in rows if r["pareto"]]
-    print(format_table(shown, flags=args.all) if shown else "no finished feasible trial yet")
+    shown = runs_as_is_of_study(study, rows if args.all else [r for r in rows if r["pareto"]])
+    target = target_line(study.user_attrs.get("space", {}))
+    print(format_table(shown, flags=args.all, target=target) if shown else "no finished feasible trial yet")
     return 0
 
 

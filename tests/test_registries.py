@@ -27,3 +27,12 @@ def test_cli_export_choices_are_the_registries():
 
 def test_the_space_files_backends_are_the_registry():
     assert tuple(b.value for b in BackendName) == BACKEND_CHOICES == ("auto", *BACKENDS)
+
+
+def test_the_space_files_targets_are_the_export_registrys():
+    from typing import get_args
+
+    from precsearch.config.target import TargetName
+    from precsearch.export.registry import TARGETS
+
+    assert get_args(TargetName) == tuple(TARGETS) == ("precsearch", "megatron", "torchtitan", "accelerate")

@@ -23,6 +23,7 @@ from precsearch.config.fidelity import FidelitySection
 from precsearch.config.knob import Knob, knob
 from precsearch.config.model_section import ModelSection
 from precsearch.config.section import Section
+from precsearch.config.target import TargetSection
 from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
@@ -407,6 +408,8 @@ class Space(Section):
     objectives: ObjectivesSection = ObjectivesSection()
     study: StudySection = StudySection()
     tracking: TrackingSection = TrackingSection()
+    target: TargetSection | None = Field(None, description="what trains with the policies (off if unset: "
+                                         "every choice is offered)")
 
     def baseline_knobs(self) -> MemoryKnobs:
         """The reference run's memory knobs (``objectives.baseline_memory``), resolved for the probe's parameters."""

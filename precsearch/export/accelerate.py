@@ -96,8 +96,16 @@ def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
 
 def accelerate_as_run(policy: Policy, n_layers: int) -> AsRun:
     """What the snippet runs: every path of :func:`choose_path` keeps each layer's precision (TE only for a
-    uniform policy, torchao for fp8_current layers, else precsearch's API); FP8 attention is lost."""
-    return AsRun(as_searched(policy, n_layers).precisions, accelerate_written(policy.memory))
+    uniform policy, torchao for fp8_current layers, else precsearch's API); FP8 attention is lost, and so is the
+    FP8 warm-up on the TE and torchao paths (Accelerate has no setting for it: :func:`_warmup` warns)."""
+    path, _ = choose_path(policy, n_layers)
+    warmup = 0 if path in _NO_WARMUP else policy.warmup_steps
+    return AsRun(as_searched(policy, n_layers).precisions, accelerate_written(policy.memory), warmup,
+                 policy.recipe.fp8_format)
+
+
+#: The paths that run FP8 from the first step: Accelerate's own (TE, torchao) have no FP8 warm-up.
+_NO_WARMUP = ("te", "ao")
 
 
 def _warmup(policy: Policy, warnings: list[str]) -> list[str]:

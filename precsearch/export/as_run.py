@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.export.format_output import describe_by_block
 from precsearch.policy.rules import MemoryKnobs, Policy
-from precsearch.precision import Precision
+from precsearch.precision import Fp8Format, Precision
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,16 @@ class AsRun:
         precisions: Precision unit name (``decoder.layers.3.mlp.linear_fc1``, ``output_layer``) -> the
             precision it runs, for every unit of the model.
         memory: The memory knobs the framework applies (what the files write, or what it does anyway).
+        warmup_steps: The BF16 steps the files run before low precision switches on (0 where the framework
+            has no warm-up setting); None where not said (a baseline).
+        fp8_format: The FP8 format (hybrid: E5M2 gradients) the framework runs for the FP8 layers; None where
+            not said.
     """
 
     precisions: dict[str, Precision]
     memory: MemoryKnobs
+    warmup_steps: int | None = None
+    fp8_format: Fp8Format | None = None
 
 
 def unit_list(n_layers: int) -> list[str]:
@@ -40,7 +46,8 @@ def unit_list(n_layers: int) -> list[str]:
 
 def as_searched(policy: Policy, n_layers: int) -> AsRun:
     """The trial's own policy: what the probe ran (and what ``policy.yaml`` keeps)."""
-    return AsRun({u: policy.precision_for(u, n_layers) for u in unit_list(n_layers)}, policy.memory)
+    return AsRun({u: policy.precision_for(u, n_layers) for u in unit_list(n_layers)}, policy.memory,
+                 policy.warmup_steps, policy.recipe.fp8_format)
 
 
 def _knob_view(memory: MemoryKnobs, param_dtype: str) -> dict[str, str]:
@@ -57,7 +64,8 @@ def _modules(units: list[str]) -> str:
 
 def describe_changes(trial: AsRun, written: AsRun, param_dtype: str) -> list[str]:
     """One line per change: modules whose precision changes (trial's -> run), then each memory knob
-    (trial's -> written); empty when the framework runs the trial's policy as it is.
+    (trial's -> written), the FP8 warm-up and the FP8 format (where both sides say them and some layer runs
+    FP8); empty when the framework runs the trial's policy as it is.
 
     ``param_dtype``: the probe's parameter dtype, which ``param`` moments follow.
     """
@@ -70,6 +78,12 @@ def describe_changes(trial: AsRun, written: AsRun, param_dtype: str) -> list[str
              for (had, runs), units in moved.items()]
     before, after = _knob_view(trial.memory, param_dtype), _knob_view(written.memory, param_dtype)
     lines += [f"{knob}: {before[knob]} -> {after[knob]}" for knob in before if before[knob] != after[knob]]
+    low = any(p.is_fp8 for p in trial.precisions.values())
+    if low and None not in (trial.warmup_steps, written.warmup_steps) and trial.warmup_steps != written.warmup_steps:
+        lines.append(f"FP8 warm-up: {trial.warmup_steps} -> {written.warmup_steps} steps")
+    encoded = any(p not in (Precision.BF16, Precision.NVFP4) for p in written.precisions.values())
+    if encoded and None not in (trial.fp8_format, written.fp8_format) and trial.fp8_format is not written.fp8_format:
+        lines.append(f"fp8_format: {trial.fp8_format.value} -> {written.fp8_format.value}")
     return lines
 
 

@@ -297,7 +297,7 @@ def megatron_as_run(policy: Policy, n_layers: int, pipeline: int = 1) -> AsRun:
     """What Megatron runs of :func:`megatron_export`'s files, read back by Megatron's rules: BF16 edge blocks
     (``--first-last-layers-bf16``, global numbers), then the first enabled matcher of the precision config
     (``fnmatch`` on the local module name), then the global recipe; the output layer is FP8 only with
-    ``--fp8-output-proj``."""
+    ``--fp8-output-proj``; no warm-up (there is no flag for it)."""
     flags, config, _ = megatron_export(policy, n_layers, pipeline)
 
     def value(flag: str) -> str | None:
@@ -320,7 +320,9 @@ def megatron_as_run(policy: Policy, n_layers: int, pipeline: int = 1) -> AsRun:
             p = _recipe_precision(configs[hit["config"]]["training_recipe"]) if hit else glob
             run[megatron_name(block, module)] = Precision.BF16 if block < start or block >= n_layers - end else p
     run[OUTPUT_LAYER] = Precision.MXFP8 if "--fp8-output-proj" in flags else Precision.BF16
-    return AsRun(run, megatron_written(policy.memory, value("--fp8-recipe")))
+    # no FP8 warm-up flag: the files run the recipe from the first step (megatron_export warns)
+    warmup = 0 if glob is not Precision.BF16 else policy.warmup_steps
+    return AsRun(run, megatron_written(policy.memory, value("--fp8-recipe")), warmup, policy.recipe.fp8_format)
 
 
 def _recipe_precision(training_recipe: dict[str, Any]) -> Precision:

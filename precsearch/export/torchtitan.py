@@ -72,6 +72,9 @@ MX_CONVERTER = SPECS[Precision.MXFP8].torchtitan[0]
 FILE = "torchtitan_float8.toml"
 #: Each precision a converter expresses: (converter, its section key, recipe name).
 EXPRESSIBLE = {p: spec.torchtitan for p, spec in SPECS.items() if spec.torchtitan}
+#: The FP8 format each converter runs, whatever the policy's (the TOML has no setting for it): torchao's tensorwise
+#: recipe casts gradients to E5M2 (hybrid), its MX recipes to E4M3.
+RUNS_FORMAT = {Precision.FP8_CURRENT: Fp8Format.HYBRID, Precision.MXFP8: Fp8Format.E4M3}
 
 
 def tt_name(hf: str) -> str:
@@ -179,7 +182,8 @@ def torchtitan_export(policy: Policy, n_layers: int) -> tuple[dict[str, Any], li
 
 def torchtitan_as_run(policy: Policy, n_layers: int) -> AsRun:
     """What torchtitan runs of :func:`torchtitan_export`'s sections: the converter's precision for every module
-    its ``filter_fqns`` leaves in (torchtitan's substring rule), BF16 for the rest; none of the memory knobs."""
+    its ``filter_fqns`` leaves in (torchtitan's substring rule), BF16 for the rest; none of the memory knobs, no
+    warm-up, and the converter's own gradient format (:data:`RUNS_FORMAT`)."""
     settings, _ = torchtitan_export(policy, n_layers)
     converted = [(p, settings[key]) for p, (_, key, _) in EXPRESSIBLE.items() if settings[key] is not None]
     run = {}
@@ -187,18 +191,21 @@ def torchtitan_as_run(policy: Policy, n_layers: int) -> AsRun:
         fqn = tt_name(hf_names(unit)[0])  # a unit's names share one precision (PrecisionConflict otherwise)
         run[unit] = next((p for p, section in converted if not is_filtered(fqn, section["filter_fqns"])),
                          Precision.BF16)
-    return AsRun(run, torchtitan_written(policy.memory))
+    chosen = next((p for p, _ in converted), None)
+    # no warm-up setting: a converter converts from the first step (torchtitan_export warns)
+    return AsRun(run, torchtitan_written(policy.memory), 0 if chosen else policy.warmup_steps,
+                 RUNS_FORMAT.get(chosen, policy.recipe.fp8_format))
 
 
 def _format_warnings(policy: Policy, chosen: Precision) -> list[str]:
     fmt = policy.recipe.fp8_format
-    if chosen is Precision.FP8_CURRENT and fmt is not Fp8Format.HYBRID:
+    if fmt is RUNS_FORMAT[chosen]:
+        return []
+    if chosen is Precision.FP8_CURRENT:
         return [f"the policy uses {fmt.value} for gradients too, but torchao's tensorwise recipe casts gradients "
                 "to E5M2 and the TOML cannot change that; gradient numerics differ from the probe"]
-    if chosen is Precision.MXFP8 and fmt is Fp8Format.HYBRID:
-        return ["the policy's MXFP8 gradients are E5M2 (hybrid), but torchao's MX recipes cast gradients to E4M3 "
-                "and the TOML cannot change that; gradient numerics differ from the probe"]
-    return []
+    return ["the policy's MXFP8 gradients are E5M2 (hybrid), but torchao's MX recipes cast gradients to E4M3 "
+            "and the TOML cannot change that; gradient numerics differ from the probe"]
 
 
 def _describe(names: list[str]) -> str:

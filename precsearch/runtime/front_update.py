@@ -1,4 +1,5 @@
-"""After told trials: the Pareto front tagged in MLflow, written to ``front/``, the study's metrics.
+"""After told trials: the Pareto front tagged in MLflow (with the targets that run each trial as it is,
+``runs_as_is_in``), written to ``front/``, the study's metrics.
 
 :func:`update_front` runs on the recorder thread once its queue is empty (and at study end);
 :func:`front_counts` gives the terminal's counts at once, from Optuna alone.
@@ -10,6 +11,7 @@ from optuna.trial import TrialState
 
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.study_store import run_ids as _run_ids
+from precsearch.runtime.target_space import runs_as_is_of_study
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count, study_metrics
@@ -20,7 +22,7 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     """Tag the front, write and log its files, the study's metrics (unless not ``log_metrics``: the
     recorder logs each trial's) and views; returns the metrics."""
     names = objective_names(ctx.space.objectives)
-    rows = trial_rows(ctx.study, names)
+    rows = runs_as_is_of_study(ctx.study, trial_rows(ctx.study, names))
     front = {r["trial"] for r in rows if r["pareto"]}
     # every scored trial, also those a longer rung of the same policy superseded (no longer in rows)
     complete = ctx.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -28,7 +30,10 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     # every worker tags every run, also those other workers started since this one opened the study:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
     ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
-    ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front)
+    targets = {r["trial"]: {k: f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]
+                            for k in ("runs_as_is_in", "target_memory_saved") if r.get(k) not in (None, "")}
+               for r in rows}
+    ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front, targets)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.instability_limit,
                         ctx.space.objectives.instability_unit, ctx.space.objectives.throughput)
     ctx.tracker.log_front(files)

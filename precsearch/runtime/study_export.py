@@ -21,7 +21,7 @@ from precsearch.errors import UserError
 from precsearch.export.format_output import block_ranges
 from precsearch.export.pick import DEFAULT_MARGIN, Margin, choose_trial
 from precsearch.export.as_run import as_searched
-from precsearch.export.registry import FORMATS, as_run, render
+from precsearch.export.registry import FORMATS, TARGETS, as_run, render
 from precsearch.instability import StudyUnit
 from precsearch.policy import Policy
 from precsearch.policy.file import dump_policy
@@ -52,10 +52,17 @@ def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Polic
         "memory_source": source.user_attrs.get("memory_source"),
         "probe": {"model": space["model"], "probe": space["probe"]},
         "backend": space["backend"],
+        **({"target": _target(space["target"])} if space.get("target") else {}),
         "versions": {"precsearch": __version__, "torch": str(torch.__version__), "optuna": str(optuna.__version__),
                      "python": platform.python_version()},
     }
     return policy, provenance
+
+
+def _target(target: dict[str, Any]) -> dict[str, Any]:
+    """The study's ``target:`` with its version (the one its export was checked against, when not given)."""
+    fmt = TARGETS.get(target["name"])
+    return {"name": target["name"], "version": target.get("version") or (FORMATS[fmt].checked if fmt else None)}
 
 
 def _in_unit(space: dict[str, Any], score: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +194,17 @@ def export(study: optuna.Study, ws: Workspace, *, trial: int | None = None, pick
         provenance["as_written"] = cost.figures()
     rendered = render(fmt, policy, n_layers, provenance, pipeline=pipeline)
     verdict = infeasible_warning(study, source)
-    return Export(trial, reason, rendered.files, ([verdict] if verdict else []) + rendered.warnings, source, cost)
+    other = _other_target(provenance.get("target"), fmt)
+    return Export(trial, reason, rendered.files, [w for w in (verdict, other) if w] + rendered.warnings, source, cost)
+
+
+def _other_target(target: dict[str, Any] | None, fmt: str) -> str | None:
+    """A warning when the study searched for another framework than ``fmt``'s (its choices were not checked
+    against this one)."""
+    if target is None or fmt not in FORMATS or not FORMATS[fmt].framework or FORMATS[fmt].target == target["name"]:
+        return None
+    return (f"the study searched for target {target['name']} {target['version']}: its choices were checked "
+            f"against {target['name']}, not {FORMATS[fmt].target}")
 
 
 def _pick(study: optuna.Study, pick: str, max_instability: float | None,

@@ -116,7 +116,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
     Instability is in the study's one unit (named above the table, with the limit) and its band, as the
     terminal's trial lines give them (:mod:`precsearch.instability`). ``target``: a line naming the study's
     target, above the table. A row's ``runs_as_is_in`` (the targets that run its policy as it is, where the
-    caller added them) closes its line."""
+    caller added them) closes its line, after it what the study's target saves running it
+    (``target_memory_saved``, predicted)."""
     extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
     width = max([11] + [len(_instability(r)) for r in rows])
     header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}  {'band':<14}  {'loss gap':>8}  "
@@ -131,6 +132,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
         sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
         sources += f"  [runs as-is in: {r['runs_as_is_in']}]" if r.get("runs_as_is_in") else ""
+        if "target_memory_saved" in r:  # the study's target runs it: what that saves, predicted
+            sources += f"  [target: memory saved {100 * r['target_memory_saved']:.2f}% predicted]"
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}  "
                      f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  "
                      f"{r['fidelity_steps']:>6}{marks}  "

@@ -42,13 +42,16 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
                 unit: str = "relative", throughput: bool = False) -> list[Path]:
     """Write front.csv/.json (front rows) and front.png/.html (all trials); return the paths.
 
-    front.csv has :data:`COLUMNS`, and ``tokens_per_s`` when ``throughput`` is an objective.
+    front.csv has :data:`COLUMNS`, ``tokens_per_s`` when ``throughput`` is an objective, and
+    ``runs_as_is_in`` (the targets that run the trial's policy as it is) and ``target_memory_saved`` (what the
+    study's target saves running it, predicted) where the rows have them.
     """
     directory.mkdir(parents=True, exist_ok=True)
     front = [r for r in rows if r["pareto"]]
     paths = [directory / f"front.{ext}" for ext in ("csv", "json", "png", "html")]
     with paths[0].open("w", newline="") as fh:
         columns = COLUMNS[:-2] + ("tokens_per_s",) + COLUMNS[-2:] if throughput else COLUMNS
+        columns += tuple(c for c in ("runs_as_is_in", "target_memory_saved") if any(c in r for r in front))
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(front)

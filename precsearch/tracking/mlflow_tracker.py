@@ -229,12 +229,15 @@ class Tracker:
                 self.client.set_terminated(run.info.run_id, "KILLED")
         return len(runs)
 
-    def set_pareto(self, run_ids: dict[int, str], front: set[int]) -> None:
+    def set_pareto(self, run_ids: dict[int, str], front: set[int],
+                   extra: dict[int, dict[str, str]] | None = None) -> None:
         """Tag every trial run ``pareto=true`` or ``false``, named and coloured as on or off the front
-        (:func:`~precsearch.tracking.review_columns.trial_look`); only changed tags are written."""
+        (:func:`~precsearch.tracking.review_columns.trial_look`), with ``extra``'s tags for it (trial number ->
+        tags: ``runs_as_is_in``); only changed tags are written."""
         for number, run_id in run_ids.items():
             have = self.client.get_run(run_id).data.tags
-            changed = [RunTag(k, v) for k, v in trial_look(number, number in front).items() if have.get(k) != v]
+            want = trial_look(number, number in front) | (extra or {}).get(number, {})
+            changed = [RunTag(k, v) for k, v in want.items() if have.get(k) != v]
             if changed:  # another run of the study may write the same new tags now
                 _again_if_raced(lambda: self.client.log_batch(run_id, tags=changed))
 
