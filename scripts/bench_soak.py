@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BASE = "bf16_std"
 TOLERANCE = 0.25  # % of the pair's held-out loss
+BETAS, WEIGHT_DECAY = (0.9, 0.95), 0.1  # AdamW's, every combination
 DIVERGED = 20.0  # % gap: a run this far above its pair diverged
 CHECK_EVERY = 50
 
@@ -154,13 +155,25 @@ def batch(data: torch.Tensor, s: Setup, seed: int, step: int, held_out: bool, de
     return rows[:, :-1], rows[:, 1:]
 
 
+def setup(steps: int, smoke: bool = False) -> Setup:
+    """The bench's set-up for ``steps`` steps; ``smoke``: the toy CPU size."""
+    return Setup(steps=steps, smoke=smoke, **(dict(layers=2, dim=64, ffn=128, heads=4, kv_heads=2, seq=32, mb=4,
+                                                   eval_batches=2) if smoke else {}))
+
+
+def model_config(s: Setup):
+    """The model's shape (precsearch's ``ModelConfig``; ``bench_stack.Reference`` takes it too)."""
+    from precsearch.probe.model.llama3 import PRESETS
+
+    return PRESETS["llama3-8b"].with_overrides(n_layers=s.layers, dim=s.dim, ffn_dim=s.ffn, n_heads=s.heads,
+                                               n_kv_heads=s.kv_heads, vocab_size=256, max_seq_len=max(s.seq, 1024))
+
+
 def build(combo: Combo, s: Setup, seed: int):
     """The model (seeded init, identical across combinations of one seed) and its optimizer."""
     from precsearch.backends.fp8_state_adam import FP8StateAdamW
-    from precsearch.probe.model.llama3 import PRESETS
 
-    cfg = PRESETS["llama3-8b"].with_overrides(n_layers=s.layers, dim=s.dim, ffn_dim=s.ffn, n_heads=s.heads,
-                                              n_kv_heads=s.kv_heads, vocab_size=256, max_seq_len=max(s.seq, 1024))
+    cfg = model_config(s)
     torch.manual_seed(seed)
     if s.smoke:
         from precsearch.probe.model.llama3 import Llama3
@@ -177,7 +190,7 @@ def build(combo: Combo, s: Setup, seed: int):
         from bench_stack import Reference
 
         model = Reference(cfg)
-    hyper = dict(lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    hyper = dict(lr=s.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     if combo.optimizer == "fp8_state":
         return model, FP8StateAdamW(model.parameters(), master=combo.master, exp_avg_dtype=combo.exp_avg,
                                     exp_avg_sq_dtype=combo.exp_avg_sq, **hyper)
@@ -224,14 +237,17 @@ def first_non_finite(model, opt) -> str | None:
     return first_nonfinite(itertools.chain(named_grads(model), named_update_tensors(model, opt)))
 
 
-def train(combo_name: str, seed: int, s: Setup) -> dict:
-    """One run: the held-out loss at the end, or where it went non-finite."""
+def train(combo_name: str, seed: int, s: Setup, on_state=None) -> dict:
+    """One run: the held-out loss at the end, or where it went non-finite. ``on_state(step, model, opt)``, when
+    given, is called before each step's forward (the state after ``step`` steps; ``bench_judge_soak`` keeps some)."""
     combo, device = COMBOS[combo_name], "cpu" if s.smoke else "cuda"
     data = stdlib_bytes()
     model, opt = build(combo, s, seed)
     losses = torch.zeros(s.steps, device=device)
     began, record = time.time(), {"combo": combo_name, "seed": seed, "setup": s.key()}
     for step in range(s.steps):
+        if on_state is not None:
+            on_state(step, model, opt)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, s)
         loss = forward(model, *batch(data, s, seed, step, False, device), combo, s)
@@ -381,8 +397,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    s = Setup(steps=args.steps, smoke=args.smoke, **(dict(layers=2, dim=64, ffn=128, heads=4, kv_heads=2, seq=32,
-                                                          mb=4, eval_batches=2) if args.smoke else {}))
+    s = setup(args.steps, args.smoke)
     done = load_cache(args.cache, s)
     wanted = [BASE] + [c for c in args.combos if c != BASE]
     jobs = [(c, seed) for seed in range(args.seeds) for c in wanted if (c, seed) not in done]
