@@ -17,6 +17,7 @@ from __future__ import annotations
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("precsearch._layers", "precsearch.errors", "precsearch.instability", "precsearch.precision",
               "precsearch.precision_spec",
+              "precsearch.readings",
               "precsearch.redact",
               "precsearch.version",
               "precsearch.utils")),

@@ -7,8 +7,9 @@ and ``precsearch export --max-instability``. The unit:
 
 * ``stability_unit: relative`` (the default): a fraction of the BF16 loss (``0.01`` is 1%);
 * ``stability_unit: noise``: BF16 seed spreads, the instability over the reference's noise floor;
-* ``reading: damage``: the fixed-state reading's ``objectives.damage.measure`` (``update_norm``...),
-  whose standard error gives an interval, value ± :data:`INTERVAL_SE` SE.
+* a reading with its own unit (:mod:`precsearch.readings`; the fixed-state reading's
+  ``objectives.damage.measure``, ``update_norm``...): that measure, whose standard error gives an interval,
+  value ± :data:`INTERVAL_SE` SE.
 
 The **band** says where a reading stands against the limit, taking what the reading cannot resolve
 into account. Its upper end is value + 2 SE (the value where there is no standard error), its lower
@@ -22,8 +23,8 @@ end value - 2 SE (the value):
 * ``unknown``: no finite value (a noise study without a noise floor, a reading that failed).
 
 The band is about the reading alone: a trial's verdict (feasible, unstable, diverged) also counts
-loss spikes, divergence and stress. This module is in the base layer (it imports nothing of the
-package) so that tracking and export can word instability as the search does; it reads the stored
+loss spikes, divergence and stress. This module is in the base layer (it imports only the readings, also
+there) so that tracking and export can word instability as the search does; it reads the stored
 score and objectives as plain dicts, as a stored study holds them.
 """
 
@@ -34,6 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from precsearch.readings.damage import MEASURES
+from precsearch.readings.registry import own_unit_reading, reading_of
+
 #: Standard errors each side of a reading that has one, as the front's interval-aware Pareto reads it.
 INTERVAL_SE = 2.0
 #: The share of the limit a ``stable`` reading keeps clear of (export's default ``--margin``).
@@ -41,16 +45,6 @@ MARGIN = 0.1
 #: The bands, safest first (the front ranks trials by it before their readings).
 BANDS = ("stable", "near the limit", "unstable", "unknown")
 
-#: What each fixed-state figure is, after its name (``docs/stability-reading.md`` has the table).
-MEASURES: dict[str, str] = {
-    "update_norm": "AdamW update error bias^2 / update^2",
-    "grad_norm": "gradient error bias^2 / gradient^2",
-    "grad_noise": "gradient error / SGD noise of a training step",
-    "grad_bias_noise": "gradient bias / SGD noise of a training step",
-    "grad_var_noise": "gradient error variance / SGD noise of a training step",
-    "update_noise": "update error / SGD noise of a training step",
-    "forward": "relative held-out loss change",
-}
 RELATIVE_NAME = "fraction of the BF16 loss"
 NOISE_NAME = "BF16 seed spreads"
 
@@ -77,9 +71,10 @@ class StudyUnit:
     """The unit a study's instability and limit are in.
 
     Attributes:
-        kind: ``relative``, ``noise`` or ``damage`` (the reading's measure).
+        kind: ``relative``, ``noise``, or the name of a reading with its own unit
+            (:meth:`precsearch.readings.StabilityReading.unit_kind`).
         limit: The stability limit, in this unit.
-        measure: The damage reading's figure (``update_norm``...); empty for the other kinds.
+        measure: That reading's figure (``update_norm``...); empty for the other kinds.
     """
 
     kind: str
@@ -89,21 +84,24 @@ class StudyUnit:
     @classmethod
     def of(cls, objectives: Mapping[str, Any]) -> "StudyUnit":
         """The unit of a study's ``objectives`` section, as a dict (a stored study's space, of any version)."""
-        if objectives.get("reading") == "damage":
-            damage = objectives.get("damage") or {}
-            limit = damage.get("limit")
-            return cls("damage", float(limit) if _finite(limit) else math.nan, damage.get("measure") or "grad_noise")
-        kind = objectives.get("stability_unit") or "relative"
-        limit = objectives.get("stability_limit")
-        return cls(kind, float(limit) if _finite(limit) else math.nan)
+        reading = reading_of(objectives)
+        kind = reading.unit_kind(objectives.get("stability_unit") or "relative")
+        return cls(kind, reading.limit(objectives), reading.measure(objectives))
+
+    @classmethod
+    def for_row(cls, kind: str, limit: float, row: Mapping[str, Any]) -> "StudyUnit":
+        """The unit ``kind`` with ``limit``, its measure read from a front row or stored score where the unit is a
+        reading's own (:meth:`precsearch.readings.StabilityReading.row_measure`)."""
+        own = own_unit_reading(kind)
+        return cls(kind, limit, own.row_measure(row) if own is not None else "")
 
     @property
     def name(self) -> str:
         """The unit in words: ``BF16 seed spreads``, ``fraction of the BF16 loss``,
         ``update_norm (AdamW update error bias^2 / update^2)``."""
-        if self.kind == "damage":
-            what = MEASURES.get(self.measure)
-            return f"{self.measure} ({what})" if what else (self.measure or "the fixed-state reading's measure")
+        own = own_unit_reading(self.kind)
+        if own is not None:
+            return own.unit_name(self.measure)
         return NOISE_NAME if self.kind == "noise" else RELATIVE_NAME
 
     @property
@@ -123,8 +121,8 @@ class StudyUnit:
 
     def read(self, score: Mapping[str, Any]) -> "Reading":
         """The reading of a stored score (``instability``, ``noise_floor``; ``damage_se`` or ``instability_se``)."""
-        se = score.get("damage_se", score.get("instability_se")) if self.kind == "damage" else math.nan
-        return Reading(self.value(score), float(se) if _finite(se) else math.nan, self)
+        own = own_unit_reading(self.kind)
+        return Reading(self.value(score), own.standard_error(score) if own is not None else math.nan, self)
 
 
 @dataclass(frozen=True)

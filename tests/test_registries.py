@@ -36,3 +36,14 @@ def test_the_space_files_targets_are_the_export_registrys():
     from precsearch.export.registry import TARGETS
 
     assert get_args(TargetName) == tuple(TARGETS) == ("precsearch", "megatron", "torchtitan", "accelerate")
+
+
+def test_the_space_files_readings_are_the_registry():
+    """``objectives.reading`` offers exactly the readings' registry (:mod:`precsearch.readings`), default first."""
+    from typing import get_args
+
+    from precsearch.config.space import ObjectivesSection, ReadingName
+    from precsearch.readings import DEFAULT_READING, READING_NAMES
+
+    assert get_args(ReadingName) == READING_NAMES == ("final", "tail", "damage")
+    assert ObjectivesSection().reading == DEFAULT_READING

@@ -16,6 +16,7 @@ from precsearch.config.unit_checks import check_units
 from precsearch.config.value_checks import check_values
 from precsearch.errors import UserError
 from precsearch.policy.rules import MemoryKnobs
+from precsearch.readings.registry import READINGS, get_reading
 
 #: The memory knobs of ``search.memory``, each checked against the backend.
 MEMORY_KNOB_NAMES = tuple(f.name for f in fields(MemoryKnobs))
@@ -68,11 +69,13 @@ def _check_damage(space: Space) -> None:
     policy's warm-up: a searched warm-up no state falls inside reads the same for every choice (and memory and
     speed do not depend on it), so trials differing only in it score alike and crowd the front.
     """
-    if space.objectives.reading != "damage":
+    reading = get_reading(space.objectives.reading)
+    if not reading.fixed_states:
         return
     if space.probe.nproc > 1:
-        raise UserError(f"reading 'damage' reads one-process probes; probe.nproc is {space.probe.nproc}; valid: "
-                        "probe.nproc 1, or reading final or tail", field="objectives.reading")
+        others = " or ".join(name for name, r in READINGS.items() if not r.fixed_states)
+        raise UserError(f"reading '{reading.name}' reads one-process probes; probe.nproc is {space.probe.nproc}; "
+                        f"valid: probe.nproc 1, or reading {others}", field="objectives.reading")
     warmup = space.search.warmup_steps
     if warmup.is_fixed:
         return

@@ -27,8 +27,13 @@ from precsearch.config.target import TargetSection
 from precsearch.config.unit_space import SensitivitySection, UnitSet
 from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
 from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.readings.registry import DEFAULT_READING, READING_NAMES, get_reading
+from precsearch.readings.registry import description as readings_description
 from precsearch.utils.names import REFUSED, name_problem
 from precsearch.utils.numbers import MAX_COUNT, MAX_SECONDS, MAX_SEED
+
+#: The space file's ``objectives.reading``: a name of the readings' registry (:mod:`precsearch.readings`).
+ReadingName = Literal[READING_NAMES]  # type: ignore[valid-type]
 
 
 class DataSection(Section):
@@ -248,9 +253,9 @@ class StressSection(Section):
 
 
 def instability_unit(reading: str, stability_unit: str) -> str:
-    """What a study's instability is measured in: ``damage`` (the fixed-state reading, in its measure) for reading
-    ``damage``, else its ``stability_unit`` (read from a stored study's space too, whatever its version)."""
-    return "damage" if reading == "damage" else stability_unit
+    """What a study's instability is measured in: a reading's own unit (the fixed-state reading, in its measure)
+    where it has one, else its ``stability_unit`` (read from a stored study's space too, whatever its version)."""
+    return get_reading(reading).unit_kind(stability_unit)
 
 
 class ObjectivesSection(Section):
@@ -271,10 +276,7 @@ class ObjectivesSection(Section):
     reference_seeds: int = Field(3, ge=1, le=MAX_COUNT,
         description="BF16 reference seeds; their spread is the noise floor")
     spike_penalty: float = Field(0.002, ge=0, description="added to instability per loss spike or gradient blow-up")
-    reading: Literal["final", "tail", "damage"] = Field(
-        "final", description="final: held-out loss after training; tail: paired training loss over the run's last "
-        "part; damage: the fixed-state reading (objectives.damage) joined with the probe's catastrophes"
-    )
+    reading: ReadingName = Field(DEFAULT_READING, description=readings_description())
     damage: DamageSection = DamageSection()
     tail_fraction: float = Field(0.25, gt=0, le=1, description="with reading 'tail': the last part of the run read")
     stress: StressSection = StressSection()
@@ -300,7 +302,7 @@ class ObjectivesSection(Section):
     @property
     def instability_limit(self) -> float:
         """The stability limit in :attr:`instability_unit`."""
-        return self.damage.limit if self.reading == "damage" else self.stability_limit
+        return get_reading(self.reading).limit(self.model_dump())
 
     @model_validator(mode="after")
     def _at_least_two(self) -> "ObjectivesSection":

@@ -24,6 +24,7 @@ from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
+from precsearch.readings import get_reading
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.executor import ProbeInterrupted
@@ -134,7 +135,8 @@ def _eta(ctx: StudyRun) -> terminal.Eta:
     the fixed-state reading the steps of its BF16 sides (one per clipping value, in this worker's probe process)."""
     stressed = stress_probe(ctx.space)
     trial_steps = ctx.space.probe.steps + (stressed.steps if stressed is not None else 0)
-    sides = len(ctx.space.search.clip_grad.options()) if ctx.space.objectives.reading == "damage" else 0
+    fixed_states = get_reading(ctx.space.objectives.reading).fixed_states
+    sides = len(ctx.space.search.clip_grad.options()) if fixed_states else 0
     return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device),
                         bf16_side_steps=sides * ctx.space.probe.steps)
 
@@ -278,7 +280,7 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
         if source is not None and leg.resume_from is None:
             say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
                       f"running its {rung} steps from step 0")
-        if ctx.space.objectives.reading == "damage" and policy.clip_grad not in ctx.bf16_sides:
+        if get_reading(ctx.space.objectives.reading).fixed_states and policy.clip_grad not in ctx.bf16_sides:
             ctx.bf16_sides.add(policy.clip_grad)  # the probe process keeps it from here on
             say(ctx, terminal.bf16_side_notice(trial.number, policy.clip_grad))
         with trace.span("trial probe", trial=trial.number):

@@ -25,6 +25,7 @@ from precsearch.probe.damage import DamageReader
 from precsearch.probe.data import load_batches
 from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.result import ProbeResult
+from precsearch.readings import get_reading
 from precsearch.utils import trace
 from precsearch.utils.cpu_threads import choose_threads
 
@@ -68,7 +69,7 @@ class ProbeHost:
     def _reads_damage(self, request: dict) -> bool:
         """A trial's probe in a study read by ``damage`` (references and stress probes are not read; a promoted
         trial is read again at the same states of the space's probe, which gives its first rung's reading)."""
-        return request.get("trial") is not None and self.space.objectives.reading == "damage"
+        return request.get("trial") is not None and get_reading(self.space.objectives.reading).fixed_states
 
     def damage_reader(self) -> DamageReader:
         """The space's fixed-state reader, made at the first trial it reads (its BF16 side is kept)."""

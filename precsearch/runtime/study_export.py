@@ -25,6 +25,7 @@ from precsearch.export.registry import FORMATS, TARGETS, as_run, render
 from precsearch.instability import StudyUnit
 from precsearch.policy import Policy
 from precsearch.policy.file import dump_policy
+from precsearch.readings import reading_of
 from precsearch.runtime.export_cost import ExportCost, export_cost
 from precsearch.runtime.workspace import Workspace
 from precsearch.search.duplicate_trials import DUPLICATE_OF
@@ -229,14 +230,10 @@ def infeasible_warning(study: optuna.Study, number: int) -> str | None:
         return None
     if score.get("diverged"):
         return f"trial {number} diverged in its probe: this policy broke training where BF16 did not"
-    unit = StudyUnit.of(study.user_attrs["space"]["objectives"])
+    objectives = study.user_attrs["space"]["objectives"]
     if not score.get("stable", False):
-        shown = unit.read(score).text()
-        if unit.kind == "damage":
-            return (f"trial {number} is not feasible: its fixed-state damage reads {shown} "
-                    f"(objectives.damage.limit), or its probe had loss spikes or gradient blow-ups BF16 did not")
-        return (f"trial {number} is not feasible: instability {shown} (objectives.stability_limit); it trained "
-                f"measurably worse than BF16 in its probe")
+        shown = StudyUnit.of(objectives).read(score).text()
+        return f"trial {number} is not feasible: {reading_of(objectives).infeasible_reason(shown)}"
     return (f"trial {number} is not feasible: stable at probe.lr, but not under stress "
             f"(objectives.stress, in the constraint)")
 

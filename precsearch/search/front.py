@@ -14,6 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from precsearch.instability import BANDS, MARGIN, StudyUnit, number
+from precsearch.readings import DEFAULT_READING, get_reading
 from precsearch.search.pareto import INTERVAL_SE, pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
@@ -96,7 +97,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
         "loss_gap": score["loss_gap"],
         "noise_floor": score.get("noise_floor", math.nan),
         "gap_in_noise": score.get("gap_in_noise", math.nan),
-        "reading": score.get("reading", "final"),
+        "reading": score.get("reading", DEFAULT_READING),
         "damage_measure": score.get("damage_measure", ""),
         "tokens_per_s": score["tokens_per_s"],
         "feasible": score["feasible"],
@@ -125,8 +126,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
     lines = ([target] if target else []) + [_unit_line(rows), header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
-        damage = r.get("reading") == "damage"  # instability is the fixed-state reading, in its own measure
-        noise = "-" if r["diverged"] or damage else noise_text(r["noise_floor"], r["gap_in_noise"])
+        own_unit = get_reading(r.get("reading")).own_unit  # instability in the reading's own measure, not the floor's
+        noise = "-" if r["diverged"] or own_unit else noise_text(r["noise_floor"], r["gap_in_noise"])
         marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
         # where the saving comes from, last: one row per line, the columns before it unchanged
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""

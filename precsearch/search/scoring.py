@@ -13,10 +13,11 @@
   over the last ``objectives.tail_fraction`` of the steps (at least one step).
   The two runs see the same batch at every step, so the ratio is paired and
   batch difficulty cancels; averaging a window, not one point, lowers the noise;
-* the **reading** (``objectives.reading``) picks the signed gap instability is
-  read from (``instability_gap``): ``final`` (default, as before) the held-out
-  loss gap, ``tail`` the tail gap. With ``tail`` the noise floor is the seeds'
-  spread of their tail-mean training loss, so gap and floor are in the same units;
+* the **reading** (``objectives.reading``, a :class:`~precsearch.readings.StabilityReading`)
+  picks the signed gap instability is read from (``instability_gap``) and the loss
+  whose seed spread is the noise floor: ``final`` (default, as before) the held-out
+  loss gap, ``tail`` the tail gap (and the seeds' spread of their tail-mean
+  training loss, so gap and floor are in the same units);
 * instability = max(instability gap, 0) + spike_penalty x (loss spikes and
   gradient blow-ups beyond the reference's, from the probe's per-step events); a
   diverged probe scores :data:`DIVERGED_INSTABILITY`. A negative gap (the policy
@@ -31,7 +32,7 @@
 * stable = not diverged and instability <= the stability limit, read in
   ``stability_unit``: ``relative`` compares instability itself, ``noise``
   compares instability / noise floor;
-* with reading ``damage`` the instability is the fixed-state reading instead
+* with reading ``damage`` (:mod:`precsearch.readings.damage`) the instability is the fixed-state reading instead
   (:mod:`precsearch.probe.damage`: the policy's quantization error at states of
   the BF16 run, in units of the minibatch gradient noise of the training run's
   tokens per step), and stable means: not diverged, no loss spike or gradient
@@ -64,11 +65,9 @@ from precsearch.instability import Reading, StudyUnit
 from precsearch.probe.measure.events import count_events
 from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.result import ProbeResult
-
-#: Instability given to a diverged probe: far outside any sensible stability limit.
-DIVERGED_INSTABILITY = 1.0
-#: A reference still falling more than this across the tail window is read as still in its early descent.
-TRANSIENT_DESCENT = 0.01
+# DIVERGED_INSTABILITY, noise_text and the tail window's helpers are the readings'; re-exported for this module's users
+from precsearch.readings import DEFAULT_READING, DIVERGED_INSTABILITY, get_reading, noise_text  # noqa: F401
+from precsearch.readings.tail import TRANSIENT_DESCENT, tail_mean, tail_window  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class Score:
     stable_under_stress: bool | None
     feasible: bool
     constraint: float
-    reading: str = "final"
+    reading: str = DEFAULT_READING
     tail_gap: float = math.nan
     instability_gap: float = math.nan
     reference_tail_descent: float = math.nan
@@ -132,33 +131,14 @@ class _Pair:
     damage_se: float = math.nan
 
 
-def measure_noise_floor(references: Sequence[ProbeResult], reading: str = "final",
+def measure_noise_floor(references: Sequence[ProbeResult], reading: str = DEFAULT_READING,
                         tail_fraction: float = 0.25) -> float:
     """Seed-to-seed spread of BF16 losses, relative to their mean; NaN with fewer than 2.
 
-    The losses are the held-out losses (reading ``final``) or the tail-mean training losses
-    (reading ``tail``, over the last ``tail_fraction`` of the steps).
+    The losses are those the named reading reads (:meth:`~precsearch.readings.StabilityReading.noise_losses`:
+    the held-out losses, or for ``tail`` the tail-mean training losses over the last ``tail_fraction``).
     """
-    if reading == "tail":
-        losses = [tail_mean(r.losses, tail_fraction) for r in references]
-    else:
-        losses = [r.eval_loss for r in references]
-    if len(losses) < 2 or not all(math.isfinite(x) for x in losses):
-        return math.nan
-    return statistics.stdev(losses) / statistics.fmean(losses)
-
-
-def tail_window(steps: int, fraction: float) -> int:
-    """Steps in the tail window of a ``steps``-step run: ``ceil(fraction x steps)``, at least 1."""
-    return max(1, math.ceil(fraction * steps))
-
-
-def tail_mean(losses: Sequence[float], fraction: float, steps: int | None = None) -> float:
-    """Mean of the losses in the tail window of the first ``steps`` (default: all) of ``losses``."""
-    steps = len(losses) if steps is None else steps
-    if steps == 0:
-        return math.nan
-    return statistics.fmean(losses[steps - tail_window(steps, fraction):steps])
+    return get_reading(reading).noise_floor(references, tail_fraction)
 
 
 def tail_gap(result: ProbeResult, reference: ProbeResult, fraction: float) -> float:
@@ -210,7 +190,7 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         reference_tail_descent=tail_descent(reference, objectives.tail_fraction),
         damage=base.damage,
         damage_se=base.damage_se,
-        damage_measure=objectives.damage.measure if objectives.reading == "damage" else "",
+        damage_measure=get_reading(objectives.reading).measure(objectives.model_dump()),
         memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
         memory_saved_probe=saved_probe,
         memory_saved_target=saved_target,
@@ -261,28 +241,11 @@ def _pair(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         return _Pair(math.nan, DIVERGED_INSTABILITY, spikes, blowups, True, DIVERGED_INSTABILITY)
     gap = (result.eval_loss - reference.eval_loss) / reference.eval_loss
     tail = tail_gap(result, reference, objectives.tail_fraction)
-    if objectives.reading == "damage":
-        return _damage_pair(result, objectives, gap, tail, spikes, blowups)
-    read = tail if objectives.reading == "tail" else gap
-    # a lead over BF16 counts as 0: see the module docstring
-    instability = max(read, 0.0) + objectives.spike_penalty * (spikes + blowups)
-    measured = instability if objectives.stability_unit == "relative" else in_noise_units(instability, floor)
-    # An unknown floor cannot pass a limit set in noise units (the space check rules out one seed).
-    constraint = measured - objectives.stability_limit if math.isfinite(measured) else DIVERGED_INSTABILITY
-    return _Pair(gap, instability, spikes, blowups, False, constraint, tail, read)
-
-
-def _damage_pair(result: ProbeResult, objectives: ObjectivesSection, gap: float, tail: float, spikes: int,
-                 blowups: int) -> _Pair:
-    """The pair read by the fixed-state reading; a probe without one (it failed to read) is unstable."""
-    reading = result.damage or {}
-    value, se = float(reading.get("value", math.nan)), float(reading.get("se", math.nan))
-    if not math.isfinite(value) or reading.get("nonfinite"):
-        return _Pair(gap, DIVERGED_INSTABILITY, spikes, blowups, False, DIVERGED_INSTABILITY, tail, math.nan,
-                     value, se)
-    catastrophe = DIVERGED_INSTABILITY if spikes + blowups else -math.inf  # spikes BF16 did not have
-    constraint = max(value - objectives.damage.limit, catastrophe)
-    return _Pair(gap, value, spikes, blowups, False, constraint, tail, gap, value, se)
+    # a lead over BF16 counts as 0 (see the module docstring); the reading says what is read, and in what unit
+    judged = get_reading(objectives.reading).judge(result, objectives, gap=gap, tail=tail, excess=spikes + blowups,
+                                                   floor=floor)
+    return _Pair(gap, judged.instability, spikes, blowups, False, judged.constraint, tail, judged.read_gap,
+                 judged.value, judged.se)
 
 
 def _excess(result: ProbeResult, reference: ProbeResult, kind: str) -> int:
@@ -314,8 +277,7 @@ def stability_metrics(s: Score) -> dict[str, float]:
     metrics = {"noise_floor": s.noise_floor, "gap_in_noise": s.gap_in_noise, "grad_blowups": s.grad_blowups,
                "stable": float(s.stable), "constraint": s.constraint, "tail_gap": s.tail_gap,
                "instability_gap": s.instability_gap, "reference_tail_descent": s.reference_tail_descent}
-    if s.reading == "damage":
-        metrics |= {"damage": s.damage, "damage_se": s.damage_se}
+    metrics |= get_reading(s.reading).metrics(s)
     if s.stable_under_stress is not None:
         metrics |= {"stress_loss_gap": s.stress_loss_gap, "stress_instability": s.stress_instability,
                     "stress_diverged": float(s.stress_diverged), "stable_under_stress": float(s.stable_under_stress)}
@@ -329,15 +291,8 @@ def verdict(s: Score) -> str:
     words = "diverged" if s.diverged else ("feasible" if s.feasible else "unstable")
     if s.nonfinite:  # infeasible whatever the figures: they are not worth showing
         words = f"{'diverged' if s.diverged else 'infeasible'}; {s.nonfinite}"
-    elif s.reading == "damage" and not s.diverged:  # the reading itself is the line's instability
-        words += ("" if math.isfinite(s.damage) else "; damage not read (scored as unstable)")
-        words += f"; loss gap {100 * s.loss_gap:+.2f}%"
-        if s.spikes + s.grad_blowups:
-            words += f"; {s.spikes + s.grad_blowups} loss spike(s)/blow-up(s) beyond BF16's"
-    elif not s.diverged:
-        words += f"; gap {100 * s.instability_gap:+.2f}% vs BF16 seed noise {noise_text(s.noise_floor, s.gap_in_noise)}"
-        if s.reading == "tail" and s.reference_tail_descent > TRANSIENT_DESCENT:
-            words += f"; BF16 still falling {100 * s.reference_tail_descent:.1f}% over the tail (early descent)"
+    elif not s.diverged:  # the reading's figures: the gap against the noise floor, or its own measure's
+        words += get_reading(s.reading).verdict_figures(s)
     if s.stable_under_stress is not None:
         under = "diverged" if s.stress_diverged else ("stable" if s.stable_under_stress else "unstable")
         under += f" ({s.stress_nonfinite})" if s.stress_nonfinite else ""
@@ -360,11 +315,3 @@ def verdict_line(s: Score, objectives: ObjectivesSection) -> str:
     """The trial's verdict as the terminal and its MLflow tag ``verdict`` show it:
     ``instability 1.98 BF16 seed spreads; limit 2: near the limit [feasible; gap +2.47% vs ...]``."""
     return f"instability {instability_text(s, objectives)} [{verdict(s)}]"
-
-
-def noise_text(floor: float, gap_in_noise: float) -> str:
-    """The noise floor and a gap in its units, as shown next to a verdict: ``0.80% (+3.88x)`` (two decimals: one
-    printed a gap of 1.98 floors as +2.0x, the limit of a noise study)."""
-    if not math.isfinite(floor):
-        return "unknown (one seed)"
-    return f"{100 * floor:.2f}% ({gap_in_noise:+.2f}x)" if math.isfinite(gap_in_noise) else f"{100 * floor:.2f}%"

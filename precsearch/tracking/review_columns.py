@@ -22,6 +22,8 @@ from __future__ import annotations
 import colorsys
 import math
 
+from precsearch.readings import own_unit_reading
+
 MEMORY_PCT = "memory_saved_pct"
 SORT_KEY = "feasible_first_memory_saved"
 COLOR_TAG = "mlflow.runColor"
@@ -40,7 +42,10 @@ def instability_column(unit: str) -> str:
 
 def _legacy_column(unit: str) -> str:
     """The per-unit display metric of earlier versions, still logged."""
-    return {"noise": "instability_spreads", "damage": "instability_sgd_noise"}.get(unit, "instability_pct")
+    own = own_unit_reading(unit)
+    if own is not None:
+        return own.legacy_column
+    return "instability_spreads" if unit == "noise" else "instability_pct"
 
 
 def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
@@ -54,8 +59,8 @@ def review_metrics(metrics: dict[str, float], unit: str) -> dict[str, float]:
     instability, floor = metrics.get("instability", math.nan), metrics.get("noise_floor", math.nan)
     if unit == "noise" and math.isfinite(instability) and math.isfinite(floor) and floor > 0:
         out[_legacy_column(unit)] = round(instability / floor, 2)
-    elif unit == "damage" and math.isfinite(instability):  # the fixed-state reading, in its own measure
-        out[_legacy_column(unit)] = float(f"{instability:.3g}")
+    elif own_unit_reading(unit) is not None and math.isfinite(instability):  # a reading's own measure
+        out[_legacy_column(unit)] = own_unit_reading(unit).legacy_value(instability)
     elif unit != "noise" and math.isfinite(instability):
         out[_legacy_column(unit)] = round(100 * instability, 3)
     for name, digits in (("tokens_per_s", 0), ("gap_in_noise", 2)):

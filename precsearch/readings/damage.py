@@ -1,0 +1,80 @@
+"""``damage``: the fixed-state reading (:mod:`precsearch.probe.damage` computes it), joined with the probe's
+catastrophes.
+
+Instability is the policy's quantization error at states of the BF16 run, in the figure
+``objectives.damage.measure`` names, with a jackknife standard error; a trial is stable when it did not
+diverge, had no loss spike or gradient blow-up beyond the reference's (what only dynamics shows), and reads
+at most ``objectives.damage.limit``. The loss gaps are still reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from precsearch.readings.base import DIVERGED_INSTABILITY, Judged, StabilityReading, finite
+
+#: What each fixed-state figure is, after its name (``docs/stability-reading.md`` has the table).
+MEASURES: dict[str, str] = {
+    "update_norm": "AdamW update error bias^2 / update^2",
+    "grad_norm": "gradient error bias^2 / gradient^2",
+    "grad_noise": "gradient error / SGD noise of a training step",
+    "grad_bias_noise": "gradient bias / SGD noise of a training step",
+    "grad_var_noise": "gradient error variance / SGD noise of a training step",
+    "update_noise": "update error / SGD noise of a training step",
+    "forward": "relative held-out loss change",
+}
+
+
+class DamageReading(StabilityReading):
+    """Reads the probe result's fixed-state reading (``result.damage``: ``value``, ``se``, ``nonfinite``)."""
+
+    name: ClassVar[str] = "damage"
+    description: ClassVar[str] = "the fixed-state reading (objectives.damage) joined with the probe's catastrophes"
+    own_unit: ClassVar[bool] = True
+    fixed_states: ClassVar[bool] = True
+    legacy_column: ClassVar[str] = "instability_sgd_noise"
+    plot_subject: ClassVar[str] = "fixed-state damage"
+
+    def judge(self, result: Any, objectives: Any, *, gap: float, tail: float, excess: int, floor: float) -> Judged:
+        """A probe without a reading (it failed to read), or with a non-finite one, is unstable."""
+        reading = result.damage or {}
+        value, se = float(reading.get("value", math.nan)), float(reading.get("se", math.nan))
+        if not math.isfinite(value) or reading.get("nonfinite"):
+            return Judged(DIVERGED_INSTABILITY, DIVERGED_INSTABILITY, math.nan, value, se)
+        catastrophe = DIVERGED_INSTABILITY if excess else -math.inf  # spikes BF16 did not have
+        return Judged(value, max(value - objectives.damage.limit, catastrophe), gap, value, se)
+
+    def limit(self, objectives: Mapping[str, Any]) -> float:
+        limit = (objectives.get("damage") or {}).get("limit")
+        return float(limit) if finite(limit) else math.nan
+
+    def measure(self, objectives: Mapping[str, Any]) -> str:
+        return (objectives.get("damage") or {}).get("measure") or "grad_noise"
+
+    def row_measure(self, row: Mapping[str, Any]) -> str:
+        return row.get("damage_measure", "")
+
+    def unit_name(self, measure: str) -> str:
+        what = MEASURES.get(measure)
+        return f"{measure} ({what})" if what else (measure or "the fixed-state reading's measure")
+
+    def standard_error(self, score: Mapping[str, Any]) -> float:
+        se = score.get("damage_se", score.get("instability_se"))
+        return float(se) if finite(se) else math.nan
+
+    def metrics(self, score: Any) -> dict[str, float]:
+        return {"damage": score.damage, "damage_se": score.damage_se}
+
+    def verdict_figures(self, score: Any) -> str:
+        """The reading itself is the line's instability: here the loss gap and the catastrophes."""
+        words = "" if math.isfinite(score.damage) else "; damage not read (scored as unstable)"
+        words += f"; loss gap {100 * score.loss_gap:+.2f}%"
+        if score.spikes + score.grad_blowups:
+            words += f"; {score.spikes + score.grad_blowups} loss spike(s)/blow-up(s) beyond BF16's"
+        return words
+
+    def infeasible_reason(self, shown: str) -> str:
+        return (f"its fixed-state damage reads {shown} (objectives.damage.limit), or its probe had loss spikes or "
+                f"gradient blow-ups BF16 did not")
