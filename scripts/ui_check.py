@@ -45,7 +45,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from precsearch.tracking.experiment_view import artifact_url, experiment_url, run_url  # noqa: E402
-from precsearch.instability import StudyUnit  # noqa: E402
 from precsearch.tracking.review_columns import instability_column  # noqa: E402
 
 #: Sidebar and breadcrumb entries MLflow 3.17 shows only in its GenAI mode.
@@ -190,6 +189,8 @@ def run_checks(base: str, output_dir: Path, browser: str, results: Path, prefix:
     trials = {int(t["trial_number"]): rid for rid, t in tags.items() if t.get("precsearch.role") == "trial"}
     front = study_front(output_dir)
     unit = next(t.get("stability_unit", "relative") for t in tags.values() if t.get("precsearch.role") == "trial")
+    # the unit's name as every output words it (a damage study's goes on with its measure)
+    unit_name = next(t.get("instability_unit", "") for t in tags.values() if t.get("precsearch.role") == "trial")
     _check_banner(check, banner)
     api_front = api(base, "runs/search", {"experiment_ids": [eid], "filter": "tags.pareto = 'true'"}).get("runs", [])
     check("REST: tags.pareto = 'true' returns the front trials", {int(tags[r["info"]["run_id"]]["trial_number"])
@@ -217,7 +218,7 @@ def run_checks(base: str, output_dir: Path, browser: str, results: Path, prefix:
     check("trial page: model-training mode", training_mode(dom))
     check("trial page: its objectives in percent", f">{metrics[best]['memory_saved_pct']:g}<" in dom
           and "memory_saved_pct" in dom and instability_column(unit) in dom)
-    _check_artifacts(check, browser, base, eid, best, parent, results, prefix, budget_ms, unit)
+    _check_artifacts(check, browser, base, eid, best, parent, results, prefix, budget_ms, unit_name)
     return check
 
 
@@ -254,8 +255,8 @@ def _check_table(check: Checks, dom: str, front: set[int], trials: dict[int, str
 
 
 def _check_artifacts(check: Checks, browser: str, base: str, eid: str, best: str, parent: str, results: Path,
-                     prefix: str, budget_ms: int, unit: str) -> None:
-    header = f"instability ({StudyUnit(unit, float('nan')).name}"  # a damage study's name goes on with its measure
+                     prefix: str, budget_ms: int, unit_name: str) -> None:
+    header = f"instability ({unit_name})"
     # policy.md last: headless Chromium sometimes never settles on MLflow's Markdown viewer
     for name, run, path, needs in (
             ("trial_loss", best, "loss_curves.png", "loss_curves.png"),

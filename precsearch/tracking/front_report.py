@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from precsearch.instability import Reading, StudyUnit
+from precsearch.readings import own_unit_reading
 
 COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "instability_in_unit",
            "instability_unit", "instability_band", "loss_gap", "noise_floor", "gap_in_noise", "diverged", "policy")
@@ -81,8 +82,8 @@ def kind(row: dict[str, Any]) -> str:
 
 
 def reading(row: dict[str, Any], unit: str, limit: float = math.nan) -> Reading:
-    """The trial's instability in the study's one unit (``unit``: ``relative``, ``noise`` or ``damage``)."""
-    return StudyUnit(unit, limit, row.get("damage_measure", "") if unit == "damage" else "").read(row)
+    """The trial's instability in the study's one unit (``unit``: ``relative``, ``noise`` or a reading's own)."""
+    return StudyUnit.for_row(unit, limit, row).read(row)
 
 
 def y_value(row: dict[str, Any], unit: str) -> float:
@@ -97,7 +98,9 @@ def damage_measure(rows: list[dict[str, Any]]) -> str:
 
 
 def y_label(unit: str, measure: str = "") -> str:
-    return f"instability ({StudyUnit(unit, math.nan, measure).name})"
+    """The y axis: the unit's name, a reading's measure alone (its description, 50 characters, overflowed the
+    600 px figure; the HTML page and the terminal give it whole)."""
+    return f"instability ({measure or StudyUnit(unit, math.nan, measure).name})"
 
 
 def limit_label(limit: float, unit: str, measure: str = "") -> str:
@@ -135,7 +138,9 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
         seen.add(label)
         points.setdefault((round(x, 6), round(top if off else y, 6)), []).append(r)
     measure = damage_measure(rows)
-    ax.axhline(line, color="grey", linestyle="--", linewidth=1, label=limit_label(limit, unit, measure))
+    study = StudyUnit(unit, limit, measure)  # a measure's short name: its description overflowed the legend
+    ax.axhline(line, color="grey", linestyle="--", linewidth=1,
+               label=f"stability limit {study.limit_text} {measure or study.name}")
     ax.set_ylim(-0.04 * top, top)
     ax.margins(x=0.08)
     ax.set_xlabel("memory saved vs BF16 (%)")
@@ -143,7 +148,8 @@ def front_figure(rows: list[dict[str, Any]], limit: float, unit: str = "relative
     ax.grid(alpha=0.3)
     _legend(ax, seen)
     off_scale = any(y_value(r, unit) > top for r in rows)
-    ax.set_title(f"memory saved vs {'fixed-state damage' if unit == 'damage' else 'loss instability'}: {len(rows)} trials, "
+    own = own_unit_reading(unit)  # a reading read in its own measure names it; a loss gap is loss instability
+    ax.set_title(f"memory saved vs {own.plot_subject if own else 'loss instability'}: {len(rows)} trials, "
                  f"{sum(1 for r in rows if r['pareto'])} on the front"
                  + ("\n▲ on the top edge: a trial above the axis, its value in its label" if off_scale else ""),
                  fontsize=10)

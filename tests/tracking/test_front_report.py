@@ -120,9 +120,14 @@ def test_a_damage_front_names_its_measure_on_the_axis_the_limit_and_the_page(tmp
     rows = [dict(r, damage_measure="update_norm") for r in ROWS]
     fig = front_figure(rows, 0.01, unit="damage")
     ax = fig.axes[0]
-    assert "update_norm" in ax.get_ylabel()
-    assert any(line.get_label() == "stability limit 0.01 update_norm (AdamW update error bias^2 / update^2)"
-               for line in ax.lines)
+    assert ax.get_ylabel() == "instability (update_norm), linear axis"
+    assert any(line.get_label() == "stability limit 0.01 update_norm" for line in ax.lines)
+    # the measure's description (50 characters) overflowed the 600 px figure: the axis, the legend and the title
+    # stay inside it; the page beside the plot gives the description
+    fig.canvas.draw()
+    for text in (ax.yaxis.label, ax.get_legend(), ax.title):
+        box = text.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height, text
     plt.close(fig)
     page = write_front(rows, tmp_path, 0.01, unit="damage")[3].read_text()
     assert "<th>instability (update_norm (AdamW update error bias^2 / update^2))</th>" in page
