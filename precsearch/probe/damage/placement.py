@@ -33,6 +33,8 @@ DEVICE_SHARE = 0.9
 MARGIN = 1.25
 FP32_BYTES = 4
 PARAM_BYTES = {"fp32": 4, "bf16": 2}
+#: A kept BF16-side gradient's bytes per element (BF16: :func:`precsearch.probe.damage.reading.kept_grad`).
+GRAD_BYTES = 2
 
 
 def state_bytes(cfg: ModelConfig, n_states: int) -> int:
@@ -41,9 +43,10 @@ def state_bytes(cfg: ModelConfig, n_states: int) -> int:
 
 
 def gradient_bytes(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, n_states: int) -> int:
-    """Bytes of the BF16 side's gradients kept at ``n_states`` states: each unit's, per reading batch, in the
-    probe's parameter dtype."""
-    return n_states * settings.batches * PARAM_BYTES[probe.param_dtype] * _unit_elements(cfg)
+    """Bytes of the BF16 side's gradients kept at ``n_states`` states: each unit's, per reading batch, in BF16
+    whatever the probe's parameter dtype (BF16 autocast's weight gradients are BF16 values, kept in BF16 by
+    :func:`.reading.kept_grad`)."""
+    return n_states * settings.batches * GRAD_BYTES * _unit_elements(cfg)
 
 
 def bf16_run_peak(cfg: ModelConfig, probe: ProbeSection) -> int:

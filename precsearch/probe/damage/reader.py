@@ -102,6 +102,7 @@ class DamageReader:
             side = clock.timed("side", self._side, state, policy)
             states.append(clock.timed("compare", read_state, bf16, side, state, policy, self.probe, self.settings,
                                       self.device))
+            del side  # the policy's gradients at this state: not held while the next state's are computed
         return reading_dict(states, self.settings) | {"seconds": time.perf_counter() - start,
                                                       "seconds_by_part": clock.seconds,
                                                       "bf16_side_s": bf16_side_s if made else 0.0,

@@ -94,13 +94,44 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
     grads = []
     for k in range(settings.batches):
         _backward(model, backend, device, reading_batch(data, k), fp8_on)
-        grads.append({u: backend.unit_weight(model, u).grad.detach().clone() for u in units})
+        grads.append({u: _take_grad(backend.unit_weight(model, u)) for u in units})
     model.zero_grad(set_to_none=True)
     losses = eval_losses(model, data, backend, device, fp8_on)
     if models is not None:
         models.keep(model)
     del model
     return Side(grads=grads, eval_losses=losses)
+
+
+def _take_grad(weight: Tensor) -> Tensor:
+    """``weight``'s gradient, taken from it (``weight.grad`` is None after) and kept by :func:`kept_grad`.
+
+    A gradient that owns its storage is taken as it is, not copied (a copy would be a second unit-sized
+    tensor for a moment); one that is a view into a buffer the backend may reuse is copied."""
+    grad = weight.grad.detach()
+    owns = grad.storage_offset() == 0 and grad.untyped_storage().nbytes() == grad.numel() * grad.element_size()
+    weight.grad = None
+    return kept_grad(grad if owns else grad.clone())
+
+
+def kept_grad(grad: Tensor) -> Tensor:
+    """``grad`` as the reading keeps it until the compare: in BF16 when that holds every value exactly, else as
+    it is. BF16 autocast's weight gradients are BF16 GEMM outputs widened to FP32, so the BF16 side's (and a
+    policy's BF16 units') take half the memory for the same values; the compare widens them back
+    (:func:`.compare.chunk_rows`), so the figures do not change. A gradient with a NaN stays FP32 (NaN is not equal
+    to itself); infinities are exact in BF16."""
+    if grad.dtype != torch.float32:
+        return grad
+    low = grad.to(torch.bfloat16)
+    a, b = low.reshape(-1), grad.reshape(-1)
+    exact = torch.ones((), dtype=torch.bool, device=grad.device)
+    for i in range(0, b.numel(), _CHECK):  # on the device, read once (one host sync per tensor)
+        exact &= (a[i:i + _CHECK].float() == b[i:i + _CHECK]).all()
+    return low if bool(exact) else grad
+
+
+#: Elements :func:`kept_grad` checks at once (its temporary: one float32 block of this size).
+_CHECK = 2**22
 
 
 def _backward(model, backend: Backend, device: torch.device, batch: tuple[Tensor, Tensor], fp8_on: bool) -> None:

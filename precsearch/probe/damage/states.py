@@ -77,7 +77,10 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
     states = []
     for step in range(max(at) + 1):
         if step in at:
-            states.append(_snapshot(model, opt, units, step, probe.lr * factor(step), keep_on_device))
+            # the last state is the run's own tensors where no copy is needed (the run ends there): a copy
+            # would hold the state twice at the BF16 side's peak
+            states.append(_snapshot(model, opt, units, step, probe.lr * factor(step), keep_on_device,
+                                    take=step == max(at)))
         if step < max(at):
             _train_step(model, opt, data, step, False, clip_grad, backend, device, accum=probe.grad_accum)
             sched.step()
@@ -89,8 +92,13 @@ def _on_device(t: Tensor) -> Tensor:
     return t.detach().to(dtype=torch.float32, copy=True)
 
 
+def _taken(t: Tensor) -> Tensor:
+    """``t`` itself, detached (no copy) where it is float32, for a state the run no longer trains past."""
+    return t.detach() if t.dtype == torch.float32 else _on_device(t)
+
+
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float,
-              keep_on_device: bool = False) -> State:
+              keep_on_device: bool = False, take: bool = False) -> State:
     """The run's weights and unit moments now, as float32 copies on the device, or in host memory: page-locked
     when they come from a GPU (every reading copies them back; a state of an 8B-wide probe is ~18 GB, which
     pageable copies take seconds for), all in one :class:`~precsearch.utils.pinned.PinnedBlock` of their size."""
@@ -102,7 +110,9 @@ def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[st
             moments[unit] = (st["exp_avg"], st["exp_avg_sq"])
     weights = model.state_dict()
     sources = [*weights.values(), *(m for pair in moments.values() for m in pair)]
-    if keep_on_device:
+    if take and (keep_on_device or not any(t.is_cuda for t in sources)):
+        keep, block = _taken, None  # where the state stays: the run's float32 tensors themselves
+    elif keep_on_device:
         keep, block = _on_device, None
     elif any(t.is_cuda for t in sources):
         block = PinnedBlock([t.shape for t in sources])
