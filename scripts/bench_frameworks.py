@@ -18,10 +18,17 @@ latest forward against the policy's. ``--memory-breakdown`` adds the probe and M
 ``--breakdown-policies``, with the peak inside each phase of the steady steps. ``--smoke`` (no GPU needed)
 does everything but the training: exports, config fields, filters, matchers, predictions.
 
+``--from-study DIR [DIR ...]`` (issue 52 item 4) runs a finished study's front trials instead (``--trials N ...``:
+those), each as policy ``trial N``, in the study's target, or in every framework that runs the trial as it is
+(the others skipped, saying why), at the study model's width and ``--layers`` blocks, beside each framework's
+BF16 run; the report sets the front's memory saved and speed-up against the framework's, with the
+differences and pass/fail against +-2 points / +-5%.
+
     python scripts/bench_frameworks.py --json $OUT/bench_frameworks.json
     python scripts/bench_frameworks.py --smoke --json /tmp/frameworks_smoke.json
     python scripts/bench_frameworks.py --layers 32 --frameworks megatron --policies bf16 fp8_current \\
         --memory-breakdown --optimizer adamw      # the full 8B depth: torch AdamW on BF16 params fits one H200
+    python scripts/bench_frameworks.py --from-study precsearch-runs/NAME --layers 4   # a study's front picks
 """
 
 from __future__ import annotations
@@ -66,10 +73,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--calibrate", nargs="+", type=Path, metavar="JSON",
                     help="with --merge: calibrate the probe's memory model on the probe rows of these bench "
                          "JSONs (smaller depths, same optimizer) and add each row's calibrated prediction")
-    ap.add_argument("--json", type=Path, help="default: scripts/results/<date>_<gpu|cpu>_bench_frameworks.json")
+    ap.add_argument("--from-study", nargs="+", type=Path, metavar="DIR",
+                    help="run the Pareto front's trials of each finished study (its --output-dir) in the study's "
+                         "target, or in every framework that runs the trial as it is, at the study model's width "
+                         "(--layers blocks), beside each framework's BF16 run; report memory saved and speed-up "
+                         "against the front's")
+    ap.add_argument("--trials", nargs="+", type=int, metavar="N",
+                    help="with --from-study: these trials (front or not) instead of the front's")
+    ap.add_argument("--json", type=Path, help="default: scripts/results/<date>_<gpu|cpu>_bench_frameworks.json "
+                                              "(--from-study: ..._bench_frameworks_from_study.json)")
     args = ap.parse_args(argv)
+    flags = sys.argv[1:] if argv is None else argv
+    args.given = {f for f in plan.shape_dict(defaults)  # shape fields set on the command line (--from-study)
+                  if any(a == f"--{f.replace('_', '-')}" or a.startswith(f"--{f.replace('_', '-')}=") for a in flags)}
     if args.calibrate and not args.merge:
         ap.error("--calibrate needs --merge (it calibrates merged rows of earlier runs)")
+    if args.trials and not args.from_study:
+        ap.error("--trials needs --from-study (it picks a study's trials)")
+    if args.from_study and args.merge:
+        ap.error("--from-study runs; --merge joins earlier runs: give one")
     try:
         args.shape = plan.Shape(**{f: getattr(args, f) for f in plan.shape_dict(defaults)})
     except ValueError as exc:
@@ -104,7 +126,7 @@ def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path,
         raise ValueError(f"--optimizer {optimizer} is for Megatron-Core and the probe, not {framework}")
     row: dict[str, Any] = {"framework": framework, "policy": policy_name, "optimizer": optimizer,
                            "predicted_gib": plan.predicted_peak_gib(policy, shape, framework, optimizer)}
-    export_dir = workdir / f"{framework}__{policy_name}".replace("+", "_")
+    export_dir = workdir / f"{framework}__{policy_name}".replace("+", "_").replace(" ", "_")
     row["export_dir"] = str(export_dir)
     fmt = "megatron" if framework == "probe" else framework
     files, row["export_warnings"] = plan.export_files(fmt, policy, shape.layers, export_dir)
@@ -131,6 +153,9 @@ def run_one(row: dict[str, Any], shape: plan.Shape, timeout: float) -> dict[str,
     """Train in a fresh process; its result, or the row's ``error`` (timeout, crash, exception)."""
     spec = {"framework": row["framework"], "policy": row["policy"], "shape": plan.shape_dict(shape),
             "export_dir": row["export_dir"], "optimizer": row.get("optimizer", "framework")}
+    extra = row["policy"].partition(plan.AS_TORCHTITAN)[0]
+    if extra not in plan.POLICIES and extra in plan.EXTRA_POLICIES:  # a study's trial: the worker gets it whole
+        spec |= {"policy": extra, "policy_dict": plan.EXTRA_POLICIES[extra].to_dict()}
     spec_path = Path(row["export_dir"]) / "_spec.json"
     out_path = Path(row["export_dir"]) / "_result.json"
     spec_path.write_text(json.dumps(spec))
@@ -252,11 +277,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def bench(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
-    """Prepare every run, then (not ``--smoke``) train each in its own process until the deadline."""
-    start = time.perf_counter()
+def bench(args: argparse.Namespace, workdir: Path, run_list: list[tuple[str, str]] | None = None,
+          start: float | None = None) -> list[dict[str, Any]]:
+    """Prepare every run (``run_list``, default :func:`runs`), then (not ``--smoke``) train each in its own
+    process until the deadline (counted from ``start``, default now)."""
+    start = time.perf_counter() if start is None else start
     rows = []
-    for framework, policy_name in runs(args):
+    for framework, policy_name in runs(args) if run_list is None else run_list:
         try:
             row = prepare(framework, policy_name, args.shape, workdir, args.optimizer)
         except Exception as exc:  # noqa: BLE001 - an export that fails is that row's result
@@ -335,6 +362,8 @@ def calibrate(rows: list[dict[str, Any]], shape: plan.Shape, optimizer: str, pat
 def main(argv: list[str] | None = None) -> int:
     """Run the bench (or ``--merge`` earlier ones), print the table, write the JSON."""
     args = parse_args(argv)
+    if args.from_study:
+        return main_from_study(args)
     if args.merge:
         rows, meta = merged(args.merge)
         args.shape = plan.Shape(**meta["shape"])
@@ -369,6 +398,277 @@ def main(argv: list[str] | None = None) -> int:
     path = args.json or Path("scripts/results") / f"{datetime.date.today().isoformat()}_{kind}_bench_frameworks.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta, "rows": rows, "agreement": entries}, indent=1, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+
+# --- from a study: the front's picks in each framework (issue 52 item 4) -------------------------------------
+
+#: The targets of issue 52 item 4: the front's memory saved within this many points of the framework's, its
+#: FP8 speed-up within this fraction of the framework's (same trial, each against its own BF16 run).
+SAVED_PTS_TOLERANCE, SPEEDUP_TOLERANCE = 2.0, 0.05
+
+
+def trial_policy_name(number: int) -> str:
+    """The bench's name of a study's trial: ``trial 12``."""
+    return f"trial {number}"
+
+
+def read_study(study_dir: Path, trials: list[int] | None) -> dict[str, Any]:
+    """A finished study's picks: the front's trials (most memory saved first), or ``trials``; each with its policy
+    (as data), the front's memory saved (``memory_saved``: the study's own figure, on its ``memory_basis``) and
+    speed-up (``speedup``: the trial's tokens/s over the BF16 reference's, None where the study did not
+    measure throughput). Also the study's name, ``target`` (its space's ``target: name``, or None) and model
+    (:class:`~precsearch.arch.config.ModelConfig` of the space's target model, None where unreadable)."""
+    import optuna
+
+    from precsearch.config.model_section import ModelSection
+    from precsearch.runtime.stores import open_storage
+    from precsearch.runtime.target_space import recorded_policy
+    from precsearch.runtime.workspace import Workspace
+    from precsearch.search.front import trial_rows
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ws = Workspace.load(Path(study_dir))
+    study = optuna.load_study(study_name=ws.study_name, storage=open_storage(ws.storage_url))
+    space = study.user_attrs.get("space", {})
+    rows = {r["trial"]: r for r in trial_rows(study, study.user_attrs["objectives"])}
+    if trials:
+        missing = [n for n in trials if n not in rows]
+        if missing:
+            raise SystemExit(f"--trials: {study_dir} has no finished, scored trial {missing} "
+                             f"(it has {sorted(rows)})")
+        chosen = [rows[n] for n in trials]
+    else:
+        chosen = sorted((r for r in rows.values() if r["pareto"]), key=lambda r: -r["memory_saved"])
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    picks = []
+    for r in chosen:
+        policy = recorded_policy(by_number, r["trial"])
+        if policy is None:
+            raise SystemExit(f"{study_dir}: trial {r['trial']} recorded no policy")
+        score = by_number[r["trial"]].user_attrs.get("score", {})
+        speedup = score.get("speedup")
+        measured = bool(r.get("tokens_per_s")) and bool(speedup)  # 0.0: no reference throughput
+        picks.append({"trial": r["trial"], "name": trial_policy_name(r["trial"]), "policy": policy,
+                      "pareto": r["pareto"], "memory_saved": r["memory_saved"],
+                      "memory_saved_probe": score.get("memory_saved_probe"),
+                      "memory_saved_target": score.get("memory_saved_target"),
+                      "tokens_per_s": r.get("tokens_per_s"), "speedup": speedup if measured else None,
+                      "instability_band": r.get("instability_band")})
+    try:
+        section = ModelSection(**space.get("model", {}))
+        model, probe_layers = section.target(), section.probe().n_layers
+    except (ValueError, TypeError) as exc:  # a space this version cannot read
+        model, probe_layers, why = None, None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = None
+    return {"dir": str(study_dir), "study": ws.study_name, "target": (space.get("target") or {}).get("name"),
+            "objectives": study.user_attrs["objectives"], "param_dtype": space.get("probe", {}).get("param_dtype",
+                                                                                                    "fp32"),
+            "memory_basis": space.get("objectives", {}).get("memory_basis") or "target", "model": model,
+            "probe_layers": probe_layers, "probe_seq": space.get("probe", {}).get("seq_len"),
+            "probe_mb": space.get("probe", {}).get("micro_batch"), "model_unreadable": why, "picks": picks}
+
+
+def front_saved(study: dict[str, Any], pick: dict[str, Any], layers: int) -> tuple[float, str]:
+    """The front's memory saved for a bench run at ``layers`` blocks, and which figure it is: the study's
+    saving on the probe (``memory_saved_probe``, measured) when the bench runs the probe's depth, on the
+    target model (``memory_saved_target``, predicted) when it runs the target's full depth, else the front's
+    own ``memory_saved`` (on the study's ``memory_basis``)."""
+    model = study["model"]
+    if layers == study["probe_layers"] and pick.get("memory_saved_probe") is not None:
+        return pick["memory_saved_probe"], "probe"
+    if model is not None and layers == model.n_layers and pick.get("memory_saved_target") is not None:
+        return pick["memory_saved_target"], "target"
+    return pick["memory_saved"], f"memory_saved ({study['memory_basis']})"
+
+
+def study_shape(args: argparse.Namespace, model, probe_seq: int | None = None,
+                probe_mb: int | None = None) -> tuple[Any, str]:
+    """The bench's shape for a study: the study model's width (dim, FFN, heads, vocabulary) at ``--layers``
+    blocks (at most the model's), the study probe's sequence and micro-batch unless ``--seq``/``--mb`` are
+    given, the bench's steps; and a line saying which depth was used."""
+    import dataclasses
+
+    if model is None:
+        return args.shape, "the study's model is unreadable: the bench's shape (--dim ... as given)"
+    layers = min(args.shape.layers, model.n_layers)
+    shape = dataclasses.replace(args.shape, layers=layers, dim=model.dim, ffn=model.ffn_dim, heads=model.n_heads,
+                                kv_heads=model.n_kv_heads, vocab=model.vocab_size)
+    probe = {"seq": probe_seq, "mb": probe_mb}
+    shape = dataclasses.replace(shape, **{k: v for k, v in probe.items() if v and k not in args.given})
+    depth = (f"the full depth ({layers} blocks)" if layers == model.n_layers else
+             f"{layers} of its {model.n_layers} blocks (--layers; the full depth where it fits one card)")
+    return shape, f"the study model's width at {depth}"
+
+
+def frameworks_for(study: dict[str, Any], pick: dict[str, Any], layers: int,
+                   allowed: list[str]) -> tuple[list[str], list[dict[str, Any]], dict[str, list[str]]]:
+    """Where a study's trial runs: the study's target if it names a framework, else every framework whose
+    export runs the trial's policy as it is at ``layers`` blocks
+    (:func:`~precsearch.export.registry.cannot_express`). Returns (frameworks, skipped: framework and why,
+    what the study's own target runs otherwise: framework -> changes, where it does)."""
+    from precsearch.export.registry import TARGETS, cannot_express
+    from precsearch.policy import Policy
+
+    policy = Policy.from_dict(pick["policy"])
+    fws = [f for f in plan.FRAMEWORKS if f != "probe"]
+    target = study["target"]
+    chosen, skipped, otherwise = [], [], {}
+    for fw in fws:
+        changes = cannot_express(TARGETS.get(fw, plan.FRAMEWORKS[fw]), policy, layers, study["param_dtype"])
+        if target in plan.FRAMEWORKS and fw != target:
+            skipped.append({"framework": fw, "why": f"the study's target is {target}"})
+        elif target not in plan.FRAMEWORKS and changes:
+            skipped.append({"framework": fw, "why": "does not run it as it is: " + "; ".join(changes)})
+        elif fw not in allowed:
+            skipped.append({"framework": fw, "why": "not in --frameworks"})
+        else:
+            chosen.append(fw)
+            if changes:  # the study's target, running this trial's combination otherwise (the front names it)
+                otherwise[fw] = changes
+    return chosen, skipped, otherwise
+
+
+def study_runs(study: dict[str, Any], layers: int, allowed: list[str]) -> list[tuple[str, str]]:
+    """(framework, policy) in run order for a study: per framework its BF16 rows first (``bf16``, and the
+    baseline each trial's row is set against), then its trials. Sets each pick's ``frameworks``, ``skipped``
+    and ``runs_otherwise``, and registers the trials' policies (:data:`frameworks_plan.EXTRA_POLICIES`)."""
+    from precsearch.policy import Policy
+
+    plan.EXTRA_POLICIES.clear()
+    per_fw: dict[str, list[str]] = {}
+    for pick in study["picks"]:
+        plan.EXTRA_POLICIES[pick["name"]] = Policy.from_dict(pick["policy"])
+        pick["frameworks"], pick["skipped"], pick["runs_otherwise"] = frameworks_for(study, pick, layers, allowed)
+        for fw in pick["frameworks"]:
+            per_fw.setdefault(fw, []).append(pick["name"])
+    out = []
+    for fw in plan.FRAMEWORKS:
+        names = per_fw.get(fw, [])
+        if names:
+            out += [(fw, n) for n in dict.fromkeys([BASELINE, *(plan.baseline_of(fw, n) for n in names), *names])]
+    return out
+
+
+def study_report(study: dict[str, Any], rows: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """Per (trial, framework): the front's memory saved (points) and speed-up against the framework's measured
+    ones (each against its own BF16 row: :func:`relative`; the front's figure for the bench's depth,
+    :func:`front_saved`, with the front's ``memory_saved`` kept as ``front_memory_saved_pts``), the differences
+    (front minus framework; speed-up as front over framework, less 1) and pass/fail against
+    :data:`SAVED_PTS_TOLERANCE` and :data:`SPEEDUP_TOLERANCE` (None where either side has no figure).
+    ``model_saved_pts``: precsearch's memory model for the framework's run against its BF16 run's, at the
+    bench's shape (there also under ``--smoke``)."""
+    by = {(r["framework"], r["policy"]): r for r in rows}
+    out = []
+    for pick in study["picks"]:
+        for fw in pick["frameworks"]:
+            r = by.get((fw, pick["name"]), {})
+            base = by.get((fw, plan.baseline_of(fw, pick["name"])), {})
+            saved, basis = front_saved(study, pick, layers)
+            e: dict[str, Any] = {"study": study["study"], "trial": pick["trial"], "framework": fw,
+                                 "baseline": base.get("policy", plan.baseline_of(fw, pick["name"])),
+                                 "front_saved_pts": 100 * saved, "front_saved_basis": basis,
+                                 "front_memory_saved_pts": 100 * pick["memory_saved"],
+                                 "front_speedup": pick["speedup"],
+                                 "framework_saved_pts": -100 * r["peak_vs_bf16"] if "peak_vs_bf16" in r else None,
+                                 "framework_speedup": r.get("speedup_vs_bf16"),
+                                 "model_saved_pts": None, "runs_otherwise": pick["runs_otherwise"].get(fw, [])}
+            if isinstance(r.get("predicted_gib"), float) and isinstance(base.get("predicted_gib"), float) \
+                    and not math.isnan(r["predicted_gib"]) and not math.isnan(base["predicted_gib"]):
+                e["model_saved_pts"] = 100 * (1 - r["predicted_gib"] / base["predicted_gib"])
+            e["saved_diff_pts"] = (None if e["framework_saved_pts"] is None
+                                   else e["front_saved_pts"] - e["framework_saved_pts"])
+            e["speedup_diff"] = (None if e["front_speedup"] is None or e["framework_speedup"] is None
+                                 else e["front_speedup"] / e["framework_speedup"] - 1)
+            e["saved_pass"] = None if e["saved_diff_pts"] is None else abs(e["saved_diff_pts"]) <= SAVED_PTS_TOLERANCE
+            e["speedup_pass"] = None if e["speedup_diff"] is None else abs(e["speedup_diff"]) <= SPEEDUP_TOLERANCE
+            e["status"] = r.get("error") or base.get("error") or "measured"
+            if e["front_speedup"] is None:
+                e["speedup_note"] = "not measured by the study"
+            out.append(e)
+    return out
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else "pass" if ok else "FAIL"
+
+
+def study_table(entries: list[dict[str, Any]]) -> str:
+    """The :func:`study_report` entries as text: front vs framework, saved points and speed-up."""
+    lines = [f"{'trial':>5} {'framework':11s} {'front saved':>11} {'fw saved':>8} {'diff':>6} {'model':>6} {'':4} "
+             f"{'front x':>7} {'fw x':>6} {'diff':>7} {'':4}  status"]
+    for e in entries:
+        fx = "n/m" if e["front_speedup"] is None else f"{e['front_speedup']:7.2f}"
+        lines.append(
+            f"{e['trial']:5d} {e['framework']:11s} {e['front_saved_pts']:+11.1f} "
+            f"{_fmt(e['framework_saved_pts'], '+8.1f'):>8} {_fmt(e['saved_diff_pts'], '+6.1f'):>6} "
+            f"{_fmt(e['model_saved_pts'], '+6.1f'):>6} {_verdict(e['saved_pass']):4} {fx:>7} "
+            f"{_fmt(e['framework_speedup'], '6.2f'):>6} "
+            f"{_fmt(None if e['speedup_diff'] is None else 100 * e['speedup_diff'], '+6.1f%'):>7} "
+            f"{_verdict(e['speedup_pass']):4}  {e['status'][:70]}")
+    if any(e["front_speedup"] is None for e in entries):
+        lines.append("  n/m: speed-up not measured by the study (no throughput reference)")
+    lines += [f"  front saved: the study's saving on the {b}" for b in dict.fromkeys(
+        e["front_saved_basis"] for e in entries)]
+    lines += [f"  trial {e['trial']} in {e['framework']} (the study's target) runs otherwise: "
+              + "; ".join(e["runs_otherwise"]) for e in entries if e["runs_otherwise"]]
+    return "\n".join(lines)
+
+
+def main_from_study(args: argparse.Namespace) -> int:
+    """``--from-study``: each study's picks in its frameworks beside their BF16 runs, the table, the JSON."""
+    start = time.perf_counter()
+    allowed = [f for f in args.frameworks if f in plan.FRAMEWORKS]
+    studies, all_rows, all_entries = [], [], []
+    for study_dir in args.from_study:
+        study = read_study(study_dir, args.trials)
+        shape, depth = study_shape(args, study["model"], study["probe_seq"], study["probe_mb"])
+        run_args = argparse.Namespace(**{**vars(args), "shape": shape})
+        run_list = study_runs(study, shape.layers, allowed)
+        s = shape
+        target = study["target"] or "none (every framework that runs a trial as it is)"
+        numbers = ", ".join(str(p["trial"]) for p in study["picks"]) or "none"
+        print(f"\nstudy {study['study']} ({study_dir}): target {target}; {len(study['picks'])} trial(s): {numbers}"
+              f"{' (--trials)' if args.trials else ' (the front)'}")
+        print(f"  shape: {depth}: {s.layers} blocks, dim {s.dim}, ffn {s.ffn}, heads {s.heads}/{s.kv_heads}, "
+              f"vocab {s.vocab}, seq {s.seq}, mb {s.mb}, {s.steps} steps")
+        print(f"  the front's figures: its probe ran {study['probe_layers']} blocks at seq {study['probe_seq']}, "
+              f"mb {study['probe_mb']}; memory saved on the {study['memory_basis']} model; speed-up on the probe")
+        for pick in study["picks"]:
+            print(f"  trial {pick['trial']}: runs in {', '.join(pick['frameworks']) or 'no framework'}"
+                  + "".join(f"; skipped {k['framework']}: {k['why']}" for k in pick["skipped"]))
+        with tempfile.TemporaryDirectory(prefix="bench_frameworks_study_") as tmp:
+            rows = bench(run_args, Path(tmp), run_list, start) if run_list else []
+        entries = study_report(study, rows, shape.layers)
+        for r in rows:
+            r["study"] = study["study"]
+        print(table(rows) if rows else "  nothing to run")
+        if entries:
+            print(f"\nthe front against the framework (each against its own BF16 run): memory saved in points "
+                  f"(diff = front - framework, within +-{SAVED_PTS_TOLERANCE:g}; model = precsearch's memory model "
+                  f"for the framework's run), FP8 speed-up (diff = front / framework - 1, within "
+                  f"+-{100 * SPEEDUP_TOLERANCE:g}%)")
+            print(study_table(entries))
+        studies.append({k: v for k, v in study.items() if k != "model"} | {
+            "model": None if study["model"] is None else {"dim": study["model"].dim, "n_layers":
+                                                          study["model"].n_layers},
+            "shape": plan.shape_dict(shape), "depth": depth})
+        all_rows += rows
+        all_entries += entries
+    plan.EXTRA_POLICIES.clear()
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "smoke": args.smoke,
+            "deadline_s": args.deadline, "run_timeout_s": args.run_timeout, "optimizer": args.optimizer,
+            "from_study": [str(d) for d in args.from_study], "trials": args.trials,
+            "tolerance": {"saved_pts": SAVED_PTS_TOLERANCE, "speedup": SPEEDUP_TOLERANCE}}
+    kind = "cpu" if args.smoke else "gpu"
+    path = args.json or Path("scripts/results") / (f"{datetime.date.today().isoformat()}_{kind}_"
+                                                   "bench_frameworks_from_study.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "studies": studies, "rows": all_rows, "from_study": all_entries},
+                               indent=1, default=str))
     print(f"wrote {path}")
     return 0
 

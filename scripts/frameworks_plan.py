@@ -74,11 +74,17 @@ def as_torchtitan_runs(policy: Policy, n_layers: int) -> Policy:
                    default=runs(policy.default))
 
 
+#: Policies the bench runs beside :data:`POLICIES` under their own names: a study's trials (``trial 12``) under
+#: ``bench_frameworks.py --from-study``. Set per study by the bench; a worker gets its policy with its spec.
+EXTRA_POLICIES: dict[str, Policy] = {}
+
+
 def policy_named(name: str, n_layers: int) -> Policy:
-    """The bench's policy ``name`` (:data:`POLICIES`), or with :data:`AS_TORCHTITAN` the policy as torchtitan runs
-    it."""
+    """The bench's policy ``name`` (:data:`POLICIES`, else :data:`EXTRA_POLICIES`), or with :data:`AS_TORCHTITAN`
+    the policy as torchtitan runs it."""
     base, suffix, _ = name.partition(AS_TORCHTITAN)
-    return as_torchtitan_runs(POLICIES[base], n_layers) if suffix else POLICIES[base]
+    policy = POLICIES[base] if base in POLICIES else EXTRA_POLICIES[base]
+    return as_torchtitan_runs(policy, n_layers) if suffix else policy
 
 
 def baseline_of(framework: str, name: str) -> str:
@@ -98,7 +104,7 @@ def runs_policy(framework: str, name: str) -> bool:
 
 def runs_differently_in_torchtitan(name: str, n_layers: int) -> bool:
     """Whether torchtitan runs policy ``name`` with fewer low-precision layers than the policy gives."""
-    policy = POLICIES[name]
+    policy = policy_named(name, n_layers)
     return as_torchtitan_runs(policy, n_layers) != policy
 
 

@@ -3,8 +3,9 @@
     python scripts/frameworks_runs.py SPEC.json RESULT.json
 
 SPEC: ``framework`` (megatron | torchtitan | accelerate | probe), ``policy`` (a name of
-:data:`frameworks_plan.POLICIES`), ``shape`` (:class:`frameworks_plan.Shape` fields), ``export_dir`` (the
-files precsearch exported for this run). RESULT: tokens/s (median step gap after the warm-up steps), peak GiB
+:data:`frameworks_plan.POLICIES`, or any name with ``policy_dict``: the policy as ``Policy.to_dict``, a study's
+trial), ``shape`` (:class:`frameworks_plan.Shape` fields), ``export_dir`` (the files precsearch exported
+for this run). RESULT: tokens/s (median step gap after the warm-up steps), peak GiB
 (``max_memory_allocated`` over the run), per-phase peaks of the steady steps (forward, backward, optimizer
 step; the counter is reset before each), the losses, and the per-module check (each module's precision in its
 latest forward against the policy's). A failure is written as ``error`` with the traceback's last lines.
@@ -516,6 +517,10 @@ RUNNERS = {"megatron": run_megatron, "torchtitan": run_torchtitan, "accelerate":
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     shape = plan.Shape(**spec["shape"])
+    if "policy_dict" in spec:  # a policy not of plan.POLICIES (a study's trial): the bench sends it whole
+        from precsearch.policy import Policy
+
+        plan.EXTRA_POLICIES[spec["policy"]] = Policy.from_dict(spec["policy_dict"])
     policy = plan.policy_named(spec["policy"], shape.layers)
     try:
         import torch

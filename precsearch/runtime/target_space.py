@@ -242,7 +242,7 @@ def _saved_cached(policy_json: str, shape_json: str, target: str) -> float:
 def runs_as_is_of_study(study: optuna.Study, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`add_runs_as_is` with the policies the study recorded."""
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    return add_runs_as_is(rows, lambda row: _recorded_policy(trials, row["trial"]),
+    return add_runs_as_is(rows, lambda row: recorded_policy(trials, row["trial"]),
                           study.user_attrs.get("space", {}))
 
 
@@ -254,7 +254,7 @@ def runs_as_is_of_space(space: Space, rows: list[dict[str, Any]]) -> list[dict[s
                           space.model_dump(mode="json"))
 
 
-def _recorded_policy(trials: dict[int, FrozenTrial], number: int) -> dict[str, Any] | None:
+def recorded_policy(trials: dict[int, FrozenTrial], number: int) -> dict[str, Any] | None:
     """The policy trial ``number`` ran, or its twin's (a duplicate is told its twin's score, not probed)."""
     from precsearch.search.duplicate_trials import DUPLICATE_OF
 
@@ -279,5 +279,5 @@ def target_line(space: dict[str, Any]) -> str | None:
             "names the targets that run each trial's combination of them)")
 
 
-__all__ = ["Choice", "add_runs_as_is", "check_target", "choices", "runs_as_is", "runs_as_is_of_space",
+__all__ = ["Choice", "add_runs_as_is", "check_target", "choices", "recorded_policy", "runs_as_is", "runs_as_is_of_space",
            "runs_as_is_of_study", "target_line", "target_problems"]
