@@ -24,8 +24,9 @@ from precsearch.runtime.workspace import Workspace
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("damage")
+    # a state inside the searched warm-up (step 3 of 12, warm-ups 0 and 4): without one, validate refuses it
     data = tiny_space_dict(**{"objectives.reading": "damage", "objectives.damage.tokens_per_step": 4096,
-                              "study.n_trials": 3})
+                              "objectives.damage.states": [0.25, 1.0], "study.n_trials": 3})
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(["run", str(write_space(tmp, data)), "--output-dir", str(tmp / "out"), "--no-progress"]) == 0
