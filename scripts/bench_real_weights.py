@@ -174,7 +174,7 @@ def held_out(args: argparse.Namespace) -> TokenBatches:
     from precsearch.probe.data.stdlib import stdlib_bytes
 
     if args.tokens is not None:  # ids written by --save-tokens: no tokenizer, and no stdlib of this Python needed
-        return TokenBatches(torch.load(args.tokens)[:args.max_tokens], seq_len=args.seq_len,
+        return TokenBatches(torch.load(args.tokens, weights_only=True)[:args.max_tokens], seq_len=args.seq_len,
                             micro_batch=args.micro_batch, seed=0, eval_batches=args.eval_batches)
     with tempfile.TemporaryDirectory() as tmp:
         text = args.text
