@@ -6,6 +6,7 @@ A type of the backend contract, so it lives with the backends; the probe's diagn
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -21,6 +22,8 @@ class TensorStats:
         overflow: Share of finite values that saturation clipped.
         underflow: Share of values that were non-zero and came back zero.
         nonfinite: Count of NaN/inf values.
+        rms: Root mean square of x before quantization (NaN where the backend does not report it); amax / rms
+            is the operand's crest factor.
     """
 
     amax: float
@@ -28,6 +31,7 @@ class TensorStats:
     overflow: float
     underflow: float
     nonfinite: int
+    rms: float = math.nan
 
     @classmethod
     def from_quantization(cls, stats: dict[str, Tensor], numel: int) -> TensorStats:
@@ -39,6 +43,7 @@ class TensorStats:
             overflow=float(stats["saturated_frac"]),
             underflow=float(stats["underflow_frac"]),
             nonfinite=round(float(stats["nonfinite_frac"]) * numel),
+            rms=float(stats["rms"]) if "rms" in stats else math.nan,
         )
 
 

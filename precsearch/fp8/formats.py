@@ -215,7 +215,9 @@ def quantization_stats(
         finite elements that saturation clipped: scaled magnitude beyond max by
         more than half a step, so rounding alone would not have given max),
         ``underflow_frac`` (fraction of elements that were nonzero and came back
-        zero) and ``nonfinite_frac`` (fraction of NaN/inf elements).
+        zero), ``nonfinite_frac`` (fraction of NaN/inf elements) and ``rms`` (the
+        root mean square of ``x``: amax over it is the tensor's crest factor, high where
+        a few channels carry massive activations, which per-tensor scaling serves worst).
     """
     x32 = x.detach().float()
     scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
@@ -231,6 +233,7 @@ def quantization_stats(
         "saturated_frac": saturated.float().mean(),
         "underflow_frac": underflow.float().mean(),
         "nonfinite_frac": (~finite).float().mean(),
+        "rms": x32.square().mean().sqrt() if x32.numel() else x32.new_zeros(()),
     }
 
 

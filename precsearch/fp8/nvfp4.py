@@ -213,4 +213,5 @@ def nvfp4_stats(x: Tensor, s_enc: Tensor, block: Tensor, tile: tuple[int, int], 
         "saturated_frac": (finite & (scaled > E2M1_CLIP)).float().mean(),
         "underflow_frac": ((x32 != 0) & (out == 0)).float().mean(),
         "nonfinite_frac": (~finite).float().mean(),
+        "rms": x32.square().mean().sqrt() if x32.numel() else x32.new_zeros(()),
     }

@@ -5,8 +5,11 @@ What a reviewer finds on a trial's run:
 * metrics ``fp8_max_overflow`` / ``fp8_max_underflow`` (largest share over
   every FP8 layer, role and collected step), ``fp8_layers_saturating`` (layers
   with an operand whose overflow share passed the saturation limit at some
-  collected step), ``fp8_nonfinite`` (non-finite values seen by the FP8 casts);
-* tags ``fp8_max_overflow_at`` (layer, role and step of that maximum) and
+  collected step), ``fp8_nonfinite`` (non-finite values seen by the FP8 casts),
+  ``fp8_max_input_crest`` (the largest amax / RMS of an FP8 layer's input: a few channels far above the rest,
+  the massive activations of a trained model, which one per-tensor scale serves worst);
+* tags ``fp8_max_overflow_at`` (layer, role and step of that maximum), ``fp8_max_input_crest_at`` (the
+  layer and step of the largest crest) and
   ``first_bad`` (a diverged probe's first bad layer, tensor and step, or ``-``);
 * artifacts ``diagnostics/layer_stats.csv`` (every collected row) and
   ``diagnostics/heatmap.png`` (layers x roles: overflow, underflow and amax;
@@ -28,7 +31,19 @@ from precsearch.probe.measure.diagnostics import DiagnosticsConfig, FirstBad
 from precsearch.probe.result import ProbeResult
 from precsearch.tracking.figures import png_bytes
 
-COLUMNS = ("step", "layer", "role", "precision", "amax", "scale", "overflow", "underflow", "nonfinite")
+COLUMNS = ("step", "layer", "role", "precision", "amax", "rms", "crest", "scale", "overflow", "underflow",
+           "nonfinite")
+
+
+def crest(row: dict[str, Any]) -> float:
+    """A row's amax / RMS (NaN without a positive, finite RMS)."""
+    rms = row.get("rms", math.nan)
+    return row["amax"] / rms if isinstance(rms, float) and math.isfinite(rms) and rms > 0 else math.nan
+
+
+def _largest_input_crest(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    inputs = [r for r in rows if r["role"] == "input" and math.isfinite(crest(r))]
+    return max(inputs, key=crest) if inputs else None
 
 
 def diagnostics_metrics(result: ProbeResult, limit: float = DiagnosticsConfig.saturation_limit) -> dict[str, float]:
@@ -41,7 +56,7 @@ def diagnostics_metrics(result: ProbeResult, limit: float = DiagnosticsConfig.sa
         "fp8_max_underflow": max(r["underflow"] for r in rows),
         "fp8_layers_saturating": float(len({r["layer"] for r in rows if r["overflow"] > limit})),
         "fp8_nonfinite": float(sum(r["nonfinite"] for r in rows)),
-    }
+    } | ({"fp8_max_input_crest": crest(top)} if (top := _largest_input_crest(rows)) is not None else {})
 
 
 def diagnostics_tags(result: ProbeResult) -> dict[str, str]:
@@ -50,6 +65,8 @@ def diagnostics_tags(result: ProbeResult) -> dict[str, str]:
     if result.layer_stats:
         worst = max(result.layer_stats, key=lambda r: r["overflow"])
         tags["fp8_max_overflow_at"] = f"{worst['layer']} {worst['role']} step {worst['step']}"
+        if (top := _largest_input_crest(result.layer_stats)) is not None:
+            tags["fp8_max_input_crest_at"] = f"{top['layer']} step {top['step']}"
     if result.first_bad is not None:
         tags["first_bad"] = FirstBad(**result.first_bad).describe()
     elif result.layer_stats:
@@ -64,7 +81,7 @@ def diagnostics_artifacts(result: ProbeResult) -> dict[str, str]:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows(result.layer_stats)
+    writer.writerows(dict(r, crest=crest(r)) for r in result.layer_stats)
     return {"diagnostics/layer_stats.csv": out.getvalue()}
 
 

@@ -92,7 +92,34 @@ def test_a_study_trial_carries_its_diagnostics(tmp_path: Path):
     client = MlflowClient(ws.tracking_uri)
     exp = client.get_experiment_by_name(ws.experiment)
     trial = next(r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("precsearch.role") == "trial")
-    assert {"fp8_max_overflow", "fp8_max_underflow", "fp8_layers_saturating"} <= set(trial.data.metrics)
-    assert "fp8_max_overflow_at" in trial.data.tags
+    assert {"fp8_max_overflow", "fp8_max_underflow", "fp8_layers_saturating", "fp8_max_input_crest"} <= set(
+        trial.data.metrics)
+    assert trial.data.metrics["fp8_max_input_crest"] >= 1.0  # amax is never below the RMS
+    assert "fp8_max_overflow_at" in trial.data.tags and "fp8_max_input_crest_at" in trial.data.tags
     paths = {a.path for a in client.list_artifacts(trial.info.run_id, "diagnostics")}
     assert paths == {"diagnostics/layer_stats.csv", "diagnostics/heatmap.png"}
+
+
+def test_the_largest_input_crest_names_its_layer_and_step():
+    """Issue 55: a trained model's massive activations (SmolLM2: one residual channel ~25k against a median of 2)
+    show as an FP8 input's amax far above its RMS; the run carries the largest and where it was."""
+    rows = [dict(_row(0, "a", "input", 0.0), amax=8.0, rms=2.0), dict(_row(0, "b", "input", 0.0), amax=600.0, rms=1.5),
+            dict(_row(9, "b", "input", 0.0), amax=900.0, rms=1.5), dict(_row(9, "b", "weight", 0.0), amax=5e3, rms=0.1),
+            dict(_row(9, "c", "input", 0.0), amax=1.0, rms=0.0)]  # no RMS: no crest, not an error
+    result = ProbeResult(layer_stats=rows)
+    assert diagnostics_metrics(result)["fp8_max_input_crest"] == 600.0  # weights are not inputs
+    assert diagnostics_tags(result)["fp8_max_input_crest_at"] == "b step 9"
+    table = list(csv.DictReader(io.StringIO(diagnostics_artifacts(result)["diagnostics/layer_stats.csv"])))
+    assert [float(r["crest"]) for r in table[:3]] == [4.0, 400.0, 600.0] and table[4]["crest"] == "nan"
+
+
+def test_a_backend_reports_each_operands_rms():
+    """The emulated cast's statistics carry the operand's RMS beside its amax (what the crest is made of)."""
+    import torch
+
+    from precsearch.backends.tensor_stats import TensorStats
+    from precsearch.fp8.formats import quantization_stats
+
+    x = torch.tensor([3.0, -4.0, 0.0, 0.0])
+    stats = TensorStats.from_quantization(quantization_stats(x, 1.0, "e4m3"), x.numel())
+    assert stats.amax == 4.0 and stats.rms == pytest.approx(2.5)
