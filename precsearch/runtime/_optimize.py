@@ -53,6 +53,7 @@ from precsearch.search.sampling import suggest_policy
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count, finished_in
 from precsearch.utils import trace
+from precsearch.utils.processes import wait_unless
 from precsearch.utils.retry import with_retry
 
 
@@ -175,11 +176,8 @@ def _work(ctx: StudyRun, target: int) -> None:
 
 
 def _pause(ctx: StudyRun, seconds: float) -> None:
-    """Wait ``seconds`` for trials running elsewhere, ending early on a stop request: Ctrl-C only sets the flag,
-    and a worker sleeping its 2 s out made a stopped run take 2.2 s."""
-    end = time.monotonic() + seconds
-    while not ctx.stop.requested and (left := end - time.monotonic()) > 0:
-        time.sleep(min(0.05, left))
+    """Wait ``seconds`` for trials running elsewhere, ending early on a stop request."""
+    wait_unless(lambda: ctx.stop.requested, seconds)
 
 
 def _promotions(ctx: StudyRun) -> str:

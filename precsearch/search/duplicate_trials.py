@@ -14,13 +14,13 @@ is still running (at a lower trial number) waits for that twin and then takes it
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from precsearch.search import promotion
+from precsearch.utils.processes import wait_unless
 from precsearch.utils.retry import with_retry
 
 DUPLICATE_OF = "duplicate_of"
@@ -63,9 +63,7 @@ def await_twin(study: optuna.Study, trial: optuna.Trial, rung: int, poll_s: floa
         if twin is not None or stopping() or not running:
             return twin
         check()
-        end = time.monotonic() + poll_s
-        while not stopping() and time.monotonic() < end:  # a stop request ends the wait within 0.05 s
-            time.sleep(0.05)
+        wait_unless(stopping, poll_s)  # a stop request ends the wait within 0.05 s
 
 
 def tell_duplicate(study: optuna.Study, trial: optuna.Trial, twin: FrozenTrial, retry_s: float) -> None:

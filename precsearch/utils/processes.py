@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
 """``prctl`` option: the signal Linux sends this process when its parent dies."""
@@ -59,6 +60,14 @@ def dump_stacks_on_signal(signum: int = signal.SIGUSR1) -> None:
 
 
 _exit_armed: list[float] = []
+
+
+def wait_unless(stopping, seconds: float, poll_s: float = 0.05) -> None:
+    """Sleep ``seconds``, ending within ``poll_s`` once ``stopping()`` answers True (a Ctrl-C only sets a flag:
+    a worker sleeping its 2 s out made a stopped run take 2.2 s)."""
+    end = time.monotonic() + seconds
+    while not stopping() and (left := end - time.monotonic()) > 0:
+        time.sleep(min(poll_s, left))
 
 
 def exit_now(code: int) -> None:
