@@ -6,7 +6,7 @@ dot-product instructions run that GEMM slower than a float32 one: AVX2-only
 CPUs (e.g. AMD EPYC before Zen 4) in a generic kernel, where a BF16 step of the
 quickstart's probe took 3-4x as long as an emulated-FP8 step (whose GEMMs are
 float32), AVX-512 CPUs without AVX512_BF16 in oneDNN's emulation (about 1.5x
-the float32 step). ``scripts/bench_cpu_step.py`` measures it.
+the float32 step). ``bench_cpu_step.py@9f51ce4`` measures it.
 
 :func:`linear` computes the same thing with float32 GEMMs: it rounds the
 operands to BF16 exactly as autocast does, multiplies them in float32 (the

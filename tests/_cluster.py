@@ -1,4 +1,4 @@
-"""Real servers for the distributed tests: the PostgreSQL that scripts/test_postgres.sh starts, and
+"""Real servers for the distributed tests: the PostgreSQL that tests/test_postgres.sh starts, and
 ``mlflow server`` processes on loopback (imported by tests)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def postgres_url() -> str:
     if not url:
         if os.environ.get("PRECSEARCH_REQUIRE_POSTGRES"):
             pytest.fail("PRECSEARCH_REQUIRE_POSTGRES is set but PRECSEARCH_TEST_POSTGRES is not")
-        pytest.skip("no test PostgreSQL: eval \"$(bash scripts/test_postgres.sh)\" starts one")
+        pytest.skip("no test PostgreSQL: eval \"$(bash tests/test_postgres.sh)\" starts one")
     return url
 
 
@@ -124,12 +124,12 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.3) -> None:
 
 
 def postgres_ctl(action: str) -> None:
-    """Stop or start the test PostgreSQL (scripts/test_postgres.sh exports where it lives)."""
+    """Stop or start the test PostgreSQL (tests/test_postgres.sh exports where it lives)."""
     import shutil
 
     pg_bin, pg_dir = os.environ.get("PRECSEARCH_PG_BIN"), os.environ.get("PRECSEARCH_PG_DIR")
     if not (pg_bin and pg_dir):
-        pytest.skip("PRECSEARCH_PG_BIN/PRECSEARCH_PG_DIR unset: eval \"$(bash scripts/test_postgres.sh)\"")
+        pytest.skip("PRECSEARCH_PG_BIN/PRECSEARCH_PG_DIR unset: eval \"$(bash tests/test_postgres.sh)\"")
     cmd = [f"{pg_bin}/pg_ctl", "-D", pg_dir, "-w", "-l", f"{pg_dir}/server.log", action]
     if action == "stop":
         cmd += ["-m", "fast"]

@@ -20,8 +20,8 @@ README = ROOT / "README.md"
 # [text](target) and ![alt](target); the target ends at whitespace or ")".
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
-# A repository path named in prose, code or a command: precsearch/..., scripts/..., search_spaces/..., tests/...
-_REPO_PATH = re.compile(r"(?<![\w/.])/?((?:precsearch|scripts|search_spaces|tests)/[\w./-]*\w)")
+# A repository path named in prose, code or a command: precsearch/..., benchmarks/..., search_spaces/..., tests/...
+_REPO_PATH = re.compile(r"(?<![\w/.])/?((?:precsearch|benchmarks|search_spaces|tests)/[\w./-]*\w)")
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -77,7 +77,7 @@ def test_readme_links_resolve(site: Path):
 def test_paths_named_in_the_docs_exist():
     # Code spans and commands are not links, so the build does not check them: a moved module or a
     # renamed script would leave the docs naming a file that is gone. A prefix counts (an --out prefix,
-    # `scripts/gpu_*.sh`).
+    # `benchmarks/gpu/gpu_*.sh`).
     pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
     missing = []
     for page in pages:
@@ -85,6 +85,15 @@ def test_paths_named_in_the_docs_exist():
             if not any(ROOT.glob(path + "*")):
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, "files named in the docs do not exist:\n" + "\n".join(sorted(missing))
+
+
+def test_docs_name_no_folder_that_left_the_tree():
+    # The experiments' old folder is gone: a script or result file from it is cited as `name@commit`
+    # (docs/results/index.md), never by a path a reader would look for in vain.
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    stale = [f"{page.relative_to(ROOT)}: {m}" for page in pages
+             for m in re.findall(r"(?<![\w/.@-])scripts/[\w./*-]*", page.read_text())]
+    assert not stale, "docs name the removed scripts/ folder:\n" + "\n".join(stale)
 
 
 def test_readme_keeps_the_ci_test_command():
@@ -103,9 +112,9 @@ def test_a_broken_link_fails_the_build(tmp_path: Path):
     for note in (ROOT / "precsearch").rglob("*.md"):
         (tmp_path / note.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(note, tmp_path / note.relative_to(ROOT))
-    shutil.copytree(ROOT / "scripts" / "results", tmp_path / "scripts" / "results")
+    shutil.copytree(ROOT / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
     page = tmp_path / "docs" / "index.md"
-    page.write_text(page.read_text() + "\n[gone](/scripts/results/no-such-result.json)\n")
+    page.write_text(page.read_text() + "\n[gone](/benchmarks/results/no-such-result.json)\n")
     done = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert done.returncode != 0
     assert "no-such-result.json" in done.stdout + done.stderr

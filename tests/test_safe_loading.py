@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted([*(ROOT / "precsearch").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")])
+SOURCES = sorted([*(ROOT / "precsearch").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")])
 SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader"}
 
 

@@ -1,8 +1,8 @@
 """MkDocs hook: repository files that live outside docs/ but belong in the site.
 
 The notes kept beside the code (``precsearch/**/*.md``, e.g. ``backends/te.md``) become pages, and the
-measurement files under ``scripts/results/`` are copied as they are, each at its repository path. A
-docs page links them root-relative (``/scripts/results/x.json``); with ``validation.links.absolute_links:
+measurement files under ``benchmarks/results/`` are copied as they are, each at its repository path. A
+docs page links them root-relative (``/benchmarks/results/x.json``); with ``validation.links.absolute_links:
 relative_to_docs`` MkDocs checks such a link like any other, so a result file that is moved or renamed
 fails ``mkdocs build --strict``.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from mkdocs.structure.files import File, Files, InclusionLevel
 
 # Globs relative to the repository root (the folder of mkdocs.yml).
-REPO_GLOBS = ("precsearch/**/*.md", "scripts/results/*")
+REPO_GLOBS = ("precsearch/**/*.md", "benchmarks/results/*")
 
 
 def on_files(files: Files, config) -> Files:

@@ -11,7 +11,7 @@ whole group alive until the group is done. With all parameters in one group the 
 therefore holds an FP32 copy of every scaled state at once: FP8 moments then cost 4 + 1 bytes
 per element at the step's peak instead of 1, more than FP32 moments. Splitting the parameters
 into groups no larger than the largest parameter bounds that temporary to one group's size
-(measured: ``scripts/results/2026-11-30_h200_bench_memory_knobs_call1.json``, rows
+(measured: ``2026-11-30_h200_bench_memory_knobs_call1.json@43b5edd``, rows
 ``fp8_m_fp8_one`` and ``fp8_m_fp8``).
 
 Why FP8 states are re-made (:func:`compact_fp8_states`): ``FusedAdam`` creates an FP8 state

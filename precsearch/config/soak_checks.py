@@ -1,6 +1,6 @@
 """Optimizer states the long paired runs decided against: a space may not offer them.
 
-A 40-step probe cannot see what fails after a thousand steps. ``scripts/bench_soak.py`` trains each
+A 40-step probe cannot see what fails after a thousand steps. ``benchmarks/bench_soak.py`` trains each
 optimizer-state combination the memory knobs accept for 2,000 annealed steps, 8 seeds, each paired with the
 standard set-up (FP32 master weights and moments) on the same init and data (``docs/results/soak.md``). What
 went non-finite, diverged or was decided damaging there is refused here, with the soak's figure, so no study

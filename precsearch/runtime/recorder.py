@@ -21,7 +21,7 @@ What survives a crash:
   Ctrl-C or SIGTERM stops at once, leaving the entries not written for the next run.
 
 ``PRECSEARCH_SYNC_RECORD=1`` records inline on the critical path, as before this module, for
-``scripts/bench_probe.py`` to compare the two side by side; the journal is kept either way.
+``benchmarks/bench_probe.py`` to compare the two side by side; the journal is kept either way.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 * **speed** (``speed_gain``): *predicted*, never measured here: the unit's share
   of the step's GEMM FLOPs times the saving of a nominal 2x faster FP8 GEMM
   (4x for NVFP4, Blackwell's FP4 rate).
-  ``scripts/gpu_sensitivity_study.sh`` measures per-unit GEMM times on the H200.
+  ``gpu_sensitivity_study.sh@d3ca7bc`` measures per-unit GEMM times on the H200.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ than they hold, one block at a time. :class:`PinnedBlock` takes one plain host t
 touches its pages with PyTorch's parallel fill (so the kernel maps them on every core, not one page at a time
 inside the registration), page-locks it with ``cudaHostRegister``, and hands out views into it. The views are
 page-locked memory to CUDA (fast, asynchronous copies) for as long as the block lives; when it is freed it is
-unregistered first. ``scripts/bench_pinned.py`` times it against the per-tensor way.
+unregistered first. ``bench_pinned.py@c1936b3`` times it against the per-tensor way.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ With ``PRECSEARCH_TRACE=<file>`` set, every process of a run (the study, its
 probe process, workers) appends one JSON line per finished span to that file:
 ``{"name", "pid", "role", "t0", "t1"}`` plus the span's own fields (a trial
 number, a label), ``t0``/``t1`` in epoch seconds. Unset, :func:`span` costs one
-dictionary lookup. ``scripts/bench_probe.py`` sets it and reads the file back
+dictionary lookup. ``benchmarks/bench_probe.py`` sets it and reads the file back
 (:func:`read`) to say when the probe process, which holds the GPU, waited for
 the study process and on what.
 

@@ -3,7 +3,7 @@
 Each case is a backend on a device. On a CPU machine only ``emulated-cpu`` runs
 (and ``torchao-emulate-cpu`` when torchao imports: torchao's emulation mode,
 which exercises the torchao conversion logic without FP8 hardware). On a GPU
-(``-m gpu``, see ``scripts/gpu_check.sh``) the emulated, Transformer Engine and
+(``-m gpu``, see ``benchmarks/gpu/gpu_check.sh``) the emulated, Transformer Engine and
 torchao backends run on ``cuda``; a case whose library or hardware is missing
 is skipped with the reason.
 

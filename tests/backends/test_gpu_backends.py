@@ -1,4 +1,4 @@
-"""GPU-only checks of the Transformer Engine and torchao backends (run by scripts/gpu_check.sh).
+"""GPU-only checks of the Transformer Engine and torchao backends (run by benchmarks/gpu/gpu_check.sh).
 
 These prove on real hardware what the CPU cannot: that each layer ran the
 precision its policy assigned (from TE's own per-module state), that the BF16

@@ -1,4 +1,4 @@
-"""GPU-only checks of the FP8 diagnostics on Transformer Engine (run by scripts/gpu_check.sh).
+"""GPU-only checks of the FP8 diagnostics on Transformer Engine (run by benchmarks/gpu/gpu_check.sh).
 
 They prove what the CPU cannot: that the ``te`` backend's statistics use the
 scale TE casts with and see the amax TE records (delayed scaling), that TE's

@@ -1,6 +1,6 @@
 """A Transformer Engine probe on two GPUs (FSDP2 or tensor parallelism, NCCL) against the same probe on one GPU.
 
-Run by ``scripts/gpu_fsdp.sh`` on a machine with two GPUs; skipped with fewer.
+Run by ``gpu_fsdp.sh@d25bd2e`` on a machine with two GPUs; skipped with fewer.
 It proves what the gloo test cannot: that ``te.Linear`` layers train under
 ``fully_shard`` with each Hopper recipe, that each GPU measures its own peak,
 and that the two-GPU loss curve is the one-GPU one.

@@ -3,8 +3,8 @@
 A 2-block ``GPTModel`` (TE layer spec) built from the exported flags (``TransformerConfig`` fields) and
 precision config (``quant_recipe``), trained two steps with Megatron's own DDP and optimizer; then each
 ``decoder.layers.{i}.*`` TE module's latest forward (``module.fp8``, ``fp8_meta["recipe"]``) is compared with
-the policy. Skipped without CUDA, or without megatron-core (``scripts/gpu_frameworks.sh`` unpacks it).
-Run as ``bash scripts/gpu_frameworks.sh`` (it runs this file first).
+the policy. Skipped without CUDA, or without megatron-core (``benchmarks/gpu/gpu_frameworks.sh`` unpacks it).
+Run as ``bash benchmarks/gpu/gpu_frameworks.sh`` (it runs this file first).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

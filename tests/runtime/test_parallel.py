@@ -2,7 +2,7 @@
 
 These are the set-up the README describes for several machines (workers on
 one machine here): the study in PostgreSQL, MLflow runs logged to one
-tracking server. ``.ci/run`` starts the PostgreSQL (scripts/test_postgres.sh).
+tracking server. ``.ci/run`` starts the PostgreSQL (tests/test_postgres.sh).
 """
 
 from __future__ import annotations

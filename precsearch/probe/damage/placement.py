@@ -39,14 +39,14 @@ GRAD_BYTES = 2
 
 def state_bytes(cfg: ModelConfig, n_states: int) -> int:
     """Bytes of ``n_states`` states: every parameter in FP32, and two FP32 moments of each unit weight."""
-    return n_states * FP32_BYTES * (cfg.num_params() + 2 * _unit_elements(cfg))
+    return n_states * FP32_BYTES * (cfg.num_params() + 2 * unit_elements(cfg))
 
 
 def gradient_bytes(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, n_states: int) -> int:
     """Bytes of the BF16 side's gradients kept at ``n_states`` states: each unit's, per reading batch, in BF16
     whatever the probe's parameter dtype (BF16 autocast's weight gradients are BF16 values, kept in BF16 by
     :func:`.reading.kept_grad`)."""
-    return n_states * settings.batches * GRAD_BYTES * _unit_elements(cfg)
+    return n_states * settings.batches * GRAD_BYTES * unit_elements(cfg)
 
 
 def bf16_run_peak(cfg: ModelConfig, probe: ProbeSection) -> int:
@@ -73,5 +73,9 @@ def states_fit(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, d
     return need <= DEVICE_SHARE * total
 
 
-def _unit_elements(cfg: ModelConfig) -> int:
+def unit_elements(cfg: ModelConfig) -> int:
+    """The weight elements of every searchable unit (Linear layer) of ``cfg``, summed.
+
+    The reading's per-unit copies (its kept gradients, a state's two Adam moments) scale with this count.
+    """
     return sum(rows * cols for rows, cols in (unit_shape(cfg, unit) for unit in unit_names(cfg)))

@@ -72,7 +72,7 @@ class DiagnosticsConfig:
             (0.001: one value in a thousand clipped).
         sentinels: ``replay`` (default): non-finite sentinels only on a replay of a step whose
             loss or gradient came back non-finite; ``every_step``: on every step (costs a pass over
-            every unit's input, output and gradients; kept to measure that cost, ``scripts/bench_stack.py``).
+            every unit's input, output and gradients; kept to measure that cost, ``benchmarks/bench_stack.py``).
     """
 
     every: int = 10

@@ -26,7 +26,7 @@ the remainder bits of a master kept as remainders hold no value of their own, an
 moments, kept as ``uint8``, do not say which FP8 format their bytes are (their FP32 scales are read).
 
 Cost: the state and weight check took 1.4 ms a step on the CPU quickstart probe (4 layers, 128 wide, FP32
-moments, one thread), 0.8% of a BF16 step and 0.35% of an emulated-FP8 one (``scripts/bench_nonfinite.py``), so
+moments, one thread), 0.8% of a BF16 step and 0.35% of an emulated-FP8 one (``bench_nonfinite.py@c3cc446``), so
 it runs every step. It is inside the timed step, the BF16 reference's as the policy's.
 """
 

@@ -22,7 +22,7 @@ signal 0.69 units above BF16, or several smaller) flags a policy as risky.
 The units (:data:`TERMS`) are priors, not fits: doubling of the block-output kurtosis or of the max
 attention logit relative to BF16; 0.25 in ln units per 100 steps of extra amax or grad-norm growth (x1.28
 per 100 steps, x7 over 800); 0.1 of extra mean gate/up ``|cos|`` (random rows sit near
-``sqrt(2 / (pi * dim))``, 0.02 at dim 2048). ``scripts/bench_fidelity.py`` is the place to calibrate them
+``sqrt(2 / (pi * dim))``, 0.02 at dim 2048). ``benchmarks/bench_fidelity.py`` is the place to calibrate them
 against long runs. A signal missing from either run contributes nothing and is listed in
 :attr:`Risk.missing`, so a score from fewer signals is visible as such.
 """

@@ -21,7 +21,7 @@ Two estimators, both from that one trained model:
 Neither sees what quantizing the *gradients* does over a training run, nor the
 staleness of delayed scaling (a delayed scaler is warmed on the tensor itself,
 so it reads as current scaling): how well either ranks the units against short
-probes with one unit switched is measured by ``scripts/bench_search.py``.
+probes with one unit switched is measured by ``bench_search.py@dffbdfa``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ depth, and a per-block error (a tensor missed in every block) is what the
 per-layer term extrapolates.
 
 From one depth (the probe as a study runs it) only a fixed offset can be
-fitted; two or more depths (e.g. 2 and 4 blocks, as ``scripts/bench_memory.py``
+fitted; two or more depths (e.g. 2 and 4 blocks, as ``benchmarks/bench_memory.py``
 runs) separate per-block from fixed costs by least squares. Predictions
 corrected this way are labelled ``calibrated``; uncorrected ones stay
 ``predicted``.

@@ -3,9 +3,9 @@
 :func:`~precsearch.probe.memory.peak.predict_peak` counts eager autograd. Compiled, AOTAutograd's partitioner
 recomputes cheap pointwise results in the backward instead of saving them, so a compiled block holds less;
 torchao's FP8 Linears let it recompute more (their input casts). The counts below are those of what the
-compiled blocks saved on the H200 (``scripts/torchao_saved.py``, 2 Hugging Face Llama blocks at the 8B width,
+compiled blocks saved on the H200 (``benchmarks/torchao_saved.py``, 2 Hugging Face Llama blocks at the 8B width,
 seq 4096, FP32 parameters under BF16 autocast, torchao 0.16, torch 2.11; 2026-12-03,
-``scripts/results/2026-12-03_h200_torchao_saved.json``), per block and token:
+``2026-12-03_h200_torchao_saved.json@e2a4785``), per block and token:
 
 * every block: one FP32 residual-stream tensor, q and the attention output (BF16, ``dim`` wide), k and v
   (BF16, ``n_kv_heads * head_dim``), the attention's FP32 log-sum-exp per head, two FP32 RMS values, SwiGLU's
@@ -19,7 +19,7 @@ An all-BF16 block saved 3 ``ffn_dim``-wide and 3 ``dim``-wide BF16 tensors, an a
 FP32 residual (the final norm, outside the blocks and eager, holds two more). Which unit keeps which input
 is inferred from those two blocks; the mixed policy (FP8 attention, BF16 MLP: its ``linear_proj`` input and
 the MLP's) checks the inference against the 4-block compiled runs of the same call
-(``scripts/results/2026-12-03_h200_bench_frameworks_torchtitan_compiled.txt``): ``tests/probe/memory/test_compiled.py``.
+(``2026-12-03_h200_bench_frameworks_torchtitan_compiled.txt@e2a4785``): ``tests/probe/memory/test_compiled.py``.
 Outside the blocks (eager): the final norm (FP32 input and output, 1/rms), the output layer's BF16 input,
 the token ids, and RoPE's FP32 cos/sin once.
 

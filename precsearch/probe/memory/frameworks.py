@@ -11,8 +11,8 @@ what the export gives a policy without memory knobs) differs at both moments tha
   as the FP32 main parameters), while Transformer Engine's cached FP8 weight copies stay alive.
 
 Against the recorded 4-block Megatron-Core runs at the 8B width (H200, 2026-12-01,
-``scripts/results/2026-12-01_h200_bench_frameworks.json``) this puts the prediction within 0.3% of every
-standard-optimizer row, where the probe's peak read 12.7-12.9% under (``tests/scripts/test_bench_frameworks.py``).
+``2026-12-01_h200_bench_frameworks.json@1d486ad``) this puts the prediction within 0.3% of every
+standard-optimizer row, where the probe's peak read 12.7-12.9% under (``tests/benchmarks/test_bench_frameworks.py``).
 With ``--use-precision-aware-optimizer`` (the memory knobs) Megatron hands its gradients to TE's ``FusedAdam``
 without the FP32 copy and its distributed optimizer holds less than the probe at the backward; that case is
 not modelled here and keeps the probe's figure (+0.9% over the one recorded run).

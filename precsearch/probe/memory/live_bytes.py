@@ -3,7 +3,7 @@
 :class:`LiveBytes` is a dispatch mode: every tensor an op returns while it is active is counted by its
 storage (views and in-place results share one), until that storage is freed; ``peak`` is the most
 held at once, forward and backward (autograd runs the backward's ops under the same mode). Used to
-check what a loss or a layer keeps (``tests/backends/test_cross_entropy.py``, ``scripts/bench_loss.py``).
+check what a loss or a layer keeps (``tests/backends/test_cross_entropy.py``, ``bench_loss.py@4232a8b``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ predicted against 67.89 GiB measured for BF16, +7% to +13% over the other
 policies but FP8 weight storage (−9%). Figures from this module are labelled "predicted";
 :mod:`precsearch.probe.memory.calibration` corrects them from GPU measurements (the
 residual is linear in depth: calibrated on 2- and 4-block probes, the full
-32-block peaks came within 1.93%, ``scripts/results/2026-11-30_h200_bench_memory.log``).
+32-block peaks came within 1.93%, ``2026-11-30_h200_bench_memory.log@2d4ed84``).
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def predict_peak(
 
 
 #: Bytes per output-layer weight element that an FP8 output layer holds beyond the model's other terms while
-#: its forward runs, by recipe: measured on the H200 (TE 2.20.2, 2026-12-04, ``scripts/fp8_head_memory.py``:
+#: its forward runs, by recipe: measured on the H200 (TE 2.20.2, 2026-12-04, ``fp8_head_memory.py@0dd7e53``:
 #: the probe at the 8B width, 2 and 4 blocks, seq 2048 and 4096) as the peak less the forward's other terms,
 #: the same within +-3% at every depth and length (so per weight element, not per logit); 7.4-7.8 GiB more than
 #: a BF16 head at vocabulary 128,256, where the FP8 weight copies account for 1 GiB. What TE allocates there was

@@ -24,7 +24,7 @@ from precsearch.arch.units import OUTPUT_LAYER, unit_names, unit_shape
 from precsearch.precision import Precision
 from precsearch.probe.memory.compiled import compiled_activation_bytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 import frameworks_plan as plan  # noqa: E402
 from _saved import saved_storage_bytes  # noqa: E402
@@ -92,7 +92,7 @@ def test_the_frameworks_compiled_runs_of_2026_12_06_are_predicted(framework, res
         assert abs(100 * (model - measured)) < 0.25, (name, model, measured)
 
 
-#: The 2-block listings of what compiled blocks save (``scripts/torchao_saved.py``): the Hugging Face blocks the
+#: The 2-block listings of what compiled blocks save (``benchmarks/torchao_saved.py``): the Hugging Face blocks the
 #: rule was read from (H200), and torchtitan 0.2.2's own blocks (H100, 2026-12-06), whose mixed policy (FP8
 #: attention, BF16 MLP) checks the rule's inference of which unit keeps which input.
 LISTINGS = {"hf": "2026-12-03_h200_torchao_saved.json", "torchtitan": "2026-12-06_h100_torchtitan_saved.json"}

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _measured import measurement
+from _measured import measured_rows, measurement
 
 from precsearch import cpu_bf16
 from precsearch.arch.units import unit_names
@@ -164,13 +164,9 @@ def test_activation_bytes_equal_what_autograd_saves(param_dtype, native_bf16, mo
     assert _saved_by_autograd(model, ids) == expected + copies
 
 
-#: scripts/bench_memory.py on the H200 (2026-11-30): the TE stack (fused modules, Megatron-Core layout) at the
+#: benchmarks/bench_memory.py on the H200 (2026-11-30): the TE stack (fused modules, Megatron-Core layout) at the
 #: Llama-3-8B shape, peaks of 2- and 4-block probes and of the full-depth model, per policy.
 _H200_RUN = "2026-11-30_h200_bench_memory.json"  # in tests/measured/
-
-
-def _h200_rows() -> list[dict]:
-    return measurement(_H200_RUN)["rows"]
 
 
 #: Bytes per logit the probe's loss held when those peaks were measured: F.cross_entropy's three float32
@@ -185,7 +181,7 @@ def _loss_change(meta: dict) -> int:
     return tokens * PRESETS["llama3-8b"].vocab_size * (_MEASURED_WITH_LOGIT_BYTES - LOGIT_BYTES)
 
 
-@pytest.mark.parametrize("row", _h200_rows(), ids=lambda r: r["policy"])
+@pytest.mark.parametrize("row", measured_rows(_H200_RUN), ids=lambda r: r["policy"])
 def test_calibrated_model_predicts_the_h200_full_depth_peaks_within_3_percent(row):
     """Calibrated on the 2- and 4-block peaks measured on the H200, the model predicts each policy's
     full-depth peak within 3% (issue 13's target). Recomputed here from the recorded measurements, so a

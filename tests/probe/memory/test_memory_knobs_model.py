@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from _measured import MEASURED, measurement
+from _measured import measured_path, measurement
 
 from precsearch.arch.units import unit_names
 from precsearch.policy import MemoryKnobs
@@ -25,7 +25,7 @@ CFG = PRESETS["llama3-8b"].with_overrides(n_layers=2)
 N = CFG.num_params()
 FP8 = {n: Precision.FP8_DELAYED for n in unit_names(CFG) if n != "output_layer"}
 STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 def _predict(memory: MemoryKnobs, **kw):
@@ -97,7 +97,7 @@ def test_the_model_today_stays_within_three_percent_of_the_h200_measurements():
     """Recomputed from the H200 measurements with today's model (a stored table could not catch a regression);
     the rows that fit the per-precision offset match by construction and are left out."""
     script = _compare_script()
-    rows = [r for call in (1, 2) for r in script.compare(MEASURED / f"2026-11-30_h200_bench_memory_knobs_call{call}.json")]
+    rows = [r for call in (1, 2) for r in script.compare(measured_path(f"2026-11-30_h200_bench_memory_knobs_call{call}.json"))]
     held_out = [r for r in rows if not r["fit_row"]]
     assert len(rows) == 31 and len(held_out) == 27
     assert max(abs(r["error"]) for r in held_out) <= 0.03
@@ -105,7 +105,7 @@ def test_the_model_today_stays_within_three_percent_of_the_h200_measurements():
 
 
 def test_an_fp8_output_layer_peaks_in_its_forward_as_measured_on_the_h200():
-    """The model against scripts/fp8_head_memory.py's H200 runs (2026-12-04), recomputed with today's model.
+    """The model against fp8_head_memory.py@0dd7e53's H200 runs (2026-12-04), recomputed with today's model.
 
     FP8_HEAD_TRANSIENT_BYTES was fitted on these same runs (one constant per recipe), so this guards the
     model's use of it (the FP8 heads' peaks in their forward, within 3% at each depth and length), not its

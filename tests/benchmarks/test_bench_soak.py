@@ -1,0 +1,86 @@
+"""benchmarks/bench_soak.py: its verdicts, its non-finite naming, and a CPU smoke run that resumes from its cache.
+
+What would be wrong if these failed: the soak matrix in docs/results/soak.md could call a damaging state benign,
+miss or misname a NaN, or run again (and pay again for) runs its cache already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_soak  # noqa: E402
+from precsearch.backends.fp8_state_adam import FP8StateAdamW  # noqa: E402
+
+
+@pytest.mark.parametrize("mean, se, tol, expected", [
+    (3.0, 1.0, 0.25, "damaging"),  # 3 - 2 > 0.25
+    (1.0, 1.0, 0.25, "undecided"),
+    (-2.0, 1.0, 0.25, "benign"),  # -2 + 2 < 0.25
+    (0.2, math.nan, 0.25, "undecided"),  # one pair: no SE, no verdict
+])
+def test_a_verdict_needs_two_standard_errors_beyond_the_tolerance(mean, se, tol, expected):
+    assert bench_soak.verdict(mean, se, tol) == expected
+
+
+def _run(combo, seed, loss=None, nan_step=None):
+    r = {"combo": combo, "seed": seed}
+    return r | ({"non_finite_step": nan_step, "non_finite_tensor": "w exp_avg"} if nan_step else
+                {"held_out_loss": loss})
+
+
+def test_summary_pairs_each_run_with_its_seeds_standard_run_and_lists_the_non_finite_ones():
+    runs = {}
+    for seed in range(4):
+        runs[(bench_soak.BASE, seed)] = _run(bench_soak.BASE, seed, 2.0 + seed)
+        runs[("std_rem_fp8", seed)] = _run("std_rem_fp8", seed, (2.0 + seed) * 2.5)  # +150%: diverged
+        runs[("std_fp32_fp8block", seed)] = (_run("std_fp32_fp8block", seed, nan_step=1100) if seed == 2 else
+                                             _run("std_fp32_fp8block", seed, (2.0 + seed) * (1 + 1e-4 * seed)))
+    rows = bench_soak.summarise(runs)["rows"]
+    bad = rows["std_fp32_fp8block"]
+    assert bad["non_finite"] == [{"seed": 2, "step": 1100, "tensor": "w exp_avg"}] and bad["paired"] == 3
+    assert bad["status"] == "non-finite"
+    assert bad["gap_pct"] == pytest.approx(100 * 1e-4 * (0 + 1 + 3) / 3)
+    diverged = rows["std_rem_fp8"]
+    assert diverged["gap_pct"] == pytest.approx(150.0) and diverged["diverged"] == 4
+    assert diverged["status"] == "diverged"
+
+
+def test_the_first_non_finite_tensor_is_named_with_its_state():
+    model = torch.nn.Linear(4, 3)
+    opt = FP8StateAdamW(model.parameters(), master="none", exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32")
+    assert bench_soak.first_non_finite(model, opt) is None
+    opt.state[model.bias]["exp_avg_sq"][1] = math.nan
+    assert bench_soak.first_non_finite(model, opt) == "bias exp_avg_sq"
+    with torch.no_grad():
+        model.weight[0, 0] = math.inf
+    assert bench_soak.first_non_finite(model, opt) == "weight"  # parameters in order: the weight comes first
+
+
+def test_the_lr_warms_up_holds_and_anneals_to_zero():
+    s = bench_soak.Setup(steps=2000)
+    assert bench_soak.lr_at(0, s) == pytest.approx(s.lr / 100)
+    assert bench_soak.lr_at(99, s) == bench_soak.lr_at(1499, s) == s.lr
+    assert bench_soak.lr_at(1750, s) == pytest.approx(s.lr / 2) and bench_soak.lr_at(1999, s) == pytest.approx(s.lr / 500)
+
+
+@pytest.mark.slow
+def test_a_cpu_smoke_soak_pairs_its_runs_and_its_cache_runs_nothing_twice(tmp_path, capsys):
+    cache, out = tmp_path / "runs.jsonl", tmp_path / "soak.json"
+    args = ["--smoke", "--steps", "50", "--seeds", "2", "--combos", "std_fp32_fp8block", "--cache", str(cache),
+            "--json", str(out)]
+    assert bench_soak.main(args) == 0
+    report = json.loads(out.read_text())
+    row = report["rows"]["std_fp32_fp8block"]
+    assert row["runs"] == 2 and row["paired"] == 2 and not row["non_finite"] and math.isfinite(row["gap_pct"])
+    assert len(cache.read_text().splitlines()) == 4  # 2 seeds x (the pair's standard run + the combination)
+    capsys.readouterr()
+    assert bench_soak.main(args) == 0
+    assert "runs to do" not in capsys.readouterr().out and len(cache.read_text().splitlines()) == 4
