@@ -475,10 +475,12 @@ class Budget:
 
 
 def top_units(reading: dict[str, Any], n: int, inputs: dict[str, dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The worst state's ``n`` units by the reading's measure, each with its GEMM input's amax / RMS beside."""
+    """The worst state's ``n`` units by the reading's measure, each with its GEMM input's amax / RMS beside; none
+    where the measure is the whole model's alone (``forward``: a loss change has no per-unit share)."""
     measure = reading["measure"]
     worst = next(s for s in reading["states"] if s["step"] == reading["state_step"])
-    units = sorted(worst["units"].items(), key=lambda kv: -_finite_or_inf(kv[1][measure][0]))[:n]
+    per_unit = [(u, f) for u, f in worst["units"].items() if measure in f]
+    units = sorted(per_unit, key=lambda kv: -_finite_or_inf(kv[1][measure][0]))[:n]
     return [{"unit": u, "value": f[measure][0], "se": f[measure][1],
              "input_amax_over_rms": (inputs or {}).get(u, {}).get("amax_over_rms")} for u, f in units]
 

@@ -155,3 +155,12 @@ def test_gpu_script_assembles_the_gguf_from_parts_carried_one_call_at_a_time(tmp
     assert (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == gguf
     out = json.loads((tmp_path / "out" / "real_weights.json").read_text())
     assert out["meta"]["tokens"] == 30_000 and "d_head_current/both/-" in out["inits"]["real"]["rows"]
+
+
+def test_top_units_are_none_for_a_whole_model_measure_and_ranked_for_a_per_unit_one():
+    # forward is a loss change of the whole model: the units carry the other figures, not it (a KeyError before)
+    units = {"a": {"update_norm": (0.1, 0.01)}, "b": {"update_norm": (0.3, 0.02)}}
+    state = {"step": 5, "units": units}
+    assert bench.top_units({"measure": "forward", "state_step": 5, "states": [state]}, 3, None) == []
+    ranked = bench.top_units({"measure": "update_norm", "state_step": 5, "states": [state]}, 3, {"b": {"amax_over_rms": 9.0}})
+    assert [u["unit"] for u in ranked] == ["b", "a"] and ranked[0]["input_amax_over_rms"] == 9.0
