@@ -40,7 +40,8 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     metrics = study_metrics(rows, finished_count(ctx.study), names)
     if log_metrics:
         ctx.tracker.log_study(metrics)
-    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.instability_unit)
+    ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.instability_unit,
+                         noise=ctx.space.objectives.reference_seeds >= 2)
     return metrics
 
 

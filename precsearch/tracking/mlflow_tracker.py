@@ -241,11 +241,12 @@ class Tracker:
             if changed:  # another run of the study may write the same new tags now
                 _again_if_raced(lambda: self.client.log_batch(run_id, tags=changed))
 
-    def set_view(self, param_names: list[str], unit: str = "relative") -> None:
+    def set_view(self, param_names: list[str], unit: str = "relative", noise: bool = True) -> None:
         """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params, with
-        instability in the study's ``stability_unit``."""
+        instability in the study's ``stability_unit`` (``noise``: whether the study has a BF16 seed noise floor,
+        whose column is shown only then)."""
         have = self.client.get_experiment(self.experiment_id).tags
-        for key, value in experiment_tags(param_names, unit).items():
+        for key, value in experiment_tags(param_names, unit, noise).items():
             if have.get(key) != value:  # another run of the study may write the same new tag now
                 _again_if_raced(lambda: self.client.set_experiment_tag(self.experiment_id, key, value))
 
