@@ -111,7 +111,8 @@ def test_a_damage_study_gives_one_value_in_its_measure_with_its_interval(tmp_pat
                                      "seconds": 0.1, "states": [state]})
     out = _four_outputs(tmp_path, {"objectives.reading": "damage"}, result)
     name = "update_norm (AdamW update error bias^2 / update^2)"
-    assert out["terminal"].startswith(f"instability 0.00138 ± 0.0006 (2 SE) {name}; limit 0.01: stable [feasible")
-    assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == ("0.00138", name, "0.01")
-    assert out["band"] == {"stable"}
+    # the default limit (0.002): the interval's upper end, 0.00198, is past 90% of it
+    assert out["terminal"].startswith(f"instability 0.00138 ± 0.0006 (2 SE) {name}; limit 0.002: near the limit [feasible")
+    assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == ("0.00138", name, "0.002")
+    assert out["band"] == {"near the limit"}
     assert "0.00138 ± 0.0006 (2 SE)" in out["table"] and name in out["table"]

@@ -413,6 +413,16 @@ class Space(Section):
     target: TargetSection | None = Field(None, description="what trains with the policies (off if unset: "
                                          "every choice is offered)")
 
+    @model_validator(mode="after")
+    def _checkpoint_states(self) -> "Space":
+        """A probe from a checkpoint: the reading decides what it reads there
+        (:meth:`precsearch.readings.StabilityReading.from_checkpoint`; the fixed-state reading reads the checkpoint
+        too, unless ``objectives.damage.states`` says otherwise)."""
+        if self.model.init_from is not None:
+            objectives = get_reading(self.objectives.reading).from_checkpoint(self.objectives)
+            object.__setattr__(self, "objectives", objectives)  # frozen: set once, here
+        return self
+
     def baseline_knobs(self) -> MemoryKnobs:
         """The reference run's memory knobs (``objectives.baseline_memory``), resolved for the probe's parameters."""
         return MemoryKnobs(**self.objectives.baseline_memory.model_dump()).resolved(self.probe.param_dtype)

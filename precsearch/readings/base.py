@@ -115,6 +115,12 @@ class StabilityReading(ABC):
         """What instability is measured in: this reading's name where it has its own unit, else ``stability_unit``."""
         return self.name if self.own_unit else stability_unit
 
+    def from_checkpoint(self, objectives: Any) -> Any:
+        """The ``objectives`` section (a validated config section) for a probe that starts from a checkpoint
+        (``model.init_from``): as it is, unless the reading reads states of a run of its own and the checkpoint
+        is one of them."""
+        return objectives
+
     def limit(self, objectives: Mapping[str, Any]) -> float:
         """The stability limit in :meth:`unit_kind`, from ``objectives`` as a dict (NaN when it has none)."""
         limit = objectives.get("stability_limit")

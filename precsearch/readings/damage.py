@@ -27,6 +27,15 @@ MEASURES: dict[str, str] = {
 }
 
 
+#: The states read when ``objectives.damage.states`` is not given: the middle and the end of the BF16 run, and,
+#: when the probe starts from a checkpoint (``model.init_from``), the checkpoint itself. On SmolLM2's real weights
+#: (H100, 2026-12-06; docs/results/real-weights.md) every policy whose fine-tuned loss gap was beyond the BF16 seed
+#: noise (+0.6% to +2.2% after 100 steps) read stable at the middle and the end of a 30-step run, and unstable
+#: with the checkpoint read too: a pretrained model's outliers meet FP8 at its first step.
+DEFAULT_STATES: tuple[float, ...] = (0.5, 1.0)
+CHECKPOINT_STATES: tuple[float, ...] = (0.0, 0.5, 1.0)
+
+
 class DamageReading(StabilityReading):
     """Reads the probe result's fixed-state reading (``result.damage``: ``value``, ``se``, ``nonfinite``)."""
 
@@ -45,6 +54,13 @@ class DamageReading(StabilityReading):
             return Judged(DIVERGED_INSTABILITY, DIVERGED_INSTABILITY, math.nan, value, se)
         catastrophe = DIVERGED_INSTABILITY if excess else -math.inf  # spikes BF16 did not have
         return Judged(value, max(value - objectives.damage.limit, catastrophe), gap, value, se)
+
+    def from_checkpoint(self, objectives: Any) -> Any:
+        """Read the checkpoint too (:data:`CHECKPOINT_STATES`), unless ``objectives.damage.states`` was written."""
+        damage = objectives.damage
+        if "states" in damage.model_fields_set:
+            return objectives
+        return objectives.model_copy(update={"damage": damage.model_copy(update={"states": list(CHECKPOINT_STATES)})})
 
     def limit(self, objectives: Mapping[str, Any]) -> float:
         limit = (objectives.get("damage") or {}).get("limit")

@@ -40,7 +40,7 @@ def test_every_trial_is_scored_by_its_reading(study):
     trials = [t for t in stored.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
     assert trials
     limit = stored.user_attrs["space"]["objectives"]["damage"]["limit"]
-    assert limit == 0.01  # the default measure's (DEFAULT_LIMITS)
+    assert limit == 0.002  # the default measure's (DEFAULT_LIMITS)
     for t in trials:
         damage, score = t.user_attrs["probe_result"]["damage"], t.user_attrs["score"]
         assert score["instability"] == pytest.approx(damage["value"])
