@@ -68,8 +68,10 @@ class StabilityReading(ABC):
       and ``stability_limit``; it also names its legacy display metric (:attr:`legacy_column`) and what the
       front's plot calls it (:attr:`plot_subject`);
     * a reading with :attr:`fixed_states` reads each trial's probe at fixed states of a BF16 run: the probe
-      process makes that BF16 side once per gradient-clipping value (its steps count in the time left), and
-      it reads one-process probes only;
+      process makes that BF16 side once per gradient-clipping value, and it reads one-process probes only;
+      :meth:`side_runs` gives a worker's loop the object that keeps which sides its probe process made, the
+      steps of those still to make (for the time left) and the seconds a trial's probe spent on one; a reading
+      without sides gives :class:`SideRuns`, which has none;
     * :meth:`metrics` names the extra MLflow metrics it records, and :meth:`verdict_figures` the words after
       the verdict (``; gap +2.47% vs BF16 seed noise ...``); :meth:`infeasible_reason` says why a trial over
       its limit is not feasible, for ``precsearch export``.
@@ -156,9 +158,34 @@ class StabilityReading(ABC):
         return (f"instability {shown} (objectives.stability_limit); it trained measurably worse than BF16 in its "
                 f"probe")
 
+    def side_runs(self, clip_values: Sequence[Any], steps: int) -> "SideRuns":
+        """The BF16 sides one worker's probe process makes for this reading, over a study whose gradient clipping
+        takes ``clip_values`` and whose probe runs ``steps`` steps (none by default)."""
+        return SideRuns()
+
     def legacy_value(self, instability: float) -> float:
         """The per-unit display metric of earlier versions for a reading with its own unit (3 significant digits)."""
         return float(f"{instability:.3g}")
+
+
+class SideRuns:
+    """The BF16 runs a reading makes beside one worker's trials (its sides), what is left of them and what they
+    cost; made by :meth:`StabilityReading.side_runs`, one per worker, and asked by the study loop, which does
+    not know the reading. This one has none (a reading that reads the probe alone)."""
+
+    def steps_ahead(self) -> int:
+        """Steps of the sides still to make (an estimate: a clipping value the sampler never picks makes none)."""
+        return 0
+
+    def begin(self, clip_grad: Any, trial: int) -> str | None:
+        """Trial ``trial``'s probe, at ``clip_grad``, is about to run: the line that says it makes a side first
+        (the first time for ``clip_grad`` in this probe process), else None."""
+        return None
+
+    def seconds_in(self, result: Any) -> float:
+        """Seconds of a trial's probe ``result`` that its reading spent making a side (0 when it made none):
+        timed apart, a per-trial rate holding them would multiply them by every trial left."""
+        return 0.0
 
 
 class LossGapReading(StabilityReading):

@@ -10,10 +10,10 @@ at most ``objectives.damage.limit``. The loss gaps are still reported.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from precsearch.readings.base import DIVERGED_INSTABILITY, Judged, StabilityReading, finite
+from precsearch.readings.base import DIVERGED_INSTABILITY, Judged, SideRuns, StabilityReading, finite
 
 #: What each fixed-state figure is, after its name (``docs/stability-reading.md`` has the table).
 MEASURES: dict[str, str] = {
@@ -94,3 +94,31 @@ class DamageReading(StabilityReading):
     def infeasible_reason(self, shown: str) -> str:
         return (f"its fixed-state damage reads {shown} (objectives.damage.limit), or its probe had loss spikes or "
                 f"gradient blow-ups BF16 did not")
+
+    def side_runs(self, clip_values: Sequence[Any], steps: int) -> SideRuns:
+        return FixedStateSides(clip_values, steps)
+
+
+class FixedStateSides(SideRuns):
+    """The BF16 sides of one probe process (the BF16 run to its states and its gradients there), one per
+    clipping value: the probe process makes one at the first trial of its value and keeps it."""
+
+    def __init__(self, clip_values: Sequence[Any], steps: int):
+        self._steps, self._made = steps, set()
+        self._ahead = len(set(clip_values)) * steps
+
+    def steps_ahead(self) -> int:
+        return self._ahead
+
+    def begin(self, clip_grad: Any, trial: int) -> str | None:
+        if clip_grad in self._made:
+            return None
+        self._made.add(clip_grad)
+        self._ahead = max(0, self._ahead - self._steps)
+        return (f"trial {trial}: its fixed-state reading first makes the BF16 side for clip_grad={clip_grad} (the "
+                f"BF16 run to its states and its gradients there), once per clip value; later trials' readings "
+                f"reuse it")
+
+    def seconds_in(self, result: Any) -> float:
+        """The reader's ``bf16_side_s`` (:mod:`precsearch.probe.damage.reader`)."""
+        return float((result.damage or {}).get("bf16_side_s", 0.0))

@@ -14,6 +14,7 @@ import datetime
 import time
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import optuna
 from filelock import FileLock
@@ -24,18 +25,16 @@ from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
-from precsearch.readings import get_reading
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.executor import ProbeInterrupted
 from precsearch.runtime.liveness import Heartbeat, WorkerId, trial_worker
 from precsearch.runtime.reference import References, gather_references, stress_probe, uncached_steps
-from precsearch.runtime.regime_gate import gate_regime
 from precsearch.runtime.study_log import say
 from precsearch.runtime.recorder import STOP_WAIT_S
 from precsearch.runtime.session import StudyRun
-from precsearch.runtime.stopping import deferred_signals
-from precsearch.search import promotion, proposals
+from precsearch.runtime.stopping import StopRequest, deferred_signals
+from precsearch.search import optuna_adapter, promotion, proposals
 from precsearch.search.duplicate_trials import (
     MAX_DUPLICATES_IN_A_ROW,
     await_twin,
@@ -92,8 +91,7 @@ def _fail_dead_running(ctx: StudyRun) -> None:
             continue
         if worker is None and t.datetime_start is not None and now - t.datetime_start < _JUST_ASKED:
             continue  # asked by a live process a moment ago, its worker not written yet: the heartbeats judge it
-        ctx.study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        ctx.study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        optuna_adapter.fail_as_interrupted(ctx.study, t)
         if t.user_attrs.get("mlflow_run_id") and t.user_attrs["mlflow_run_id"] not in ctx.lost_runs:
             ctx.tracker.fail_trial(t.user_attrs["mlflow_run_id"], "interrupted (the run was stopped)", "KILLED")
         _requeue(ctx.study, t)
@@ -132,22 +130,20 @@ def work(ctx: StudyRun, target: int) -> None:
 
 
 def _eta(ctx: StudyRun) -> terminal.Eta:
-    """The estimator of the time left: a trial's probe steps, the BF16 reference steps not cached yet, and with
-    the fixed-state reading the steps of its BF16 sides (one per clipping value, in this worker's probe process)."""
+    """The estimator of the time left: a trial's probe steps, the BF16 reference steps not cached yet, and the
+    steps of the reading's BF16 sides still to make in this worker's probe process (none for most readings)."""
     stressed = stress_probe(ctx.space)
     trial_steps = ctx.space.probe.steps + (stressed.steps if stressed is not None else 0)
-    fixed_states = get_reading(ctx.space.objectives.reading).fixed_states
-    sides = len(ctx.space.search.clip_grad.options()) if fixed_states else 0
     return terminal.Eta(trial_steps, uncached_steps(ctx.space, ctx.references, ctx.device),
-                        bf16_side_steps=sides * ctx.space.probe.steps)
+                        bf16_side_steps=ctx.sides.steps_ahead())
 
 
 def _work(ctx: StudyRun, target: int) -> None:
     in_a_row = 0
     while not ctx.stop.requested:
         with trace.span("heartbeats + count"):
-            _fail_stale(ctx)
-            finished, running = with_retry(lambda: _finished_and_running(ctx), "reading the study",
+            _fail_stale(ctx.study, ctx.space.study.store_retry_s)
+            finished, running = with_retry(lambda: _finished_and_running(ctx.study), "reading the study",
                                            budget_s=ctx.space.study.store_retry_s)
         if finished >= target:
             # a run asked for fewer trials than the study's (--n-trials) has not settled the first rung
@@ -157,16 +153,16 @@ def _work(ctx: StudyRun, target: int) -> None:
             if action == "run":
                 _run_trial(ctx, promoted_only=True)
             else:
-                _pause(ctx, min(2.0, ctx.space.study.heartbeat_s))
+                _pause(ctx.stop, min(2.0, ctx.space.study.heartbeat_s))
             continue
         if finished + running >= target:
             _fail_dead_running(ctx)
-            _pause(ctx, min(2.0, ctx.space.study.heartbeat_s))
+            _pause(ctx.stop, min(2.0, ctx.space.study.heartbeat_s))
             continue
         ran = _run_trial(ctx, target=target)
         if ran is None:  # the next batch of proposals needs the results of trials still running
             _fail_dead_running(ctx)
-            _pause(ctx, min(0.5, ctx.space.study.heartbeat_s))
+            _pause(ctx.stop, min(0.5, ctx.space.study.heartbeat_s))
             continue
         in_a_row = 0 if ran else in_a_row + 1
         if in_a_row >= MAX_DUPLICATES_IN_A_ROW:
@@ -175,9 +171,9 @@ def _work(ctx: StudyRun, target: int) -> None:
             return
 
 
-def _pause(ctx: StudyRun, seconds: float) -> None:
+def _pause(stop: StopRequest, seconds: float) -> None:
     """Wait ``seconds`` for trials running elsewhere, ending early on a stop request."""
-    wait_unless(lambda: ctx.stop.requested, seconds)
+    wait_unless(lambda: stop.requested, seconds)
 
 
 def _promotions(ctx: StudyRun) -> str:
@@ -185,7 +181,8 @@ def _promotions(ctx: StudyRun) -> str:
     fidelity = ctx.space.study.fidelity
     if fidelity is None:
         return "done"
-    with _ask_lock(ctx):  # one worker of this directory decides at a time; other machines: superseded_copy
+    # one worker of this directory decides at a time; other machines: superseded_copy
+    with _ask_lock(ctx.workspace.output_dir):
         plan = promotion.plan(ctx.study.get_trials(deepcopy=False), fidelity, objective_names(ctx.space.objectives))
         promotion.enqueue(ctx.study, plan.promote)
         drop_spent(ctx.workspace.output_dir, ctx.study, ctx.space, objective_names(ctx.space.objectives))
@@ -194,20 +191,19 @@ def _promotions(ctx: StudyRun) -> str:
     return plan.action
 
 
-def _fail_stale(ctx: StudyRun) -> None:
+def _fail_stale(study: optuna.Study, retry_s: float) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        with_retry(lambda: optuna.storages.fail_stale_trials(ctx.study), "checking heartbeats",
-                   budget_s=ctx.space.study.store_retry_s)
+        with_retry(lambda: optuna.storages.fail_stale_trials(study), "checking heartbeats", budget_s=retry_s)
 
 
-def _finished_and_running(ctx: StudyRun, below: int | None = None) -> tuple[int, int]:
+def _finished_and_running(study: optuna.Study, below: int | None = None) -> tuple[int, int]:
     """Finished trials and the running ones (numbered below ``below``, if given), from one read of the study.
 
     Read apart, a trial that finished between the two reads was counted twice (running, then finished) or not
     at all: local workers asked one trial too many, then closed it as surplus (CI, three workers, 2026-12-05).
     """
-    trials = ctx.study.get_trials(deepcopy=False)
+    trials = study.get_trials(deepcopy=False)
     running = sum(1 for t in trials if t.state is TrialState.RUNNING and not promotion.is_promoted(t)
                   and (below is None or t.number < below))
     return finished_in(trials), running
@@ -221,8 +217,8 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
     worker holds the ask lock (another local worker may have asked since the count outside it).
     """
     retry_s = ctx.space.study.store_retry_s
-    with _ask_lock(ctx), trace.span("ask"):
-        if target is not None and sum(_finished_and_running(ctx)) >= target:
+    with _ask_lock(ctx.workspace.output_dir), trace.span("ask"):
+        if target is not None and sum(_finished_and_running(ctx.study)) >= target:
             return True
         # every trial but a promotion runs a queued proposal: no worker's ask samples (search/proposals.py)
         if not promoted_only and not with_retry(
@@ -242,7 +238,7 @@ def _run_trial(ctx: StudyRun, promoted_only: bool = False, target: int | None = 
         ctx.status.trial_started(trial.number)
     # one heartbeat from the twin check to the tell: a gap (the MLflow run being started) let another worker
     # waiting on a twin, which checks heartbeats at every poll, fail this live trial as stale (CI, three workers)
-    with Heartbeat(trial._trial_id, ctx.study._storage):
+    with Heartbeat(optuna_adapter.trial_id(trial), optuna_adapter.storage_of(ctx.study)):
         return _run_asked(ctx, trial, rung, source, policy)
 
 
@@ -255,7 +251,7 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
     else:  # another worker may be running the same policy: its result is this one's
         with trace.span("twin check"):
             twin = await_twin(ctx.study, trial, rung, min(2.0, ctx.space.study.heartbeat_s),
-                              lambda: ctx.stop.requested, lambda: _fail_stale(ctx))
+                              lambda: ctx.stop.requested, lambda: _fail_stale(ctx.study, ctx.space.study.store_retry_s))
     if twin is not None:  # probes are seeded: the same params would give the same result again
         tell_duplicate(ctx.study, trial, twin, retry_s)
         say(ctx, f"trial {trial.number}: the same policy as trial {twin.number}, already scored; told its "
@@ -270,7 +266,6 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
     with trace.span("MLflow run start"):
         run_id = ctx.tracker.start_trial(trial.number, trial.params, worker=str(ctx.worker))
         trial.set_user_attr("mlflow_run_id", run_id)
-    ctx.run_ids[trial.number] = run_id
     try:
         with trace.span("references"):
             reference = _reference(ctx, policy, rung)
@@ -278,9 +273,8 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
         if source is not None and leg.resume_from is None:
             say(ctx, f"trial {trial.number}: no checkpoint of trial {source.number} here; "
                       f"running its {rung} steps from step 0")
-        if get_reading(ctx.space.objectives.reading).fixed_states and policy.clip_grad not in ctx.bf16_sides:
-            ctx.bf16_sides.add(policy.clip_grad)  # the probe process keeps it from here on
-            say(ctx, terminal.bf16_side_notice(trial.number, policy.clip_grad))
+        if (notice := ctx.sides.begin(policy.clip_grad, trial.number)) is not None:
+            say(ctx, notice)  # the probe process makes the reading's BF16 side first, and keeps it
         with trace.span("trial probe", trial=trial.number):
             result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
                             trial=trial.number, leg=leg)
@@ -299,7 +293,7 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
         with trace.span("record", trial=trial.number):
             record(ctx, trial, run_id, policy, result, reference, stressed, rung)
     except KeyboardInterrupt:  # a second Ctrl-C while recording: close the trial unless Optuna has it
-        if ctx.study._storage.get_trial(trial._trial_id).state is TrialState.RUNNING:
+        if optuna_adapter.reread(ctx.study, trial).state is TrialState.RUNNING:
             _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
         raise
     return True
@@ -308,7 +302,7 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
 def _not_needed(ctx: StudyRun, trial: optuna.Trial, promoted_only: bool) -> bool:
     """Close (FAIL, uncounted, unlogged) a trial :func:`~precsearch.search.rungs.unneeded` says not to run."""
     reason = unneeded(ctx.study, ctx.space, trial.number, promoted_only)
-    return reason is not None and _close_unneeded(ctx, trial, reason)
+    return reason is not None and _close_unneeded(ctx.study, trial, reason, ctx.space.study.store_retry_s)
 
 
 def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
@@ -325,13 +319,14 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
     retry_s = ctx.space.study.store_retry_s
 
     def made_up() -> bool:
-        return sum(_finished_and_running(ctx, below=trial.number)) >= target
+        return sum(_finished_and_running(ctx.study, below=trial.number)) >= target
 
     if not with_retry(made_up, "reading the study", budget_s=retry_s):
         return False
-    queued = with_retry(lambda: ctx.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params"),
+    queued = with_retry(lambda: optuna_adapter.queued_params(optuna_adapter.reread(ctx.study, trial)),
                         "reading the trial", budget_s=retry_s)
-    _close_unneeded(ctx, trial, f"surplus: {target} trials were finished or running when it was asked")
+    _close_unneeded(ctx.study, trial, f"surplus: {target} trials were finished or running when it was asked",
+                    retry_s)
     if queued is not None:  # params queued to run again (a trial whose worker died) stay queued
         place = {k: v for k, v in trial.user_attrs.items() if k == proposals.PROPOSAL}
         with_retry(lambda: ctx.study.enqueue_trial(queued, user_attrs=place), "queueing the trial again",
@@ -339,23 +334,22 @@ def _surplus(ctx: StudyRun, trial: optuna.Trial, target: int) -> bool:
     return True
 
 
-def _close_unneeded(ctx: StudyRun, trial: optuna.Trial, reason: str) -> bool:
+def _close_unneeded(study: optuna.Study, trial: optuna.Trial, reason: str, retry_s: float) -> bool:
     trial.set_user_attr("not_needed", reason)
-    with_retry(lambda: ctx.study.tell(trial, state=TrialState.FAIL), "recording the trial",
-               budget_s=ctx.space.study.store_retry_s)
+    with_retry(lambda: study.tell(trial, state=TrialState.FAIL), "recording the trial", budget_s=retry_s)
     return True
 
 
 @contextmanager
-def _ask_lock(ctx: StudyRun):
+def _ask_lock(output_dir: Path):
     """One ``ask`` (and the trial's suggestions) at a time among the workers sharing this output directory.
 
     Taking a queued (WAITING) trial relies on ``SELECT ... FOR UPDATE``, which sqlite ignores: two
     local workers asking at once could both take the same queued trial and run it twice (seen in
     the resume test). PostgreSQL locks the row itself; the file lock costs nothing there.
     """
-    ctx.workspace.output_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(ctx.workspace.output_dir / "ask.lock"):
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(output_dir / "ask.lock"):
         yield
 
 
@@ -372,7 +366,7 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
     attrs = {k: v for k, v in trial.user_attrs.items() if k in keep}
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     # a queued trial has no params yet: compare the params it is queued with
-    if not any(t.system_attrs.get("fixed_params") == trial.params
+    if not any(optuna_adapter.queued_params(t) == trial.params
                and {k: v for k, v in t.user_attrs.items() if k in keep} == attrs for t in waiting):
         # REQUEUED_FROM only names the trial in the line the re-run prints; it is no part of the match above
         study.enqueue_trial(trial.params, user_attrs=attrs | {REQUEUED_FROM: trial.number})
@@ -417,10 +411,7 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
     references = gather_references(ctx.space, ctx.references, ctx.device, policy.clip_grad, run, steps=rung)
     if ctx.status is not None:  # waiting on references another worker runs: their time is not this trial's
         ctx.status.eta.waited(time.monotonic() - start - (ctx.status.eta.probe_seconds() - probed))
-    if (policy.clip_grad, rung) not in ctx.regime_checked:  # once per distinct set of references
-        ctx.regime_checked.add((policy.clip_grad, rung))
-        gate_regime(ctx.space, references.seeds, f"clip_grad {policy.clip_grad}, {rung} steps",
-                    lambda message: say(ctx, message))
+    ctx.regime.check(references.seeds, policy.clip_grad, rung)
     return references
 
 
@@ -459,7 +450,7 @@ def _probe(ctx: StudyRun, policy: Policy, label: str, probe: ProbeSection | None
     if ctx.status is not None:
         # a reading's BF16 side (its first at a clipping value) is timed apart: a trial rate holding it would
         # multiply it by every trial left
-        side_s = (result.damage or {}).get("bf16_side_s", 0.0) if kind == "trial" else 0.0
+        side_s = ctx.sides.seconds_in(result) if kind == "trial" else 0.0
         if side_s > 0:
             ctx.status.eta.probe_done("bf16_side", ctx.space.probe.steps, side_s)
         ctx.status.eta.probe_done(kind, len(result.losses), time.monotonic() - start - side_s)

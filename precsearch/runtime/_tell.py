@@ -16,6 +16,7 @@ import optuna
 from filelock import FileLock
 from optuna.trial import TrialState
 
+from precsearch.config.space import ObjectivesSection
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import recorder as journal
@@ -25,17 +26,9 @@ from precsearch.runtime.recorder import RecordJob, Recorder
 from precsearch.runtime.reference import References, uncached_steps
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun
-from precsearch.search import guided, promotion
+from precsearch.search import guided, optuna_adapter, promotion
 from precsearch.search.front import policy_summary
-from precsearch.search.scoring import (
-    Score,
-    constraint_value,
-    instability_reading,
-    objective_values,
-    score,
-    stability_metrics,
-    verdict_line,
-)
+from precsearch.search.scored_trial import ScoredTrial, score_trial
 from precsearch.tracking.memory_report import breakdown, saving_sources
 from precsearch.tracking.trial_record import SearchReading, log_trial
 from precsearch.utils.retry import with_retry
@@ -43,9 +36,10 @@ from precsearch.utils.retry import with_retry
 
 def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, result: ProbeResult,
            references: References, stressed: ProbeResult | None, rung: int) -> None:
-    """Score the trial, journal its record, tell Optuna, and hand the MLflow record to ``ctx.recorder``."""
-    s = _score(ctx, result, references, stressed)
-    for key, value in (("score", s.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
+    """Score the trial (the one place it is scored), journal its record, tell Optuna, and hand the MLflow record
+    to ``ctx.recorder``, which reads the stored score back."""
+    scored = _score(ctx.space.objectives, result, references, stressed)
+    for key, value in (("score", scored.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
                        ("reason", result.reason), ("probe_result", result.to_dict())):
         trial.set_user_attr(key, value)
@@ -53,8 +47,8 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
         trial.set_user_attr("stress_result", stressed.to_dict())
     # kept for `precsearch front`, which reads Optuna only; the breakdown's files are the recorder's
     trial.set_user_attr("memory_sources", _memory_sources(result, references.paired))
-    trial.set_constraint("stability", constraint_value(s))
-    job = RecordJob(trial=trial.number, trial_id=trial._trial_id, run_id=run_id, rung=rung,
+    trial.set_constraint("stability", scored.constraint)
+    job = RecordJob(trial=trial.number, trial_id=optuna_adapter.trial_id(trial), run_id=run_id, rung=rung,
                     references={"seeds": [r.to_dict() for r in references.seeds],
                                 "stress": references.stress.to_dict() if references.stress else None},
                     worker=ctx.worker.to_dict())
@@ -63,13 +57,13 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     # entry lets the next run write the MLflow record this run could not.
     journal.write_entry(ctx.workspace.output_dir, job)
     retry_s = ctx.space.study.store_retry_s
-    with_retry(lambda: ctx.study.tell(trial, objective_values(s, ctx.space.objectives)), "recording the trial",
-               budget_s=retry_s)
-    summary = with_retry(lambda: front_counts(ctx), "reading the study", budget_s=retry_s)
+    with_retry(lambda: ctx.study.tell(trial, list(scored.values)), "recording the trial", budget_s=retry_s)
+    summary = with_retry(lambda: front_counts(ctx.study, ctx.space.objectives), "reading the study",
+                         budget_s=retry_s)
     job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
-    say(ctx, f"trial {trial.number}{at}: memory saved {100 * s.memory_saved:.2f}% ({result.memory_source}), "
-              f"{verdict_line(s, ctx.space.objectives)}  {policy_summary(trial.params)}")
+    say(ctx, f"trial {trial.number}{at}: memory saved {100 * scored.score.memory_saved:.2f}% "
+              f"({result.memory_source}), {scored.verdict}  {policy_summary(trial.params)}")
     if ctx.status is not None:
         # the references still to run, from the cache on disk: another worker may have run them
         ctx.status.eta.reference_steps = uncached_steps(ctx.space, ctx.references, ctx.device)
@@ -128,7 +122,7 @@ def _replay(ctx: StudyRun) -> int:
         worker = WorkerId.from_dict(job.worker)
         if worker is not None and worker != ctx.worker and not worker.is_dead():
             continue
-        trial = ctx.study._storage.get_trial(job.trial_id)
+        trial = optuna_adapter.stored_trial(ctx.study, job.trial_id)
         if trial.state is TrialState.COMPLETE and job.run_id not in ctx.lost_runs:
             if ctx.tracker.client.get_run(job.run_id).info.status != "FINISHED":
                 write_record(ctx, job)
@@ -138,10 +132,10 @@ def _replay(ctx: StudyRun) -> int:
     return done
 
 
-def _score(ctx: StudyRun, result: ProbeResult, references: References, stressed: ProbeResult | None) -> Score:
-    objectives = ctx.space.objectives
-    return score(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
-                 stress=(stressed, references.stress) if stressed else None)
+def _score(objectives: ObjectivesSection, result: ProbeResult, references: References,
+           stressed: ProbeResult | None) -> ScoredTrial:
+    return score_trial(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
+                       stress=(stressed, references.stress) if stressed else None)
 
 
 def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:
@@ -150,8 +144,9 @@ def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:
 
 
 def write_record(ctx: StudyRun, job: RecordJob) -> None:
-    """A told trial's MLflow record, from the Optuna trial and ``job``; closes its run FINISHED."""
-    trial = ctx.study._storage.get_trial(job.trial_id)
+    """A told trial's MLflow record, from the Optuna trial (its stored score: nothing is scored again) and
+    ``job``; closes its run FINISHED."""
+    trial = optuna_adapter.stored_trial(ctx.study, job.trial_id)
     run_id, rung, objectives = job.run_id, job.rung, ctx.space.objectives
     policy = Policy.from_dict(trial.user_attrs["policy"])
     result = ProbeResult.from_dict(trial.user_attrs["probe_result"])
@@ -160,11 +155,11 @@ def write_record(ctx: StudyRun, job: RecordJob) -> None:
     stress = job.references.get("stress")
     references = References(seeds=[ProbeResult.from_dict(r) for r in job.references["seeds"]],
                             stress=ProbeResult.from_dict(stress) if stress else None)
-    s = _score(ctx, result, references, stressed)
+    scored = ScoredTrial.from_stored(trial.user_attrs["score"], objectives)
     if job.study_metrics:  # the study's progress, one step per trial (the front files follow per burst)
         ctx.tracker.log_study(job.study_metrics)
-    reading = SearchReading(s, verdict_line(s, objectives), stability_metrics(s),
+    reading = SearchReading(scored.score, scored.verdict, dict(scored.stability),
                             guided.predicted_metrics(ctx.sensitivity, trial.params), objectives.instability_unit, rung,
-                            str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")), instability_reading(s, objectives))
-    log_trial(ctx.tracker, run_id, trial, policy, ctx.cfg.n_layers, result, stressed, references.paired,
+                            str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")), scored.instability)
+    log_trial(ctx.tracker, run_id, trial, policy, ctx.space.model.probe().n_layers, result, stressed, references.paired,
               references.seeds, reading, after_steps=lambda: journal.fault("after_steps"))

@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import optuna
 from optuna.trial import TrialState
 
+from precsearch.config.space import ObjectivesSection
 from precsearch.runtime.session import StudyRun
 from precsearch.runtime.study_store import run_ids as _run_ids
 from precsearch.runtime.target_space import runs_as_is_of_study
@@ -29,11 +31,11 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     scored = {t.number for t in complete if "score" in t.user_attrs}
     # every worker tags every run, also those other workers started since this one opened the study:
     # otherwise a trial that left the front keeps pareto=true if its worker is not the last to update
-    ctx.run_ids |= {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
+    run_ids = {n: r for n, r in _run_ids(ctx.study).items() if r not in ctx.lost_runs}
     targets = {r["trial"]: {k: f"{r[k]:.6g}" if isinstance(r[k], float) else r[k]
                             for k in ("runs_as_is_in", "target_memory_saved") if r.get(k) not in (None, "")}
                for r in rows}
-    ctx.tracker.set_pareto({n: ctx.run_ids[n] for n in sorted(scored) if n in ctx.run_ids}, front, targets)
+    ctx.tracker.set_pareto({n: run_ids[n] for n in sorted(scored) if n in run_ids}, front, targets)
     files = write_front(rows, ctx.workspace.output_dir / "front", ctx.space.objectives.instability_limit,
                         ctx.space.objectives.instability_unit, ctx.space.objectives.throughput)
     ctx.tracker.log_front(files)
@@ -45,7 +47,7 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     return metrics
 
 
-def front_counts(ctx: StudyRun) -> dict[str, float]:
+def front_counts(study: optuna.Study, objectives: ObjectivesSection) -> dict[str, float]:
     """The study's metrics (trials finished, feasible, front size...) from Optuna, writing nothing."""
-    names = objective_names(ctx.space.objectives)
-    return study_metrics(trial_rows(ctx.study, names), finished_count(ctx.study), names)
+    names = objective_names(objectives)
+    return study_metrics(trial_rows(study, names), finished_count(study), names)

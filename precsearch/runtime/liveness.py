@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 import optuna
 import psutil
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import FrozenTrial
 
+from precsearch.search.optuna_adapter import heartbeat_enabled
 from precsearch.utils.log import logger
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -103,7 +103,7 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Heartbeat":
-        if is_heartbeat_enabled(self._storage):
+        if heartbeat_enabled(self._storage):
             interval = self._storage.get_heartbeat_interval()
             self._thread = threading.Thread(target=self._beat, args=(interval,), name="precsearch-heartbeat",
                                             daemon=True)

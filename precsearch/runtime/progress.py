@@ -167,12 +167,6 @@ def probe_bar(total: int, label: str, enabled: bool) -> tqdm:
     return tqdm(total=total, desc=label, unit="step", leave=False, position=1, disable=not enabled)
 
 
-def bf16_side_notice(trial: int, clip_grad: float | None) -> str:
-    """Why a trial's reading takes longer (said at the first trial of each clipping value in a probe process)."""
-    return (f"trial {trial}: its fixed-state reading first makes the BF16 side for clip_grad={clip_grad} (the BF16 "
-            f"run to its states and its gradients there), once per clip value; later trials' readings reuse it")
-
-
 def reference_notice(clip_grad: float | None, seeds: int, steps: int, stress: bool) -> str:
     """Why BF16 probes run now (said once per set of references that is not cached yet)."""
     stressed = " and one at the stress learning rate" if stress else ""

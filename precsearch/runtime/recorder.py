@@ -10,7 +10,8 @@ What survives a crash:
 
 * Before the tell, the trial's record job is written to ``<output>/pending_records/<run id>.json``
   (atomic rename): the references it was scored against, its rung and its worker. Everything else
-  a record needs is in the Optuna trial (``probe_result``, ``stress_result``, ``policy``).
+  a record needs is in the Optuna trial (``score``, the one scoring of the trial, read back and not
+  scored again; ``probe_result``, ``stress_result``, ``policy``).
 * The journal entry is removed only once the MLflow run is closed FINISHED.
 * At start-up, :func:`replay_pending` writes the records of entries whose worker is gone, before the
   orphan runs are closed KILLED: a trial Optuna holds COMPLETE gets its full MLflow record back.

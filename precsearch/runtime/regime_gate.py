@@ -45,3 +45,24 @@ def gate_regime(space: Space, seeds: list[ProbeResult], what: str, say: Callable
         raise UserError(message, field="probe.lr")
     say(message)
     return verdict
+
+
+class RegimeGate:
+    """One worker's regime checks: each distinct set of references (clipping value, rung) is checked once, before
+    the first trial scored against it.
+
+    Args:
+        space: The study's space (``objectives.regime_check``, the probe the advice names).
+        say: Where a warning goes.
+    """
+
+    def __init__(self, space: Space, say: Callable[[str], None]):
+        self._space, self._say = space, say
+        self._checked: set[tuple[float | None, int]] = set()
+
+    def check(self, seeds: list[ProbeResult], clip_grad: float | None, rung: int) -> None:
+        """:func:`gate_regime` of the references of ``clip_grad`` at ``rung`` steps, the first time they come."""
+        if (clip_grad, rung) in self._checked:
+            return
+        self._checked.add((clip_grad, rung))
+        gate_regime(self._space, seeds, f"clip_grad {clip_grad}, {rung} steps", self._say)

@@ -1,23 +1,23 @@
 """One worker's study session: the stores, tracker and probe process a worker's trials share.
 
-:func:`open_run` opens them (and closes them after); :class:`StudyRun` carries them through the loop
-(:mod:`precsearch.runtime._optimize`).
+:func:`open_run` opens them (and closes them after); :class:`StudyRun` holds them, with the run's frozen
+:class:`StudyConfig` and the objects that keep the loop's state (:mod:`precsearch.runtime._optimize`).
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import optuna
 import torch
 from filelock import FileLock
 
-from precsearch.arch.config import ModelConfig
 from precsearch.backends import BackendUnavailable, resolve_device
 from precsearch.config.space import Space
 from precsearch.errors import UserError
+from precsearch.readings import SideRuns, get_reading
 from precsearch.runtime import progress as terminal
 from precsearch.runtime import stores
 from precsearch.runtime.executor import ProbeExecutor, probe_process
@@ -25,6 +25,7 @@ from precsearch.runtime.liveness import WorkerId
 from precsearch.runtime.recorder import Recorder
 from precsearch.runtime.lost_stores import lost_runs
 from precsearch.runtime.reference import ReferenceCache
+from precsearch.runtime.regime_gate import RegimeGate
 from precsearch.runtime.study_log import say
 from precsearch.runtime.stopping import StopRequest
 from precsearch.runtime.study_store import open_study as _open_study
@@ -36,30 +37,84 @@ from precsearch.utils import trace
 from precsearch.utils.processes import quick_exit
 
 
-@dataclass
-class StudyRun:
-    """Everything a worker's trials need, built once per process."""
+@dataclass(frozen=True)
+class StudyConfig:
+    """What one worker's run of a study is, fixed for its life.
+
+    Attributes:
+        space: The study's space.
+        workspace: Its output directory and stores.
+        device: The device its probes run on (``probe.device`` resolved).
+        worker: This process, as trials record their worker.
+        name: The worker's name (``w1``), starting its lines; "" for the only one.
+        progress: Progress bars (else a line after each trial).
+    """
 
     space: Space
     workspace: Workspace
+    device: torch.device
+    worker: WorkerId
+    name: str = ""
+    progress: bool = True
+
+
+@dataclass
+class StudyRun:
+    """One worker's open study: its configuration, what :func:`open_run` opened, and the state each part keeps.
+
+    Nothing here is a bare container the loop fills in: the reading's BF16 sides are the reading's
+    (:meth:`~precsearch.readings.StabilityReading.side_runs`), the regime checks already made the gate's
+    (:class:`~precsearch.runtime.regime_gate.RegimeGate`), the records not yet written the recorder's. The
+    configuration's fields read through (``ctx.space`` is ``ctx.config.space``).
+
+    Attributes:
+        config: What this run is (frozen).
+        study, tracker, executor, references, stop: The Optuna study, the MLflow tracker, the probe process
+            (None for a driver that runs no probe), the BF16 reference cache, the stop request.
+        lost_runs: MLflow run ids the study records but the tracking store lacks (found once, at open).
+        sides: The stability reading's BF16 sides in this worker's probe process.
+        regime: The regime checks of this worker's references.
+        sensitivity: Per-unit effects, with ``search.sensitivity`` (None otherwise).
+        status: The terminal's status line, while :func:`~precsearch.runtime._optimize.work` runs.
+        recorder: Writes told trials to MLflow off the probe loop, once the first is told.
+    """
+
+    config: StudyConfig
     study: optuna.Study
     tracker: Tracker
     executor: ProbeExecutor | None
-    device: torch.device
-    cfg: ModelConfig
     references: ReferenceCache
-    worker: WorkerId
     stop: StopRequest
-    name: str = ""
-    progress: bool = True
-    run_ids: dict[int, str] = field(default_factory=dict)
+    lost_runs: frozenset[str]
+    sides: SideRuns
+    regime: RegimeGate
+    sensitivity: guided.SensitivityTable | None = None
     status: terminal.StudyStatus | None = None
-    lost_runs: set[str] = field(default_factory=set)  # run ids the study records but the MLflow store lacks
-    sensitivity: guided.SensitivityTable | None = None  # per-unit effects, with search.sensitivity
-    regime_checked: set = field(default_factory=set)  # (clip_grad, rung) whose references had the regime check
-    bf16_sides: set = field(default_factory=set)  # clip_grad values whose reading's BF16 side this probe process made
-    recorder: Recorder | None = None  # writes told trials to MLflow off the probe loop (runtime/recorder.py)
+    recorder: Recorder | None = None
 
+    @property
+    def space(self) -> Space:
+        return self.config.space
+
+    @property
+    def workspace(self) -> Workspace:
+        return self.config.workspace
+
+    @property
+    def device(self) -> torch.device:
+        return self.config.device
+
+    @property
+    def worker(self) -> WorkerId:
+        return self.config.worker
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def progress(self) -> bool:
+        return self.config.progress
 
 
 @contextmanager
@@ -97,22 +152,24 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
         device = resolve_device(space.probe.device)
     except BackendUnavailable as exc:
         raise UserError(str(exc), field="probe.device") from None
-    ctx = StudyRun(space=space, workspace=ws, study=study, tracker=tracker, executor=executor, device=device,
-                   cfg=space.model.probe(), references=ReferenceCache(ws.references_dir),
-                   worker=WorkerId.current(), stop=stop, name=name, progress=progress)
-    ctx.stop._say = lambda message: say(ctx, message)
+    config = StudyConfig(space=space, workspace=ws, device=device, worker=WorkerId.current(), name=name,
+                         progress=progress)
+    say_ = lambda message: say(config, message)  # noqa: E731
+    reading = get_reading(space.objectives.reading)
+    ctx = StudyRun(config=config, study=study, tracker=tracker, executor=executor,
+                   references=ReferenceCache(ws.references_dir), stop=stop,
+                   lost_runs=frozenset(lost_runs(tracker, _run_ids(study), say_)),
+                   sides=reading.side_runs(space.search.clip_grad.options(), space.probe.steps),
+                   regime=RegimeGate(space, say_), sensitivity=guided.table_of(study))
+    ctx.stop._say = say_
     stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     if stale is not None:
-        stale.tracker, stale.say = tracker, (lambda message: say(ctx, message))
+        stale.tracker, stale.say = tracker, say_
     if space_text is not None:  # the run command's driver: the directory is this study's from now on
         ws.save()
         tracker.log_space(space_text, {"study": space.study.name, "backend": space.backend.value,
-                                       "device": str(device), "probe_layers": ctx.cfg.n_layers,
+                                       "device": str(device), "probe_layers": space.model.probe().n_layers,
                                        "probe_steps": space.probe.steps})
-    ctx.run_ids = _run_ids(study)
-    ctx.sensitivity = guided.table_of(study)
-    ctx.lost_runs = lost_runs(tracker, ctx.run_ids, lambda message: say(ctx, message))
-    ctx.run_ids = {n: r for n, r in ctx.run_ids.items() if r not in ctx.lost_runs}
     trace.write("open stores", opened, time.time())
     with ctx.stop:
         yield ctx

@@ -13,6 +13,7 @@ from precsearch.errors import UserError
 from precsearch.redact import first_line, redact_url
 from precsearch.runtime.workspace import Workspace
 from precsearch.search import proposals
+from precsearch.search.optuna_adapter import CACHED_STORAGE_CALLS
 
 
 def open_storage(url: str, study: StudySection | None = None) -> optuna.storages.BaseStorage:
@@ -74,10 +75,10 @@ _STORAGE_CALLS = (
     "get_trial_number_from_id", "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
     "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials", "get_n_trials",
     "get_best_trial", "get_trial_params", "get_trial_user_attrs", "get_trial_system_attrs",
-    "check_trial_is_updatable", "record_heartbeat", "_get_stale_trial_ids",
-    # what Optuna's _CachedStorage (the study's own wrapper) calls instead of the public names above:
-    # without these, a trial's suggestions and every read of the study's trials skipped the retries
-    "_create_new_trial", "_set_trial_param", "_get_trials", "_get_best_trial_id",
+    "check_trial_is_updatable", "record_heartbeat",
+    # and what the study's own wrapper calls instead of the public names above: without these, a trial's
+    # suggestions and every read of the study's trials skipped the retries
+    *CACHED_STORAGE_CALLS,
 )
 
 

@@ -1,6 +1,7 @@
 """The optimisation: sampling policies (:mod:`.sampling`), scoring trials (:mod:`.scoring`), the Pareto
 front (:mod:`.front`), rungs and promotion (:mod:`.rungs`, :mod:`.promotion`), duplicate trials
-(:mod:`.duplicate_trials`), a study's summary (:mod:`.summary`) and the sensitivity table.
+(:mod:`.duplicate_trials`), a study's summary (:mod:`.summary`) and the sensitivity table. A told trial's
+scored record is :mod:`.scored_trial`'s; every reach into Optuna's private API is :mod:`.optuna_adapter`'s.
 
 Running the trials is :mod:`precsearch.runtime`'s. Public names are re-exported here and imported on
 first use (Optuna among them).

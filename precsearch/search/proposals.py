@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from precsearch.config.space import Sampler, StudySection
+from precsearch.search.optuna_adapter import is_constraint_attr
 from precsearch.search.summary import finished_in
 
 #: User attribute of a proposed trial: ``{"batch": k, "slot": i, "sampler_attrs": {...}}``, the sampler's
@@ -104,7 +105,7 @@ def propose(trials: Sequence[FrozenTrial], section: StudySection, directions: Se
         trial = scratch.ask()
         suggest(trial)
         attrs = scratch.get_trials(deepcopy=False)[trial.number].system_attrs
-        out.append((dict(trial.params), {k: v for k, v in attrs.items() if not k.startswith("constraints")}))
+        out.append((dict(trial.params), {k: v for k, v in attrs.items() if not is_constraint_attr(k)}))
     return out
 
 
@@ -117,7 +118,7 @@ def history(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 
     out = []
     for t in sorted((t for t in trials if t.state is TrialState.COMPLETE), key=order):
-        attrs = {k: v for k, v in t.system_attrs.items() if k.startswith("constraints")}
+        attrs = {k: v for k, v in t.system_attrs.items() if is_constraint_attr(k)}
         attrs |= t.user_attrs.get(PROPOSAL, {}).get("sampler_attrs", {})
         out.append(optuna.trial.create_trial(params=t.params, distributions=t.distributions, values=t.values,
                                              system_attrs=attrs))

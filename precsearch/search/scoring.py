@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.instability import Reading, StudyUnit
@@ -113,6 +114,12 @@ class Score:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Score":
+        """The score :meth:`to_dict` stored (a trial's user attribute ``score``); a field stored by a later
+        version is left out, one added since a study was stored takes its default."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 @dataclass(frozen=True)

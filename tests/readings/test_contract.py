@@ -122,3 +122,19 @@ def test_fixed_states_readings_read_one_process_probes(reading):
             check_space(space, file="space.yaml")
         except UserError as err:  # another check may refuse a two-process CPU space; never for the reading
             assert "one-process" not in str(err)
+
+
+def test_its_side_runs_say_what_is_left_and_what_a_side_cost(reading):
+    """The loop asks every reading's side runs alike: a fixed-state reading has one side per clipping value
+    (its steps ahead for the time left, a notice at the first trial of each value only, the side's seconds
+    taken out of the trial's); any other has none. Else the ETA counts sides that never run, or a 20 s side as
+    trial time (5x the time left on the 8B space, 2026-12-05)."""
+    sides = reading.side_runs([0.0, 1.0], steps=40)
+    result = _result(damage={"value": 0.0, "se": 0.0, "bf16_side_s": 20.0})
+    if reading.fixed_states:
+        assert sides.steps_ahead() == 80
+        assert "clip_grad=1.0" in sides.begin(1.0, trial=0)
+        assert sides.begin(1.0, trial=1) is None and sides.steps_ahead() == 40
+        assert sides.seconds_in(result) == 20.0 and sides.seconds_in(_result()) == 0.0
+    else:
+        assert sides.steps_ahead() == 0 and sides.begin(1.0, trial=0) is None and sides.seconds_in(result) == 0.0

@@ -249,10 +249,12 @@ def _ran(eta: Eta, clock: _Clock, kind: str, seconds: float, steps: int = 40) ->
 
 
 def test_probe_times_a_readings_bf16_side_apart_from_the_trial(monkeypatch):
-    """``_probe`` gives the ETA the reading's ``bf16_side_s`` as its own kind and the rest as the trial's."""
+    """``_probe`` gives the ETA the seconds the reading's side runs say were a BF16 side as their own kind, and
+    the rest as the trial's."""
     from types import SimpleNamespace
 
     from precsearch.probe.result import ProbeResult
+    from precsearch.readings import READINGS
     from precsearch.runtime import _optimize
 
     ticks = iter([100.0, 130.0])
@@ -261,7 +263,8 @@ def test_probe_times_a_readings_bf16_side_apart_from_the_trial(monkeypatch):
     status = SimpleNamespace(tick=lambda: None,
                              eta=SimpleNamespace(probe_done=lambda kind, steps, s: done.append((kind, steps, s))))
     result = ProbeResult(losses=[1.0] * 40, damage={"bf16_side_s": 20.0})
+    sides = next(r for r in READINGS.values() if r.fixed_states).side_runs([None], steps=40)
     ctx = SimpleNamespace(space=SimpleNamespace(probe=SimpleNamespace(steps=40)), progress=False, status=status,
-                          executor=SimpleNamespace(run=lambda *a, **k: result))
+                          executor=SimpleNamespace(run=lambda *a, **k: result), sides=sides)
     assert _optimize._probe(ctx, None, "trial 0", trial=0) is result
     assert done == [("bf16_side", 40, 20.0), ("trial", 40, 10.0)]
