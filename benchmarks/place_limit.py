@@ -37,12 +37,26 @@ INTERVAL_SE = 2.0
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--judge", type=Path, required=True, help="bench_judge_soak.py's JSON")
+    ap.add_argument("--truth", type=Path, default=None, help="a newer bench_soak.py report JSON whose verdicts "
+                    "replace the truth the judge ran with (the readings do not depend on it)")
     ap.add_argument("--measure", default=None, help="the figure to place (default: the judge's main measure)")
     ap.add_argument("--state", default=None, help="the state's label in the JSON (default: its first, the probe's)")
     ap.add_argument("--margin", type=float, default=0.1, help="the stable band's share of the limit kept clear "
                     "(precsearch.instability.MARGIN)")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
+
+
+def with_truth(judge: dict[str, Any], soak: dict[str, Any], source: str) -> dict[str, Any]:
+    """``judge`` with its truth taken from ``soak`` (``bench_soak.py``'s report: each combination's verdict at the
+    detection limit and at the tolerance), as the judge records it."""
+    cases = {name: {"at_limit": row.get("at_detection_limit"), "at_tolerance": row.get("at_tolerance"),
+                    "gap_pct": row.get("gap_pct"), "se_pct": row.get("se_pct"), "runs": row.get("runs")}
+             for name, row in soak["rows"].items()}
+    truth = {"source": source, "detection_limit_pct": soak["detection_limit_pct"],
+             "tolerance_pct": soak["tolerance_pct"], "date": soak.get("date"), "device": soak.get("device"),
+             "cases": cases}
+    return {**judge, "truth": truth}
 
 
 def verdict_of(judge: dict[str, Any], case: str) -> str:
@@ -135,6 +149,8 @@ def report(placed: dict[str, Any], judge: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     judge = json.loads(args.judge.read_text())
+    if args.truth is not None:
+        judge = with_truth(judge, json.loads(args.truth.read_text()), str(args.truth))
     measure = args.measure or judge["meta"]["measure"]
     state = args.state or next(iter(judge["states"]))
     if state not in judge["states"]:
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(placed, judge))
     out = args.json or RESULTS / f"{datetime.date.today()}_place_limit.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"judge": str(args.judge), **placed}, indent=1) + "\n")
+    out.write_text(json.dumps({"judge": str(args.judge), "truth": judge["truth"]["source"], **placed}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -58,3 +58,21 @@ def test_an_unknown_state_is_refused_naming_the_valid_ones(tmp_path, capsys):
 def test_round_within_prefers_a_1_2_5_number_and_falls_back_to_the_middle():
     assert place_limit.round_within(0.00172, 0.00219) == 0.002
     assert place_limit.round_within(0.0031, 0.0042) == float(f"{(0.0031 * 0.0042) ** 0.5:.2g}")
+
+
+def test_a_newer_soak_report_replaces_the_truth_the_judge_ran_with(tmp_path):
+    # the judge read "later" without a verdict; a newer soak decided it benign: it now places the limit
+    j = judge({"fp8": (0.0003, 0.00005), "later": (0.0016, 0.00003), "no_master": (0.0022, 0.0003)},
+              {"fp8": "benign", "no_master": "damaging"})
+    soak = {"detection_limit_pct": 2.5, "tolerance_pct": 0.25, "date": "d", "device": "gpu",
+            "rows": {"fp8": {"at_detection_limit": "benign", "at_tolerance": "undecided"},
+                     "later": {"at_detection_limit": "benign", "at_tolerance": "benign"},
+                     "no_master": {"at_detection_limit": "damaging", "at_tolerance": "damaging"}}}
+    (tmp_path / "judge.json").write_text(json.dumps(j))
+    (tmp_path / "soak.json").write_text(json.dumps(soak))
+    out = tmp_path / "placed.json"
+    assert place_limit.main(["--judge", str(tmp_path / "judge.json"), "--truth", str(tmp_path / "soak.json"),
+                             "--json", str(out)]) == 0
+    placed = json.loads(out.read_text())
+    assert {r["case"]: r["truth"] for r in placed["cases"]}["later"] == "benign"
+    assert placed["lowest"] == (0.0016 + 2 * 0.00003) / 0.9 and placed["truth"].endswith("soak.json")
