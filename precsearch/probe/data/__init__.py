@@ -8,7 +8,8 @@ Sources (``data.source``), one module each, listed in :data:`~precsearch.probe.d
   smoke runs.
 * ``tokens`` (:mod:`.token_file`): a pre-tokenized ``.npy`` file, or a raw ``.bin`` of ``dtype``.
 * ``text`` (:mod:`.text`): a ``.txt`` file or a directory of them, tokenized by a local
-  tokenizer (a ``tokenizer.json`` or a Hugging Face tokenizer directory), or taken as bytes when
+  tokenizer (a ``tokenizer.json``, a Hugging Face tokenizer directory, or a GGUF file's own
+  tokenizer), or taken as bytes when
   no tokenizer is given. Nothing is ever downloaded.
 * ``megatron`` (:mod:`.megatron`): a Megatron-Core indexed dataset (``prefix.bin`` + ``prefix.idx``),
   read with numpy memmap.
@@ -17,7 +18,7 @@ Sources (``data.source``), one module each, listed in :data:`~precsearch.probe.d
 * ``jsonl`` (:mod:`.jsonl`): JSON Lines, the document under ``data.field``.
 
 Texts of ``text``, ``jsonl`` and ``hf_disk`` are tokenized by :mod:`.tokenizer` (``tokenizer.json``,
-a tokenizer directory, or a tiktoken-style ``tokenizer.model``).
+a tokenizer directory, a tiktoken-style ``tokenizer.model``, or a ``.gguf`` file: :mod:`.gguf_tokenizer`).
 
 :class:`~.batches.TokenBatches` splits a stream into a training part and a fixed held-out tail,
 and cuts deterministic batches from them (:mod:`.split` says where the held-out tail starts).

@@ -2,8 +2,8 @@
 
 The tokenizer is a ``tokenizer.json`` (read with ``tokenizers``), a Hugging Face tokenizer
 directory (read with ``transformers``), both from the ``text`` extra
-(``pip install "precsearch[text]"``), or a tiktoken-style ``tokenizer.model``
-(:mod:`precsearch.probe.data.tokenizer`); without ``data.tokenizer`` the text is taken as bytes.
+(``pip install "precsearch[text]"``), a tiktoken-style ``tokenizer.model``, or a llama.cpp
+``.gguf`` file's own tokenizer (:mod:`precsearch.probe.data.tokenizer`); without ``data.tokenizer`` the text is taken as bytes.
 Nothing is ever downloaded.
 """
 

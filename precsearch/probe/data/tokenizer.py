@@ -4,6 +4,9 @@
 
 * a ``tokenizer.json`` (Hugging Face ``tokenizers``; Llama 3 ships one), or
   a Hugging Face tokenizer directory (``AutoTokenizer``, ``local_files_only``);
+* a llama.cpp GGUF file (``.gguf``, e.g. the one ``model.init_from`` names): the byte-level BPE
+  tokenizer kept in its metadata (:mod:`precsearch.probe.data.gguf_tokenizer`;
+  ``pip install "precsearch[text,gguf]"``);
 * a tiktoken-style ``tokenizer.model`` (Meta's Llama 3 release): one
   ``<base64 token> <rank>`` line per token. It is read with ``tiktoken``
   (optional: ``pip install "precsearch[tiktoken]"``) and Llama 3's pre-tokenizer pattern;
@@ -22,12 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from precsearch.arch.gguf_checkpoint import is_gguf
 from precsearch.errors import DataError
+from precsearch.probe.data.gguf_tokenizer import gguf_tokenizer
+from precsearch.probe.data.split_patterns import LLAMA3_PATTERN
 
 FIELD = "data.tokenizer"
-#: Llama 3's pre-tokenizer split pattern (Meta's ``llama/tokenizer.py``, ``pat_str``).
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 #: Special tokens Llama 3 numbers after the BPE ranks.
 LLAMA3_SPECIAL = 256
 
@@ -92,6 +95,9 @@ def _encoder(tokenizer: Path, mtime_ns: int) -> Callable[[list[str]], list[list[
     """The batch encoder of ``tokenizer``, loaded once per file version (``mtime_ns``), not once per
     chunk of texts: the jsonl and hf_disk sources encode 256 texts per call, and parsing Llama 3's
     tokenizer.json or its 128k-line ranks file per call would dominate reading a large dataset."""
+    if tokenizer.is_file() and is_gguf(tokenizer):
+        tok = gguf_tokenizer(tokenizer)
+        return lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     if tokenizer.is_file() and is_bpe_ranks(tokenizer):
         return _tiktoken_encoder(tokenizer)
     if tokenizer.is_file():
