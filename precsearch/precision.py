@@ -21,6 +21,7 @@ class Precision(str, Enum):
     FP8_BLOCK = "fp8_block"  # 1x128 activation / 128x128 weight blocks (TE Float8BlockScaling)
     MXFP8 = "mxfp8"  # 1x32 blocks, power-of-two E8M0 scales (TE MXFP8BlockScaling, Blackwell)
     NVFP4 = "nvfp4"  # FP4 E2M1 with 16-element blocks (TE NVFP4BlockScaling, Blackwell)
+    FP8_ROWWISE = "fp8_rowwise"  # a power-of-two scale per row, E4M3 everywhere (torchao's rowwise recipe)
 
     @property
     def is_fp8(self) -> bool:

@@ -22,8 +22,9 @@ Rules, as Transformer Engine 2.20.2 states them in
 * ``NVFP4BlockScaling``: compute capability 10.0 or higher.
 
 torchao (0.16, ``torchao/float8``) trains in FP8 through ``torch._scaled_mm``,
-which needs compute capability 8.9 or higher; precsearch maps only
-``fp8_current`` onto it (torchao's ``tensorwise`` recipe, see
+which needs compute capability 8.9 or higher (its rowwise-scaled GEMM: 9.0);
+precsearch maps the recipes that name a torchao recipe onto it (``fp8_current``
+as ``tensorwise``, ``fp8_rowwise`` as ``rowwise``; see
 :mod:`precsearch.backends.torchao_backend`).
 """
 
@@ -34,33 +35,19 @@ from typing import TYPE_CHECKING
 
 from precsearch.backends.support import BackendUnavailable
 from precsearch.precision import Precision
-from precsearch.precision_spec import ADA, BLACKWELL, HOPPER, SPECS, Capability
+from precsearch.recipes import ADA, BLACKWELL, HOPPER, RECIPES, Capability, recipe_for
 
 if TYPE_CHECKING:
     import torch
 
-#: TE refuses MXFP8 from this capability on (consumer Blackwell, sm_120).
-TE_MXFP8_UPPER: Capability = (12, 0)
-#: CUDA versions TE asks for: FP8 on Ada, and FP8 block scaling anywhere.
+#: CUDA version TE asks for FP8 on Ada (a recipe's own minimum is its ``te_min_cuda``).
 TE_ADA_MIN_CUDA: tuple[int, int] = (12, 1)
-TE_BLOCK_MIN_CUDA: tuple[int, int] = (12, 9)
 
 NO_GPU_TE = "Transformer Engine needs a CUDA GPU"
 NO_GPU_TORCHAO = "torchao float8 training needs a CUDA GPU"
 
-#: Why torchao cannot run a precision whatever the GPU (precsearch maps only fp8_current).
-TORCHAO_NEVER: dict[Precision, str] = {
-    Precision.FP8_DELAYED: (
-        "torchao float8 training has only dynamic scaling (delayed scaling was removed); "
-        "use fp8_current or the te backend"
-    ),
-    Precision.FP8_BLOCK: (
-        "torchao float8 training scales per tensor or per row, not in 1x128/128x128 blocks; "
-        "use the te backend"
-    ),
-    Precision.MXFP8: "MXFP8 is not wired to torchao in precsearch; use the te backend",
-    Precision.NVFP4: "NVFP4 is not wired to torchao in precsearch; use the te backend",
-}
+#: Why torchao cannot run a precision whatever the GPU (each recipe's ``torchao_never``).
+TORCHAO_NEVER: dict[Precision, str] = {p: r.torchao_never for p, r in RECIPES.items() if r.torchao_never}
 
 
 def architecture(cap: Capability) -> str:
@@ -114,24 +101,27 @@ def te_reason(
         cap: The GPU's compute capability, or None when there is no CUDA GPU.
         cuda: The CUDA version torch was built with; None skips the CUDA-version checks.
     """
-    if precision is Precision.BF16:
+    recipe = recipe_for(precision)
+    if not recipe.low:
         return None
-    if cap is None:
+    if cap is None:  # as te_support says it without a GPU, whatever the recipe
         return NO_GPU_TE
-    label = SPECS[precision].label
-    need = SPECS[precision].min_capability
+    if recipe.te_never:
+        return recipe.te_never
+    label, need = recipe.spec.label, recipe.spec.min_capability
     if cap < need:
         return _needs(label, need, cap)
-    if precision is Precision.MXFP8 and cap >= TE_MXFP8_UPPER:
+    upper = recipe.te_max_capability
+    if upper is not None and cap >= upper:
         return (
-            f"Transformer Engine does not run MXFP8 on compute capability {_fmt(TE_MXFP8_UPPER)}+ "
+            f"Transformer Engine does not run {label} on compute capability {_fmt(upper)}+ "
             f"yet; this GPU is {_fmt(cap)} ({architecture(cap)})"
         )
     if cuda is None:
         return None
     built = f"torch was built with CUDA {_fmt(cuda)}"
-    if precision is Precision.FP8_BLOCK and cuda < TE_BLOCK_MIN_CUDA:
-        return f"{label} needs CUDA {_fmt(TE_BLOCK_MIN_CUDA)} or newer; {built}"
+    if recipe.te_min_cuda is not None and cuda < recipe.te_min_cuda:
+        return f"{label} needs CUDA {_fmt(recipe.te_min_cuda)} or newer; {built}"
     if cap < HOPPER and cuda < TE_ADA_MIN_CUDA:
         return f"{label} on Ada needs CUDA {_fmt(TE_ADA_MIN_CUDA)} or newer; {built}"
     return None
@@ -144,14 +134,16 @@ def te_table(cap: Capability | None, cuda: tuple[int, int] | None = None) -> dic
 
 def torchao_reason(precision: Precision, cap: Capability | None) -> str | None:
     """None if the torchao backend runs ``precision`` on a GPU of capability ``cap``, else why not."""
-    if precision is Precision.BF16:
+    recipe = recipe_for(precision)
+    if not recipe.low:
         return None
-    if precision in TORCHAO_NEVER:
-        return TORCHAO_NEVER[precision]
+    if recipe.torchao_never:
+        return recipe.torchao_never
     if cap is None:
         return NO_GPU_TORCHAO
-    if cap < ADA:
-        return _needs("FP8 (torch._scaled_mm)", ADA, cap)
+    need = max(ADA, recipe.spec.min_capability)  # torch._scaled_mm: 8.9; its rowwise-scaled GEMM: 9.0
+    if cap < need:
+        return _needs(f"{recipe.spec.label} (torch._scaled_mm)", need, cap)
     return None
 
 
@@ -161,7 +153,7 @@ def torchao_table(cap: Capability | None) -> dict[Precision, str | None]:
 
 
 #: Recipes only Blackwell's tensor cores run; elsewhere they are emulated.
-BLACKWELL_ONLY = tuple(p for p, spec in SPECS.items() if spec.min_capability == BLACKWELL)
+BLACKWELL_ONLY = tuple(p for p, r in RECIPES.items() if r.spec.min_capability == BLACKWELL)
 
 
 def emulation_note(backend: str, precisions, device: torch.device | str) -> str | None:
@@ -182,7 +174,7 @@ def emulation_note(backend: str, precisions, device: torch.device | str) -> str 
 
 def unavailable_table(reason: str) -> dict[Precision, str | None]:
     """Every low-precision choice refused with ``reason``; BF16 allowed."""
-    return {p: (None if p is Precision.BF16 else reason) for p in Precision}
+    return {p: (reason if p.is_fp8 else None) for p in Precision}
 
 
 # --- the machine ------------------------------------------------------------------
@@ -253,7 +245,7 @@ def torchao_support(device: torch.device | str) -> dict[Precision, str | None]:
     table = torchao_table(gpu_capability(device))
     if error is None:
         return table
-    return {p: (r if r is not None or p is Precision.BF16 else error) for p, r in table.items()}
+    return {p: (r if r is not None or not p.is_fp8 else error) for p, r in table.items()}
 
 
 def require_te():

@@ -225,7 +225,7 @@ class EmulatedBackend(EmulatedSupport, Backend):
         linears = linear_modules(model, list(recipes))
         self.check_supported(recipes, model_device(model))
         for index, (name, recipe) in enumerate(recipes.items()):
-            if recipe.precision is Precision.BF16:
+            if not recipe.precision.is_fp8:
                 continue
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name)

@@ -58,11 +58,12 @@ import torch
 from torch import nn
 
 from precsearch.fp8.formats import fp8_max, smallest_scalable_amax
+from precsearch.storage import BF16, BLOCK_FP8, FP32, SCALED_FP8, TENSOR_FP8
 
 #: Storage of one moment, by the knob's names, and the code the kernels take.
-STATE_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
-                                        "fp8_block": torch.float8_e4m3fn}
-KIND_CODES: dict[str, int] = {"fp32": 0, "bf16": 1, "fp8": 2, "fp8_block": 3}
+STATE_DTYPES: dict[str, torch.dtype] = {FP32: torch.float32, BF16: torch.bfloat16, TENSOR_FP8: torch.float8_e4m3fn,
+                                        BLOCK_FP8: torch.float8_e4m3fn}
+KIND_CODES: dict[str, int] = {FP32: 0, BF16: 1, TENSOR_FP8: 2, BLOCK_FP8: 3}
 #: Consecutive elements (of the flattened tensor) sharing one ``fp8_block`` scale.
 QBLOCK = 128
 #: How master weights are kept, and the code the kernels take.
@@ -86,7 +87,7 @@ def applies(first: str, second: str, master: str, fp8_weights: bool) -> bool:
         True when a moment is FP8 (either kind), the master is not FP16 and the weights are not FP8
         (:func:`~precsearch.backends.te_knobs.te_memory_knob_problem` refuses ``fp8_block`` there).
     """
-    return bool({"fp8", "fp8_block"} & {first, second}) and master in MASTER_CODES and not fp8_weights
+    return bool(set(SCALED_FP8) & {first, second}) and master in MASTER_CODES and not fp8_weights
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -111,7 +112,7 @@ def quantize_state(x: torch.Tensor, storage: str, root: bool = False) -> tuple[t
     ``fp8``: one scale (a 1-element FP32 tensor). ``fp8_block``: one scale per ``QBLOCK`` elements of the
     flattened tensor, and with ``root`` (the second moment) the square root of ``x`` is what is stored.
     """
-    if storage == "fp8_block":
+    if storage == BLOCK_FP8:
         kept = _blocks(x.sqrt() if root else x)
         scale = fp8_scale(kept.abs().amax(dim=1))
         codes = (kept * scale[:, None]).to(torch.float8_e4m3fn).reshape(-1)[:x.numel()].reshape(x.shape)
@@ -128,7 +129,7 @@ def dequantize_state(x: torch.Tensor, scale_inv: torch.Tensor | None, storage: s
     """A stored moment as FP32 (``storage`` and ``root`` as :func:`quantize_state` was given them)."""
     if scale_inv is None:
         return x.float()
-    if storage != "fp8_block":
+    if storage != BLOCK_FP8:
         return x.float() * scale_inv
     values = (_blocks(x.float()) * scale_inv[:, None]).reshape(-1)[:x.numel()].reshape(x.shape)
     return values * values if root else values
@@ -236,8 +237,8 @@ class FP8StateAdamW(torch.optim.Optimizer):
         for name in MOMENTS:
             state[name] = torch.zeros_like(p, dtype=STATE_DTYPES[self.storage[name]],
                                            memory_format=torch.contiguous_format)
-            if self.storage[name] in ("fp8", "fp8_block"):
-                scales = -(-p.numel() // QBLOCK) if self.storage[name] == "fp8_block" else 1
+            if self.storage[name] in SCALED_FP8:
+                scales = -(-p.numel() // QBLOCK) if self.storage[name] == BLOCK_FP8 else 1
                 state[f"{name}_scale_inv"] = torch.ones(scales, dtype=torch.float32, device=p.device)
         master = self.master_of(p)
         if master == "fp32":

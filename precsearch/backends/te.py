@@ -21,14 +21,9 @@ from precsearch.backends.te_knobs import te_memory_knob_problem
 from precsearch.backends.te_optimizer import build_optimizer, seed_master_weights
 from precsearch.backends.te_stack import TEPrecisionLinear, build_te_stack, convert_linears
 from precsearch.policy.rules import MemoryKnobs
-from precsearch.precision import NVFP4_KNOBS, Fp8Format, LayerRecipe, Precision
-from precsearch.precision_spec import SPECS
+from precsearch.precision import Fp8Format, LayerRecipe, Precision
+from precsearch.recipes import recipe_for
 from precsearch.backends.tensor_stats import TensorStats
-
-#: Feature dims of an FP8 GEMM must be multiples of this (TE ``assert_dim_for_fp8_exec``).
-FP8_DIM_MULTIPLE = 16
-#: MXFP8 scales 1x32 blocks along the reduced dim.
-MXFP8_DIM_MULTIPLE = 32
 
 #: TE forward quantizer slots of a Linear, and backward ones (``csrc/common.h``: FP8FwdTensors).
 FWD_SLOTS = ("input", "weight", "output")
@@ -44,48 +39,28 @@ def _te_format(fmt: Fp8Format) -> Any:
 
 def recipe_key(recipe: LayerRecipe) -> tuple:
     """The fields of ``recipe`` that its TE recipe object depends on (layers sharing it share one)."""
-    p = recipe.precision
-    if p is Precision.FP8_DELAYED:
-        return (p, recipe.fp8_format, recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin)
-    if p is Precision.NVFP4:
-        return (p, *(getattr(recipe, k) for k in NVFP4_KNOBS))
-    return (p, recipe.fp8_format)
+    return recipe_for(recipe.precision).te_key(recipe)
 
 
 def make_te_recipe(recipe: LayerRecipe) -> Any:
     """The ``transformer_engine.common.recipe`` object for a low-precision :class:`LayerRecipe`.
 
-    ``fp8_format`` is passed to every FP8 recipe (TE accepts HYBRID and E4M3 for
-    all of them); NVFP4 has its own fixed formats (E2M1 data, E4M3 scales) and
-    takes the recipe's three switches as TE's ``disable_*`` fields (TE reads
-    their defaults from ``NVTE_NVFP4_DISABLE_*`` at import; passing them
-    explicitly makes the environment irrelevant). Runs only on compute
-    capability 10.x; not exercised on this project's H200.
+    The class is the recipe's ``spec.te_recipe`` and its arguments the recipe's
+    :meth:`~precsearch.recipes.base.Recipe.te_kwargs`: ``fp8_format`` for every FP8
+    recipe (TE accepts HYBRID and E4M3 for all of them); NVFP4 has its own fixed
+    formats (E2M1 data, E4M3 scales) and takes its three switches as TE's
+    ``disable_*`` fields.
 
     Raises:
         ValueError: For a BF16 recipe (it needs no TE recipe).
     """
     from transformer_engine.common import recipe as te_recipe
 
-    p = recipe.precision
-    name = SPECS[p].te_recipe
-    if name is None:
-        raise ValueError(f"precision {p.value!r} needs no Transformer Engine recipe")
-    make = getattr(te_recipe, name)
-    if p is Precision.NVFP4:  # E2M1 data and E4M3 scales are fixed: no fp8_format
-        return make(
-            disable_rht=not recipe.nvfp4_rht,
-            disable_stochastic_rounding=not recipe.nvfp4_stochastic_rounding,
-            disable_2d_quantization=not recipe.nvfp4_2d_weights,
-        )
-    if p is Precision.FP8_DELAYED:
-        return make(
-            fp8_format=_te_format(recipe.fp8_format),
-            amax_history_len=recipe.amax_history_len,
-            amax_compute_algo=recipe.amax_compute_algo.value,
-            margin=recipe.margin,
-        )
-    return make(fp8_format=_te_format(recipe.fp8_format))
+    r = recipe_for(recipe.precision)
+    if r.spec.te_recipe is None:
+        raise ValueError(f"precision {r.name!r} needs no Transformer Engine recipe")
+    kwargs = {k: _te_format(v) if isinstance(v, Fp8Format) else v for k, v in r.te_kwargs(recipe).items()}
+    return getattr(te_recipe, r.spec.te_recipe)(**kwargs)
 
 
 def fp8_metadata(unit: TEPrecisionLinear) -> dict[str, Any]:
@@ -128,7 +103,7 @@ def _dim_problems(linears: Mapping[str, nn.Linear], recipes: Mapping[str, LayerR
     for name, recipe in recipes.items():
         if not recipe.precision.is_fp8:
             continue
-        multiple = MXFP8_DIM_MULTIPLE if recipe.precision is Precision.MXFP8 else FP8_DIM_MULTIPLE
+        multiple = recipe_for(recipe.precision).te_dim_multiple  # TE ``assert_dim_for_fp8_exec``
         lin = linears[name]
         if lin.in_features % multiple or lin.out_features % multiple:
             problems[name] = (
@@ -142,7 +117,7 @@ def _check_delayed_keys(recipes: Mapping[str, LayerRecipe]) -> None:
     """Refuse delayed-scaling layers that TE would put in one buffer with different algorithms."""
     algos: dict[tuple, tuple[str, str]] = {}
     for name, r in recipes.items():
-        if r.precision is not Precision.FP8_DELAYED:
+        if not recipe_for(r.precision).history:
             continue
         te_key = (r.fp8_format, r.amax_history_len, r.margin)
         seen = algos.setdefault(te_key, (name, r.amax_compute_algo.value))

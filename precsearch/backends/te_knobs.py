@@ -10,6 +10,8 @@ import torch
 from precsearch.backends.capability import gpu_capability, te_import_error
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
+from precsearch.storage import BLOCK_FP8
+from precsearch.recipes import all_recipes
 
 #: FP8 fused attention (cuDNN) needs Hopper or newer.
 FP8_ATTENTION_MIN_CAPABILITY = (9, 0)
@@ -22,9 +24,8 @@ def fp8_attention_precisions(capability: tuple[int, int] | None) -> tuple[Precis
     """The q/k/v precisions whose blocks TE can run FP8 attention for, on a GPU of ``capability``."""
     if capability is None or capability < FP8_ATTENTION_MIN_CAPABILITY:
         return ()
-    if capability < (10, 0):
-        return (Precision.FP8_DELAYED,)
-    return (Precision.FP8_DELAYED, Precision.FP8_CURRENT)
+    return tuple(r.precision for r in all_recipes()
+                 if r.te_fp8_attention_from is not None and capability >= r.te_fp8_attention_from)
 
 
 def fp8_attention_model_problem(head_dim: int, capability: tuple[int, int] | None) -> str | None:
@@ -40,7 +41,7 @@ def te_memory_knob_problem(knobs: MemoryKnobs, device: torch.device) -> str | No
     if knobs.is_default:
         return None
     named = ", ".join(knobs.changed())
-    if "fp8_block" in knobs.moment_dtypes("bf16") and (knobs.fp8_weights or knobs.master == "fp16"):
+    if BLOCK_FP8 in knobs.moment_dtypes("bf16") and (knobs.fp8_weights or knobs.master == "fp16"):
         other = "fp8_weights=True" if knobs.fp8_weights else "master_dtype=fp16"
         return (f"fp8_block moments with {other}: only precsearch's FP8StateAdamW keeps fp8_block moments, and "
                 "it steps neither FP8 weights nor FP16 masters (TE FusedAdam does, with moments fp32, bf16 or fp8)")

@@ -45,7 +45,8 @@ from torch import Tensor
 
 from precsearch.fp8.formats import quantization_stats
 from precsearch.fp8.scaling import make_scaler, role_format
-from precsearch.precision import LayerRecipe, Precision
+from precsearch.precision import LayerRecipe
+from precsearch.recipes import recipe_for
 
 #: TE delayed-scaling state key and slot of each role (``csrc/common.h``: FP8FwdTensors, FP8BwdTensors).
 _DELAYED_SLOT = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1), "grad_output": ("scaling_bwd", 0)}
@@ -53,7 +54,7 @@ _DELAYED_SLOT = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1), "gra
 
 def observable(recipe: LayerRecipe) -> bool:
     """True when this layer's FP8 casts are reproduced here (every FP8 recipe; NVFP4 is not wired)."""
-    return recipe.precision.is_fp8 and recipe.precision is not Precision.NVFP4
+    return recipe_for(recipe.precision).te_stats_observable
 
 
 def activation(x: Tensor) -> Tensor:
@@ -83,7 +84,7 @@ def operand_stats(recipe: LayerRecipe, role: str, t: Tensor, fp8_meta: dict[str,
         KeyError: Delayed scaling before TE created the layer's scaling state
             (call only after the layer's first FP8 forward).
     """
-    if recipe.precision is Precision.FP8_DELAYED:
+    if recipe_for(recipe.precision).history:  # TE's scale, from its amax history
         key, index = slot or _DELAYED_SLOT[role]
         scale = fp8_meta[key].scale[index].detach().clone()
         stats = quantization_stats(t, scale, role_format(recipe.fp8_format, role))

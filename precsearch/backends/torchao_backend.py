@@ -1,15 +1,14 @@
-"""The torchao backend: FP8 training through ``torchao.float8`` (dynamic per-tensor scaling).
+"""The torchao backend: FP8 training through ``torchao.float8`` (dynamic per-tensor or per-row scaling).
 
 Contract (on top of :mod:`precsearch.backends.base`):
 
-* Only ``fp8_current`` runs here; it maps to torchao's ``tensorwise`` recipe
-  (:data:`RECIPE_NAMES`). Every other low-precision choice is refused with its
-  reason (:mod:`precsearch.backends.capability`). torchao's ``rowwise`` and
-  ``rowwise_with_gw_hp`` recipes have no :class:`~precsearch.precision.Precision`
-  of their own yet, so a policy cannot ask for them.
+* Only the precisions whose recipe names a torchao recipe run here (:data:`RECIPE_NAMES`: ``fp8_current`` as
+  torchao's ``tensorwise``, ``fp8_rowwise`` as its ``rowwise``). Every other low-precision choice is refused
+  with its recipe's reason (:mod:`precsearch.backends.capability`). torchao's ``rowwise_with_gw_hp`` has no
+  :class:`~precsearch.precision.Precision` of its own yet, so a policy cannot ask for it.
 * ``convert`` calls ``torchao.float8.convert_to_float8_training(model,
-  config=..., module_filter_fn=fn)`` with ``fn(module, fqn)`` true only for the
-  named Linear layers whose recipe is ``fp8_current``, then wraps each
+  config=..., module_filter_fn=fn)`` once per (precision, FP8 format), with ``fn(module, fqn)`` true only for
+  the named Linear layers of that pair, then wraps each
   converted layer in a :class:`TorchaoPrecisionLinear` (child ``linear``). torchao
   keeps the original Parameter objects (``Float8Linear.from_float`` assigns
   ``mod.weight``/``mod.bias``), so an optimizer built before or after convert
@@ -71,11 +70,10 @@ from precsearch.backends.base import (
 )
 from precsearch.backends.capability import TORCHAO_NEVER, torchao_import_error, torchao_support
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
-from precsearch.precision_spec import SPECS
+from precsearch.recipes import RECIPES, recipe_for
 
-#: precsearch precision -> torchao ``Float8LinearRecipeName`` value (the spec's torchao column). torchao's
-#: ``rowwise`` and ``rowwise_with_gw_hp`` have no Precision of their own yet.
-RECIPE_NAMES: dict[Precision, str] = {p: spec.torchao_recipe for p, spec in SPECS.items() if spec.torchao_recipe}
+#: precsearch precision -> torchao ``Float8LinearRecipeName`` value (each recipe's ``spec.torchao_recipe``).
+RECIPE_NAMES: dict[Precision, str] = {p: r.spec.torchao_recipe for p, r in RECIPES.items() if r.spec.torchao_recipe}
 
 #: in/out features of a torchao float8 GEMM must be multiples of this.
 DIM_MULTIPLE = 16
@@ -92,7 +90,10 @@ def _float8() -> Any:
 
 
 def make_config(recipe: LayerRecipe, emulate: bool = False) -> Any:
-    """The ``Float8LinearConfig`` for an ``fp8_current`` recipe.
+    """The ``Float8LinearConfig`` for a recipe torchao names (:data:`RECIPE_NAMES`).
+
+    A recipe that takes the policy's FP8 format gets an E4M3 gradient cast under ``e4m3``; one with fixed
+    formats gets torchao's named config as it is.
 
     Raises:
         UnsupportedRecipe: The precision has no torchao recipe in :data:`RECIPE_NAMES`.
@@ -104,7 +105,7 @@ def make_config(recipe: LayerRecipe, emulate: bool = False) -> Any:
             f"backend 'torchao' has no recipe for '{recipe.precision.value}'; valid: "
             f"{', '.join(p.value for p in RECIPE_NAMES)}"
         )
-    if recipe.fp8_format is Fp8Format.HYBRID:
+    if recipe.fp8_format is Fp8Format.HYBRID or not recipe_for(recipe.precision).fp8_encoded:
         config = f8.Float8LinearConfig.from_recipe_name(name)
     else:  # E4M3 everywhere: tensorwise with an E4M3 gradient cast
         from torchao.float8.config import e4m3_dtype
@@ -182,7 +183,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 class TorchaoBackend(Backend):
-    """torchao float8 training (``fp8_current`` only, as torchao's tensorwise recipe).
+    """torchao float8 training (the precisions with a torchao recipe: tensorwise, rowwise).
 
     Args:
         compile: ``convert`` returns :func:`compile_model` of the converted model.
@@ -198,17 +199,17 @@ class TorchaoBackend(Backend):
         self.emulate = emulate
 
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
-        """``fp8_current`` on compute capability 8.9+ (anywhere when emulating); nothing else."""
+        """The torchao-named precisions on their GPUs (anywhere when emulating); nothing else."""
         if not self.emulate:
             return torchao_support(device)
         # emulation has no hardware requirement: only the import and the recipe map matter
         error = torchao_import_error()
         return {
-            p: None if p is Precision.BF16 else TORCHAO_NEVER.get(p, error) for p in Precision
+            p: TORCHAO_NEVER.get(p, error) if p.is_fp8 else None for p in Precision
         }
 
     def convert(self, model: nn.Module, recipes: Mapping[str, LayerRecipe]) -> nn.Module:
-        """Swap the named ``fp8_current`` Linears for torchao ``Float8Linear`` behind a switch.
+        """Swap the named Linears of torchao-named precisions for torchao ``Float8Linear`` behind a switch.
 
         Raises:
             ValueError: A name is not an ``nn.Linear`` of the model (checked first).
@@ -220,8 +221,9 @@ class TorchaoBackend(Backend):
         self.check_supported(recipes, model_device(model))
         refuse_layers("torchao", unsupported_layers(model, recipes))
         fp8 = {n: r for n, r in recipes.items() if r.precision.is_fp8}
-        for fmt in sorted({r.fp8_format for r in fp8.values()}, key=lambda f: f.value):
-            names = {n for n, r in fp8.items() if r.fp8_format is fmt}
+        # one conversion per torchao config: per precision and FP8 format
+        for key in sorted({(r.precision.value, r.fp8_format.value) for r in fp8.values()}):
+            names = {n for n, r in fp8.items() if (r.precision.value, r.fp8_format.value) == key}
             config = make_config(next(r for n, r in fp8.items() if n in names), self.emulate)
             _float8().convert_to_float8_training(
                 model, config=config, module_filter_fn=lambda _mod, fqn, names=names: fqn in names

@@ -15,7 +15,7 @@ from precsearch.config.knob import Knob
 from precsearch.config.space import Group, Space
 from precsearch.errors import UserError
 from precsearch.policy.rules import Rule, member_rules
-from precsearch.precision import Precision
+from precsearch.recipes import DEFAULT_PRECISION
 
 
 def check_groups(space: Space) -> None:
@@ -24,7 +24,7 @@ def check_groups(space: Space) -> None:
     names = unit_names(cfg)
     for i, group in enumerate(space.search.groups):
         _check_selector(group, f"search.groups[{i}].layers", cfg.n_layers)
-    rules = tuple(g.to_rule(Precision.BF16) for g in space.search.groups)
+    rules = tuple(g.to_rule(DEFAULT_PRECISION) for g in space.search.groups)
     for i, rule in enumerate(rules):
         _check_matches(rule, f"search.groups[{i}].modules", names, cfg)
     _check_shadowed(rules, names, cfg.n_layers, space.search.default_precision)

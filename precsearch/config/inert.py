@@ -9,7 +9,7 @@ which reads only the newest amax). Each :class:`Inert` row says which setting do
   both fields and their values (for the history and the algorithm the advice loses nothing:
   ``most_recent`` is ``max`` over a history of 1);
 * when the trial's layers run no **precision that reads it** (the delayed-scaling settings without an
-  ``fp8_delayed`` layer, the NVFP4 switches without an ``nvfp4`` one, the FP8 format with only BF16 and
+  ``fp8_delayed`` layer, the NVFP4 switches without an ``nvfp4`` one, the FP8 format with only BF16, rowwise and
   NVFP4, the FP8 warm-up with only BF16): if no group, unit or default can run a reader, ``validate``
   refuses the space; otherwise the sampler leaves the recipe setting out of the trials whose layers run
   no reader (:func:`inert_in`), so such a trial has no param for it, takes the setting's first value, and
@@ -28,14 +28,18 @@ import yaml
 from precsearch.config.knob import Knob
 from precsearch.config.space import Space
 from precsearch.errors import UserError
-from precsearch.precision import NVFP4_KNOBS, AmaxAlgo, Precision
+from precsearch.precision import AmaxAlgo, Precision
+from precsearch.recipes import SETTINGS, low_recipes, readers, recipe_for
 
 #: ``Inert.by`` for rules on the precisions a trial's layers run, rather than on another setting.
 PRECISIONS = "precisions"
 
-DELAYED = frozenset({Precision.FP8_DELAYED})
-FP8_ENCODED = frozenset({Precision.FP8_DELAYED, Precision.FP8_CURRENT, Precision.FP8_BLOCK, Precision.MXFP8})
-LOW_PRECISION = frozenset(p for p in Precision if p.is_fp8)
+LOW_PRECISION = frozenset(r.precision for r in low_recipes())
+
+#: Why a recipe setting is inert where no layer runs a recipe that reads it (by the recipes' ``settings``).
+_WHY_UNREAD = {
+    "fp8_format": "BF16 and the fixed-format recipes (NVFP4: E2M1 with E4M3 scales) have no FP8 format to choose",
+}
 
 
 @dataclass(frozen=True)
@@ -72,16 +76,16 @@ def _readers(readers: frozenset[Precision]) -> str:
     return " or ".join(sorted(p.value for p in readers))
 
 
+def _labels(precisions: frozenset[Precision]) -> str:
+    return " or ".join(sorted(recipe_for(p).spec.label for p in precisions))
+
+
 _HISTORY_FOR_ALGO = ("most_recent is max over a history of 1: fix search.recipe.amax_compute_algo: max and "
                      "include 1 in search.recipe.amax_history_len's choices")
 
 RULES: tuple[Inert, ...] = (
-    *(Inert(f"recipe.{name}", PRECISIONS, _reads_none(DELAYED), _readers(DELAYED),
-            "only delayed scaling reads it") for name in ("amax_history_len", "amax_compute_algo", "margin")),
-    Inert("recipe.fp8_format", PRECISIONS, _reads_none(FP8_ENCODED), _readers(FP8_ENCODED),
-          "BF16 and NVFP4 (E2M1 with E4M3 scales) have no FP8 format to choose"),
-    *(Inert(f"recipe.{name}", PRECISIONS, _reads_none(frozenset({Precision.NVFP4})), Precision.NVFP4.value,
-            "only NVFP4 reads it") for name in NVFP4_KNOBS),
+    *(Inert(f"recipe.{name}", PRECISIONS, _reads_none(readers(name)), _readers(readers(name)),
+            _WHY_UNREAD.get(name, f"only {_labels(readers(name))} reads it")) for name in SETTINGS),
     # kept sampled: only the all-BF16 trial is affected, and leaving it out there would change the number of
     # distinct policies of every space that searches the warm-up (the smoke space's 12 would become 11)
     Inert("warmup_steps", PRECISIONS, _reads_none(LOW_PRECISION), _readers(LOW_PRECISION),

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
 from precsearch.backends.registry import BACKEND_CHOICES
 from precsearch.config.damage_section import DamageSection
@@ -25,8 +25,10 @@ from precsearch.config.model_section import ModelSection
 from precsearch.config.section import Section
 from precsearch.config.target import TargetSection
 from precsearch.config.unit_space import SensitivitySection, UnitSet
-from precsearch.policy.rules import Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Rule, StateDtype
-from precsearch.precision import AmaxAlgo, Fp8Format, Precision
+from precsearch.policy.rules import Fp8Attention, MemoryKnobs, Rule
+from precsearch.storage import MasterDtype, MomentDtype, StateDtype
+from precsearch.precision import BF16_RECIPE, LayerRecipe, Precision
+from precsearch.recipes import DEFAULT_PRECISION, SETTINGS
 from precsearch.readings.registry import DEFAULT_READING, READING_NAMES, get_reading
 from precsearch.readings.registry import description as readings_description
 from precsearch.utils.names import REFUSED, name_problem
@@ -133,7 +135,7 @@ class Group(Section):
     name: str
     modules: list[str] = Field(min_length=1)
     layers: LayerSelector | None = None
-    precision: knob(Precision) = Knob(fixed=Precision.BF16)
+    precision: knob(Precision) = Knob(fixed=DEFAULT_PRECISION)
 
     def to_rule(self, precision: Precision) -> Rule:
         """This group as a policy rule running ``precision``."""
@@ -157,17 +159,19 @@ class Group(Section):
         return v
 
 
-class RecipeSection(Section):
-    """FP8 and NVFP4 recipe settings shared by every low-precision layer of a trial."""
+def _recipe_knob(name: str) -> tuple[Any, Knob]:
+    """A ``search.recipe`` knob for the :class:`LayerRecipe` field ``name``: its type, fixed at its default."""
+    value_type = _RECIPE_TYPES[name]
+    return knob(value_type, numeric=value_type is int), Knob(fixed=getattr(BF16_RECIPE, name))
 
-    fp8_format: knob(Fp8Format) = Knob(fixed=Fp8Format.HYBRID)
-    amax_history_len: knob(int, numeric=True) = Knob(fixed=1024)
-    amax_compute_algo: knob(AmaxAlgo) = Knob(fixed=AmaxAlgo.MAX)
-    margin: knob(int, numeric=True) = Knob(fixed=0)
-    # NVFP4 only (TE NVFP4BlockScaling's defaults: all on); see precsearch.precision.LayerRecipe
-    nvfp4_rht: knob(bool) = Knob(fixed=True)  # random Hadamard transform of the wgrad GEMM's inputs
-    nvfp4_2d_weights: knob(bool) = Knob(fixed=True)  # 16x16 weight tiles (else 1x16 blocks)
-    nvfp4_stochastic_rounding: knob(bool) = Knob(fixed=True)  # gradients rounded stochastically
+
+_RECIPE_TYPES = get_type_hints(LayerRecipe)
+RecipeSection = create_model(
+    "RecipeSection", __base__=Section, __module__=__name__,
+    **{name: _recipe_knob(name) for name in SETTINGS})
+RecipeSection.__doc__ = """The recipe settings shared by every low-precision layer of a trial: one knob per field of
+:class:`~precsearch.precision.LayerRecipe` (its docstring says what each does, and each recipe's ``settings``
+which it reads), fixed at the field's default unless searched."""
 
 
 class EdgeBlocksSection(Section):
@@ -197,7 +201,7 @@ class MemorySection(Section):
 class SearchSection(Section):
     """What a trial chooses: per-group and per-unit precision, recipe, FP8 warm-up, gradient clipping."""
 
-    default_precision: knob(Precision) = Knob(fixed=Precision.BF16)
+    default_precision: knob(Precision) = Knob(fixed=DEFAULT_PRECISION)
     groups: list[Group] = Field(default_factory=list)
     units: list[UnitSet] = Field(default_factory=list, description="per-module units, each with its own precision")
     sensitivity: SensitivitySection | None = Field(

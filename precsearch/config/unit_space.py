@@ -36,6 +36,7 @@ from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.config.knob import Knob, knob
 from precsearch.config.section import Section
 from precsearch.precision import Precision
+from precsearch.recipes import DEFAULT_PRECISION
 from precsearch.utils.numbers import MAX_COUNT
 
 #: Unit kinds a set may name: the four GEMMs of a block, and the output layer.
@@ -52,7 +53,7 @@ class UnitSet(Section):
         description="unit kinds: linear_qkv, linear_proj, linear_fc1, linear_fc2, output_layer")
     blocks: list[int | str] | None = Field(
         None, description="block indices or inclusive ranges such as '0-3' (default: every probe block)")
-    precision: knob(Precision) = Knob(fixed=Precision.BF16)
+    precision: knob(Precision) = Knob(fixed=DEFAULT_PRECISION)
 
     @field_validator("blocks")
     @classmethod

@@ -14,7 +14,8 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
 * ``AORecipeKwargs(config: torchao Float8LinearConfig, module_filter_func(module,
   fqn) -> bool)``: torchao's ``Float8Linear`` per selected layer, dynamic tensorwise
   scaling (precsearch ``fp8_current``; E4M3 forward, E5M2 gradients by default,
-  ``torchao/float8/config.py``). This is the per-layer path. The snippet sets
+  ``torchao/float8/config.py``) or torchao's named ``rowwise`` config (precsearch
+  ``fp8_rowwise``; E4M3 everywhere): one config per model. This is the per-layer path. The snippet sets
   ``enable_fsdp_float8_all_gather=False``: ``AORecipeKwargs()``'s default True makes
   ``Float8Linear.from_float`` wrap each weight in a *new* ``nn.Parameter``
   (``WeightWithDynamicFloat8CastTensor``), and ``Accelerator._prepare_ao`` converts the
@@ -46,11 +47,11 @@ from precsearch.export.format_output import (
 from precsearch.export.memory_knobs import accelerate_memory, accelerate_written
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy, block_index
-from precsearch.precision import NVFP4_KNOBS, AmaxAlgo, Fp8Format, Precision
+from precsearch.precision import Fp8Format, Precision
+from precsearch.recipes import RECIPES, recipe_for
 
 FILE = "accelerate_fp8.py"
 POLICY_FILE = "policy.yaml"
-_AO = Precision.FP8_CURRENT
 
 
 def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
@@ -62,36 +63,52 @@ def choose_path(policy: Policy, n_layers: int) -> tuple[str, list[str]]:
     if not fp8:
         return "bf16", warnings
     recipe = policy.recipe
-    if len(precs) == 1:
-        (p,) = precs
-        if p is Precision.FP8_DELAYED:
-            if AmaxAlgo(recipe.amax_compute_algo) is AmaxAlgo.MAX:
-                return "te", _warmup(policy, warnings)
-            warnings.append("amax_compute_algo most_recent cannot reach TE through TERecipeKwargs (Accelerate "
-                            "drops values equal to its defaults and TE's default is max)")
-        elif p is Precision.MXFP8:
-            if recipe.fp8_format is Fp8Format.E4M3:
-                return "te", _warmup(policy, warnings)
-            warnings.append("hybrid MXFP8 cannot reach TE through TERecipeKwargs (fp8_format='HYBRID' is "
-                            "Accelerate's default, so it is dropped and MXFP8BlockScaling uses E4M3)")
-    if fp8 == {_AO}:  # an E4M3 policy is expressed with a CastConfig for the gradients
+    if len(precs) == 1 and recipe_for(next(iter(precs))).accelerate_te:
+        problem = recipe_for(next(iter(precs))).accelerate_te_problem(recipe)
+        if problem is None:
+            return "te", _warmup(policy, warnings)
+        warnings.append(problem)
+    if _ao_precision(fp8) is not None:  # an E4M3 policy is expressed with a CastConfig for the gradients
         return "ao", _warmup(policy, warnings)
-    other = sorted(p.value for p in fp8 - {_AO})
+    other = sorted(p.value for p in fp8 if not recipe_for(p).spec.torchao_recipe) or sorted(p.value for p in fp8)
     if len(precs) > 1:
         warnings.append(
             "Accelerate's Transformer Engine path wraps the whole forward in one fp8_autocast with one recipe, "
             "so it cannot run different layers at different precisions")
-    if Precision.NVFP4 in fp8:
-        switches = ", ".join(f"{k}={getattr(recipe, k)}" for k in NVFP4_KNOBS)
-        warnings.append(f"NVFP4 and its recipe switches ({switches}) have no Accelerate setting: TERecipeKwargs "
-                        "builds no NVFP4BlockScaling; they travel in policy.yaml and reach Transformer Engine "
-                        "through precsearch's Python API with backend=\"te\" on a Blackwell GPU")
+    for p in sorted(fp8, key=list(RECIPES).index):
+        warnings += _unreached_settings(recipe_for(p), recipe)
     warnings.append(
         f"{', '.join(other)} layers have no Accelerate setting (its Transformer Engine path builds only "
-        "DelayedScaling or MXFP8BlockScaling, for the whole model; its torchao path only dynamic tensorwise "
-        "scaling); the snippet applies the policy with precsearch's Python API instead (exact numerics; "
-        "its emulated backend is slower than BF16)")
+        "DelayedScaling or MXFP8BlockScaling, for the whole model; its torchao path only torchao's own recipes, "
+        "one per model: dynamic tensorwise or rowwise scaling); the snippet applies the policy with precsearch's "
+        "Python API instead (exact numerics; its emulated backend is slower than BF16)")
     return "precsearch", warnings
+
+
+def _ao_precision(fp8: set[Precision]) -> Precision | None:
+    """The one low precision of a policy whose torchao recipe Accelerate's torchao path runs, else None."""
+    if len(fp8) != 1:
+        return None
+    (p,) = fp8
+    return p if recipe_for(p).spec.torchao_recipe else None
+
+
+def _ao_config(recipe_name: str) -> list[str]:
+    """The snippet's ``config`` for a torchao recipe that fixes its own formats: torchao's named config as it is
+    (its ``enable_fsdp_float8_all_gather`` is False: see the module docstring)."""
+    return [f'config = Float8LinearConfig.from_recipe_name("{recipe_name}")']
+
+
+def _unreached_settings(r, layer) -> list[str]:
+    """A warning for a recipe whose own settings (beyond the FP8 format) no Accelerate setting carries."""
+    own = [k for k in r.settings if k != "fp8_format"]
+    if r.accelerate_te or not own:
+        return []
+    switches = ", ".join(f"{k}={getattr(layer, k)}" for k in own)
+    cap = r.spec.min_capability
+    return [f"{r.spec.label} and its recipe switches ({switches}) have no Accelerate setting: TERecipeKwargs "
+            f"builds no {r.spec.te_recipe}; they travel in policy.yaml and reach Transformer Engine through "
+            f"precsearch's Python API with backend=\"te\" on a GPU of compute capability {cap[0]}.{cap[1]} or newer"]
 
 
 def accelerate_as_run(policy: Policy, n_layers: int) -> AsRun:
@@ -130,12 +147,12 @@ def _py_blocks(blocks: list[int]) -> str:
     return f"[{', '.join(items)}]"
 
 
-def _fp8_layers_expr(table: dict[str, Precision]) -> str:
-    """Python source of a frozenset holding the HF names of the layers torchao converts."""
+def _fp8_layers_expr(table: dict[str, Precision], converted: Precision) -> str:
+    """Python source of a frozenset holding the HF names of the layers torchao converts (those in ``converted``)."""
     by_proj: dict[str, list[int]] = defaultdict(list)
     singles = []
     for name, p in table.items():
-        if p is not _AO:
+        if p is not converted:
             continue
         block = block_index(name)
         if block is None:
@@ -216,30 +233,26 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
         lines += [f"# every Linear runs {p.value}: one recipe for the whole model, which is what Accelerate's",
                   "# Transformer Engine path does (one fp8_autocast around model.forward)",
                   "from accelerate import Accelerator", "from accelerate.utils import TERecipeKwargs", ""]
-        fmt = recipe.fp8_format.value.upper()
-        if p is Precision.MXFP8:
-            kwargs = f'fp8_format="{fmt}", use_mxfp8_block_scaling=True'
-        else:
-            kwargs = (f'fp8_format="{fmt}", amax_history_len={recipe.amax_history_len}, '
-                      f'amax_compute_algo="{AmaxAlgo(recipe.amax_compute_algo).value}", margin={recipe.margin}')
-        lines += [f"fp8_kwargs = TERecipeKwargs({kwargs})",
+        lines += [f"fp8_kwargs = TERecipeKwargs({recipe_for(p).accelerate_te_kwargs(recipe)})",
                   'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs])',
                   _loop(policy, exact=False)]
     elif path == "ao":
-        e4m3 = recipe.fp8_format is Fp8Format.E4M3
+        ao = recipe_for(_ao_precision({p for p in table.values() if p.is_fp8}))
+        e4m3 = ao.fp8_encoded and recipe.fp8_format is Fp8Format.E4M3
         lines += ["# per-layer FP8 through torchao: Accelerate's Transformer Engine path would wrap the whole",
                   "# forward in one fp8_autocast, so it cannot keep some layers in BF16",
                   "import torch", "from accelerate import Accelerator",
                   "from accelerate.utils import AORecipeKwargs, TorchDynamoPlugin",
                   "from torchao.float8 import " + ("CastConfig, Float8LinearConfig" if e4m3 else "Float8LinearConfig"),
-                  "", "# layers run in FP8 (torchao dynamic tensorwise scaling = precsearch fp8_current);",
+                  "", f"# layers run in FP8 (torchao dynamic {ao.spec.torchao_recipe} scaling = precsearch {ao.name});",
                   "# every other Linear stays BF16",
-                  _fp8_layers_expr(table), "", "",
+                  _fp8_layers_expr(table, ao.precision), "", "",
                   "def module_filter_func(module: torch.nn.Module, fqn: str) -> bool:",
                   "    # torchao's scaled GEMM needs both dims divisible by 16 (as Accelerate's own filter checks)",
                   "    return fqn in FP8_LAYERS and module.in_features % 16 == 0 and module.out_features % 16 == 0",
                   "", ""]
-        lines += ["config = Float8LinearConfig(",
+        lines += _ao_config(ao.spec.torchao_recipe) if not ao.fp8_encoded else [
+                  "config = Float8LinearConfig(",
                   "    pad_inner_dim=True,  # as AORecipeKwargs() sets by default",
                   "    # not AORecipeKwargs()'s default True: that wraps each converted weight in a new Parameter",
                   "    # (for FSDP2's FP8 all-gather), which an optimizer built before prepare() never sees: those",
@@ -248,7 +261,8 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
         if e4m3:
             lines += ["    # the policy uses E4M3 for gradients too (torchao's default is E5M2)",
                       "    cast_config_grad_output=CastConfig(target_dtype=torch.float8_e4m3fn),"]
-        lines.append(")")
+        if ao.fp8_encoded:
+            lines.append(")")
         lines += ["fp8_kwargs = AORecipeKwargs(config=config, module_filter_func=module_filter_func)",
                   *_COMPILE_BLOCKS,
                   'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs],',

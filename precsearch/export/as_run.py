@@ -17,6 +17,7 @@ from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER
 from precsearch.export.format_output import describe_by_block
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.precision import Fp8Format, Precision
+from precsearch.recipes import recipe_for
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def describe_changes(trial: AsRun, written: AsRun, param_dtype: str) -> list[str
     low = any(p.is_fp8 for p in trial.precisions.values())
     if low and None not in (trial.warmup_steps, written.warmup_steps) and trial.warmup_steps != written.warmup_steps:
         lines.append(f"FP8 warm-up: {trial.warmup_steps} -> {written.warmup_steps} steps")
-    encoded = any(p not in (Precision.BF16, Precision.NVFP4) for p in written.precisions.values())
+    encoded = any(recipe_for(p).fp8_encoded for p in written.precisions.values())
     if encoded and None not in (trial.fp8_format, written.fp8_format) and trial.fp8_format is not written.fp8_format:
         lines.append(f"fp8_format: {trial.fp8_format.value} -> {written.fp8_format.value}")
     return lines

@@ -71,20 +71,14 @@ from precsearch.export.format_output import (
 from precsearch.errors import UserError
 from precsearch.export.memory_knobs import megatron_memory, megatron_written
 from precsearch.policy.rules import MemoryKnobs, Policy
-from precsearch.precision import AmaxAlgo, Precision
-from precsearch.precision_spec import SPECS
+from precsearch.precision import Precision
+from precsearch.recipes import DEFAULT_PRECISION, RECIPES, recipe_for
 
-#: precsearch precision -> Megatron ``Fp8Recipe`` value (NVFP4's recipe goes to ``--fp4-recipe``).
-FP8_RECIPES = {p: spec.megatron_recipe for p, spec in SPECS.items()
-               if spec.megatron_recipe and p is not Precision.NVFP4}
+#: precsearch precision -> Megatron ``Fp8Recipe`` value (a recipe of 4-bit elements goes to ``--fp4-recipe``).
+FP8_RECIPES = {p: r.spec.megatron_recipe for p, r in RECIPES.items()
+               if r.spec.megatron_recipe and r.spec.data_bits == 8}
 #: Config names in the precision config file (delayed scaling has none: it is a global recipe only).
-CONFIG_KEYS = {p: spec.megatron_config for p, spec in SPECS.items() if spec.megatron_config}
-#: LayerRecipe switch -> the TE environment variable that turns it off (read at TE import).
-NVFP4_ENV = {
-    "nvfp4_rht": "NVTE_NVFP4_DISABLE_RHT",
-    "nvfp4_stochastic_rounding": "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
-    "nvfp4_2d_weights": "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
-}
+CONFIG_KEYS = {p: r.spec.megatron_config for p, r in RECIPES.items() if r.spec.megatron_config}
 ARGS_FILE = "megatron_args.sh"
 CONFIG_FILE = "te_precision_config.yaml"
 _TE_TYPE = "TEQuantizationParams"
@@ -103,32 +97,32 @@ def megatron_table(policy: Policy, n_layers: int) -> tuple[dict[tuple[int, str],
     """
     out = {(block, module): policy.precision_for(megatron_name(block, module), n_layers)
            for block in range(n_layers) for module in BLOCK_UNITS}
-    return out, []
+    unnamed = sorted({p for p in out.values() if recipe_for(p).megatron_never}, key=list(RECIPES).index)
+    warnings = [f"{p.value} layers kept BF16: {recipe_for(p).megatron_never}" for p in unnamed]
+    return {key: DEFAULT_PRECISION if p in unnamed else p for key, p in out.items()}, warnings
 
 
 def _global_precision(table: dict[tuple[int, str], Precision]) -> Precision | None:
-    """The recipe the global flags select: delayed if any module uses it, else the commonest low precision."""
+    """The recipe the global flags select: a global-only one (delayed) if any module uses it, else the commonest
+    low precision."""
     counts = Counter(p for p in table.values() if p.is_fp8)
     if not counts:
         return None
-    if Precision.FP8_DELAYED in counts:
-        return Precision.FP8_DELAYED
+    global_only = [p for p in counts if recipe_for(p).megatron_global_only]
+    if global_only:
+        return global_only[0]
     order = list(Precision)
     return min(counts, key=lambda p: (-counts[p], order.index(p)))
 
 
 def _training_recipe(precision: Precision, fp8_format: str) -> dict[str, Any]:
-    if precision is Precision.BF16:
-        return {}
-    if precision is Precision.NVFP4:
-        return {"fp4_quantization_recipe": SPECS[Precision.NVFP4].megatron_recipe}
-    return {"fp8_quantization_recipe": FP8_RECIPES[precision], "fp8_format": fp8_format}
+    return recipe_for(precision).megatron_training_recipe(fp8_format)
 
 
 def _edge_blocks(table: dict[tuple[int, str], Precision], n_layers: int) -> tuple[int, int]:
     """Leading and trailing blocks whose every module is BF16."""
     def all_bf16(b: int) -> bool:
-        return all(table[b, m] is Precision.BF16 for m in BLOCK_UNITS)
+        return not any(table[b, m].is_fp8 for m in BLOCK_UNITS)
 
     start = 0
     while start < n_layers and all_bf16(start):
@@ -143,7 +137,7 @@ def _slot_precision(members: dict[int, Precision], common: Precision) -> Precisi
     """The precision blocks sharing one local number get: their commonest (ties: ``common``, then BF16)."""
     counts = Counter(members.values())
     order = list(Precision)
-    return min(counts, key=lambda p: (-counts[p], p is not common, p is not Precision.BF16, order.index(p)))
+    return min(counts, key=lambda p: (-counts[p], p is not common, p.is_fp8, order.index(p)))
 
 
 def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: Precision, fp8_format: str,
@@ -173,7 +167,7 @@ def _matchers(table: dict[tuple[int, str], Precision], blocks: list[int], glob: 
         if not precs:
             continue
         counts = Counter(precs.values())
-        if glob is Precision.FP8_DELAYED and glob in counts:
+        if recipe_for(glob).megatron_global_only and glob in counts:
             common = glob  # delayed cannot be a per-module override: it must be what no matcher selects
         else:
             common = min(counts, key=lambda p: (-counts[p], p is not glob, order.index(p)))
@@ -230,18 +224,14 @@ def megatron_export(policy: Policy, n_layers: int,
     config: dict[str, Any] | None = None
     glob = _global_precision(table)
     lm_head = policy.precision_for(HF_OUTPUT_LAYER, n_layers)
+    if recipe_for(lm_head).megatron_never:
+        warnings.append(f"lm_head is {lm_head.value} in the policy; kept BF16: {recipe_for(lm_head).megatron_never}")
+        lm_head = DEFAULT_PRECISION
 
     if glob is not None:
-        if glob is Precision.NVFP4:
-            flags += ["--fp4-format", "e2m1", "--fp4-recipe", SPECS[Precision.NVFP4].megatron_recipe]
-        else:
-            flags += ["--fp8-format", fp8_format, "--fp8-recipe", FP8_RECIPES[glob]]
-        if glob is Precision.FP8_DELAYED:
-            flags += ["--fp8-amax-history-len", str(recipe.amax_history_len),
-                      "--fp8-amax-compute-algo", AmaxAlgo(recipe.amax_compute_algo).value,
-                      "--fp8-margin", str(recipe.margin)]
+        flags += recipe_for(glob).megatron_flags(recipe)
         start, end = _edge_blocks(table, n_layers)
-        if (start or end) and glob is Precision.FP8_DELAYED:
+        if (start or end) and recipe_for(glob).megatron_global_only:
             warnings.append(
                 "Megatron refuses --first-last-layers-bf16 with --fp8-recipe delayed (TransformerConfig: "
                 "'Delayed scaling does not support first / last layer in BF16'), so the all-BF16 edge blocks ("
@@ -265,7 +255,7 @@ def megatron_export(policy: Policy, n_layers: int,
                     "--pipeline-model-parallel-size 1; for a pipelined run export with --pipeline-parallel N "
                     "(stages x virtual stages)")
         warnings += _pipeline_warnings(wrong, pipeline, chunk)
-        if lm_head is Precision.MXFP8 and glob is Precision.MXFP8:
+        if lm_head is glob and recipe_for(glob).megatron_output_proj:
             flags.append("--fp8-output-proj")
         elif lm_head.is_fp8:
             warnings.append(
@@ -318,29 +308,33 @@ def megatron_as_run(policy: Policy, n_layers: int, pipeline: int = 1) -> AsRun:
             local = megatron_name(block % chunk, module)
             hit = next((m for m in matchers if fnmatchcase(local, m["pattern"])), None)
             p = _recipe_precision(configs[hit["config"]]["training_recipe"]) if hit else glob
-            run[megatron_name(block, module)] = Precision.BF16 if block < start or block >= n_layers - end else p
-    run[OUTPUT_LAYER] = Precision.MXFP8 if "--fp8-output-proj" in flags else Precision.BF16
+            run[megatron_name(block, module)] = DEFAULT_PRECISION if block < start or block >= n_layers - end else p
+    run[OUTPUT_LAYER] = glob if "--fp8-output-proj" in flags else DEFAULT_PRECISION
     # no FP8 warm-up flag: the files run the recipe from the first step (megatron_export warns)
-    warmup = 0 if glob is not Precision.BF16 else policy.warmup_steps
+    warmup = 0 if glob.is_fp8 else policy.warmup_steps
     return AsRun(run, megatron_written(policy.memory, value("--fp8-recipe")), warmup, policy.recipe.fp8_format)
 
 
 def _recipe_precision(training_recipe: dict[str, Any]) -> Precision:
     """The precision a Megatron ``training_recipe`` (or the global recipe flags, put that way) runs."""
-    if training_recipe.get("fp4_quantization_recipe"):
-        return Precision.NVFP4
-    recipe = training_recipe.get("fp8_quantization_recipe")
-    if recipe is None:
-        return Precision.BF16
-    return next(p for p, name in FP8_RECIPES.items() if name == recipe)
+    named = _naming(training_recipe)
+    if not named:
+        return DEFAULT_PRECISION
+    return next(p for p, r in RECIPES.items() if _naming(r.megatron_training_recipe("")) == named)
+
+
+def _naming(training_recipe: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a ``training_recipe`` that name its recipe (set ones, its ``fp8_format`` left out)."""
+    return {k: v for k, v in training_recipe.items() if k != "fp8_format" and v}
 
 
 def nvfp4_environment(policy: Policy, n_layers: int) -> dict[str, str]:
     """TE's NVFP4 environment for the policy's switches ("1" disables), or {} when no module runs NVFP4."""
     table, _ = megatron_table(policy, n_layers)
-    if Precision.NVFP4 not in table.values():
-        return {}
-    return {env: "0" if getattr(policy.recipe, knob) else "1" for knob, env in NVFP4_ENV.items()}
+    environment: dict[str, str] = {}
+    for p in sorted(set(table.values()), key=list(RECIPES).index):
+        environment |= recipe_for(p).megatron_environment(policy.recipe)
+    return environment
 
 
 def megatron_files(policy: Policy, n_layers: int, provenance: dict[str, Any], pipeline: int = 1) -> Rendered:

@@ -28,10 +28,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from precsearch.policy.rules import MemoryKnobs
+from precsearch.storage import BF16, BLOCK_FP8, FP32, TENSOR_FP8
 
 #: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices); ``fp8_block`` (precsearch's
 #: own FP8StateAdamW) has no equivalent and goes out as the nearest one that trains: BF16, with a warning.
-_MEGATRON_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8", "fp8_block": "bf16"}
+_MEGATRON_DTYPES = {FP32: "fp32", BF16: "bf16", TENSOR_FP8: "fp8", BLOCK_FP8: "bf16"}
 
 
 def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple[list[str], list[str]]:
@@ -63,7 +64,7 @@ def megatron_memory(memory: MemoryKnobs, fp8_recipe: str | None = None) -> tuple
             warnings.append("master_dtype=fp32: Megatron's precision-aware optimizer stores FP32 main parameters "
                             "as BF16 + 16-bit remainders (OptimizerConfig.store_param_remainders, True, no flag): "
                             "same values, 2 bytes/parameter less than the probe measured")
-    if "fp8_block" in (first, second):
+    if BLOCK_FP8 in (first, second):
         warnings.append("fp8_block moments: Megatron has no block-scaled FP8 optimizer state (its fp8 is TE "
                         "FusedAdam's per-tensor scale, whose second moment diverged on the 8B probe); exported "
                         "as bf16, 1 byte/parameter more per such moment than the probe measured")

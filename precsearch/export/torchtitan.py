@@ -54,7 +54,7 @@ from precsearch.export.format_output import (
 from precsearch.export.memory_knobs import torchtitan_memory, torchtitan_written
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
-from precsearch.precision_spec import SPECS
+from precsearch.recipes import DEFAULT_PRECISION, RECIPES, recipe_for
 
 #: Hugging Face projection -> torchtitan (v0.2) Llama 3 submodule of ``layers.{i}``.
 PROJ_NAMES = {
@@ -67,14 +67,18 @@ PROJ_NAMES = {
     "down_proj": "feed_forward.w2",
 }
 OUTPUT = "output"
-CONVERTER = SPECS[Precision.FP8_CURRENT].torchtitan[0]
-MX_CONVERTER = SPECS[Precision.MXFP8].torchtitan[0]
 FILE = "torchtitan_float8.toml"
-#: Each precision a converter expresses: (converter, its section key, recipe name).
-EXPRESSIBLE = {p: spec.torchtitan for p, spec in SPECS.items() if spec.torchtitan}
-#: The FP8 format each converter runs, whatever the policy's (the TOML has no setting for it): torchao's tensorwise
-#: recipe casts gradients to E5M2 (hybrid), its MX recipes to E4M3.
-RUNS_FORMAT = {Precision.FP8_CURRENT: Fp8Format.HYBRID, Precision.MXFP8: Fp8Format.E4M3}
+#: Each precision a converter expresses: (converter, its section key, recipe name), in the registry's order.
+EXPRESSIBLE = {p: r.spec.torchtitan for p, r in RECIPES.items() if r.spec.torchtitan}
+#: Section key -> converter: ``float8`` (torchao's float8 training) and ``mx`` (its MX formats).
+CONVERTERS = {key: converter for converter, key, _ in EXPRESSIBLE.values()}
+CONVERTER = CONVERTERS["float8"]
+MX_CONVERTER = CONVERTERS["mx"]
+#: The FP8 format each converter runs, whatever the policy's (the TOML has no setting for it): each recipe's
+#: ``converter_format`` (torchao's tensorwise recipe casts gradients to E5M2, hybrid; its MX recipes to E4M3).
+RUNS_FORMAT = {p: r.converter_format for p, r in RECIPES.items() if p in EXPRESSIBLE}
+#: The gradients' element format under each FP8 format.
+_GRADIENTS = {Fp8Format.HYBRID: "E5M2", Fp8Format.E4M3: "E4M3"}
 
 
 def tt_name(hf: str) -> str:
@@ -126,9 +130,10 @@ def _fqn_order(fqn: str) -> tuple[int, int]:
 
 
 def _chosen(table: dict[str, Precision]) -> Precision | None:
-    """The one expressible precision the export uses: the one with more layers (ties: fp8_current)."""
+    """The one expressible precision the export uses: the one with more layers (ties: the earlier in the
+    registry, fp8_current before mxfp8)."""
     counts = {p: sum(1 for q in table.values() if q is p) for p in EXPRESSIBLE}
-    best = max(counts, key=lambda p: (counts[p], p is Precision.FP8_CURRENT))
+    best = max(counts, key=counts.__getitem__)  # max keeps the first of equal counts
     return best if counts[best] else None
 
 
@@ -142,7 +147,7 @@ def _lost_warning(p: Precision, names: list[str], chosen: Precision | None) -> s
     if p in EXPRESSIBLE:
         return head + (f"torchtitan cannot combine its float8 and mx converters, and the {chosen.value} layers "
                        "are more")
-    why = "delayed scaling" if p is Precision.FP8_DELAYED else p.value + " recipe"
+    why = recipe_for(p).torchtitan_never
     return head + ("torchtitan's float8 converter (torchao) scales dynamically, tensorwise or rowwise, and its mx "
                    f"converter runs MXFP8 only: there is no {why}")
 
@@ -185,12 +190,13 @@ def torchtitan_as_run(policy: Policy, n_layers: int) -> AsRun:
     its ``filter_fqns`` leaves in (torchtitan's substring rule), BF16 for the rest; none of the memory knobs, no
     warm-up, and the converter's own gradient format (:data:`RUNS_FORMAT`)."""
     settings, _ = torchtitan_export(policy, n_layers)
-    converted = [(p, settings[key]) for p, (_, key, _) in EXPRESSIBLE.items() if settings[key] is not None]
+    converted = [(p, settings[key]) for p, (_, key, name) in EXPRESSIBLE.items()
+                 if settings[key] is not None and settings[key]["recipe_name"] == name]
     run = {}
     for unit in unit_list(n_layers):
         fqn = tt_name(hf_names(unit)[0])  # a unit's names share one precision (PrecisionConflict otherwise)
         run[unit] = next((p for p, section in converted if not is_filtered(fqn, section["filter_fqns"])),
-                         Precision.BF16)
+                         DEFAULT_PRECISION)
     chosen = next((p for p, _ in converted), None)
     # no warm-up setting: a converter converts from the first step (torchtitan_export warns)
     return AsRun(run, torchtitan_written(policy.memory), 0 if chosen else policy.warmup_steps,
@@ -198,14 +204,13 @@ def torchtitan_as_run(policy: Policy, n_layers: int) -> AsRun:
 
 
 def _format_warnings(policy: Policy, chosen: Precision) -> list[str]:
-    fmt = policy.recipe.fp8_format
-    if fmt is RUNS_FORMAT[chosen]:
+    fmt, recipe = policy.recipe.fp8_format, recipe_for(chosen)
+    if not recipe.fp8_encoded or fmt is RUNS_FORMAT[chosen]:
         return []
-    if chosen is Precision.FP8_CURRENT:
-        return [f"the policy uses {fmt.value} for gradients too, but torchao's tensorwise recipe casts gradients "
-                "to E5M2 and the TOML cannot change that; gradient numerics differ from the probe"]
-    return ["the policy's MXFP8 gradients are E5M2 (hybrid), but torchao's MX recipes cast gradients to E4M3 "
-            "and the TOML cannot change that; gradient numerics differ from the probe"]
+    runs, recipe_name = RUNS_FORMAT[chosen], EXPRESSIBLE[chosen][2]
+    return [f"the policy's {recipe.spec.label} gradients are {_GRADIENTS[fmt]} ({fmt.value}), but torchao's "
+            f"{recipe_name} recipe casts gradients to {_GRADIENTS[runs]} and the TOML cannot change that; gradient "
+            "numerics differ from the probe"]
 
 
 def _describe(names: list[str]) -> str:

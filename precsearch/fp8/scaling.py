@@ -12,16 +12,20 @@ quantize-dequantized tensor and remembers ``last_scale`` (the scale it used) and
 * :class:`BlockScaler` - one scale per tile of the last two dims, 1x128 for
   activations and gradients, 128x128 for weights (``Float8BlockScaling``).
 * :class:`MXScaler` - 1x32 tiles with power-of-two E8M0 scales (``MXFP8``).
+* :class:`RowScaler` - one power-of-two scale per row, E4M3 for every role
+  (torchao's ``rowwise`` recipe).
 * :class:`NVFP4Scaler` - E2M1 with E4M3 scales per 1x16 (or 16x16) tile and an
   FP32 tensor scale, optional Hadamard transform and stochastic rounding
   (``NVFP4BlockScaling``; the numerics are in :mod:`precsearch.fp8.nvfp4`).
 
-:func:`make_scaler` builds the right one for a layer's recipe and a tensor role.
+:func:`make_scaler` builds the right one for a layer's recipe and a tensor role: the recipe
+(:mod:`precsearch.recipes`) names its family in :data:`SCALERS`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -38,16 +42,16 @@ from precsearch.fp8.formats import (
     scale_from_amax,
 )
 from precsearch.fp8.nvfp4 import NVFP4_BLOCK, hadamard_matrix, nvfp4_quantize, nvfp4_stats, rht
-from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
-from precsearch.precision_spec import SPECS
+from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe
+from precsearch.recipes import recipe_for
 
 ROLES = ("input", "weight", "grad_output")
 """The tensors of a Linear layer that get quantized."""
 
-#: FP8 block scaling's tiles and MXFP8's block (:mod:`precsearch.precision_spec`).
-ACTIVATION_BLOCK = SPECS[Precision.FP8_BLOCK].activation_block
-WEIGHT_BLOCK = SPECS[Precision.FP8_BLOCK].weight_block
-MX_BLOCK = SPECS[Precision.MXFP8].activation_block[1]
+#: The default tiles of :class:`BlockScaler` and block of :class:`MXScaler` (each recipe's own come from its spec).
+ACTIVATION_BLOCK = (1, 128)
+WEIGHT_BLOCK = (128, 128)
+MX_BLOCK = 32
 
 
 class Scales(NamedTuple):
@@ -300,6 +304,25 @@ class MXScaler(Scaler):
         return Scales(scale, None, amax)
 
 
+class RowScaler(Scaler):
+    """One scale per row of the last dim, rounded down to a power of two (torchao's rowwise recipe).
+
+    The wgrad operands (:meth:`~Scaler.quantize_columnwise`) are then scaled per column, as the GEMM that reduces
+    over tokens needs. ``block`` is ``(1, 0)``: a tile one row high and as wide as the tensor.
+    """
+
+    blockwise = True
+    block = (1, 0)
+
+    def _scales(self, x: Tensor) -> Scales:
+        if x.numel() == 0:
+            amax = x.new_zeros((), dtype=torch.float32)
+        else:
+            amax = x.detach().float().abs().amax(dim=-1, keepdim=True)
+        scale = scale_from_amax(amax, self.fmt, pow2=True)
+        return Scales(scale, scale, amax)
+
+
 class NVFP4Scaler(Scaler):
     """NVFP4 (TE ``NVFP4BlockScaling``): E2M1 elements, E4M3 scales per tile, an FP32 tensor scale.
 
@@ -393,18 +416,25 @@ def make_scaler(recipe: LayerRecipe, role: str, seed: int = 0) -> Scaler:
     Raises:
         ValueError: For a BF16 recipe (nothing to quantize) or an unknown role.
     """
-    fmt = role_format(recipe.fp8_format, role)
-    p = recipe.precision
-    if p is Precision.FP8_DELAYED:
-        return DelayedScaler(
-            fmt, recipe.amax_history_len, recipe.amax_compute_algo, recipe.margin
-        )
-    if p is Precision.FP8_CURRENT:
-        return CurrentScaler(fmt)
-    if p is Precision.FP8_BLOCK:
-        return BlockScaler(fmt, WEIGHT_BLOCK if role == "weight" else ACTIVATION_BLOCK)
-    if p is Precision.MXFP8:
-        return MXScaler(fmt)
-    if p is Precision.NVFP4:
-        return make_nvfp4_scaler(recipe, role, seed)
-    raise ValueError(f"precision {p.value!r} needs no FP8 scaler")
+    role_format(recipe.fp8_format, role)  # an unknown role fails first, whatever the precision
+    family = recipe_for(recipe.precision).emulation
+    if family is None:
+        raise ValueError(f"precision {recipe.precision.value!r} needs no FP8 scaler")
+    return SCALERS[family](recipe, role, seed)
+
+
+def _block(recipe: LayerRecipe, role: str) -> tuple[int, int]:
+    spec = recipe_for(recipe.precision).spec
+    return spec.weight_block if role == "weight" else spec.activation_block
+
+
+#: A recipe's :attr:`~precsearch.recipes.base.Recipe.emulation` -> its scaler for (layer recipe, role, seed).
+SCALERS: dict[str, Callable[[LayerRecipe, str, int], Scaler]] = {
+    "delayed": lambda r, role, seed: DelayedScaler(role_format(r.fp8_format, role), r.amax_history_len,
+                                                   r.amax_compute_algo, r.margin),
+    "current": lambda r, role, seed: CurrentScaler(role_format(r.fp8_format, role)),
+    "block": lambda r, role, seed: BlockScaler(role_format(r.fp8_format, role), _block(r, role)),
+    "mx": lambda r, role, seed: MXScaler(role_format(r.fp8_format, role), _block(r, role)[1]),
+    "two_level_fp4": lambda r, role, seed: make_nvfp4_scaler(r, role, seed),
+    "row": lambda r, role, seed: RowScaler(E4M3),  # E4M3 for every role, gradients too
+}

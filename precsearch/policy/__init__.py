@@ -4,8 +4,9 @@ Applying one to a model is the backends' job: :func:`load_policy` and :class:`Po
 re-exported here from :mod:`precsearch.backends.policy_runtime`.
 """
 
-from precsearch.policy.rules import (Fp8Attention, MasterDtype, MemoryKnobs, MomentDtype, Policy, PrecisionConflict,
-                                     Rule, StateDtype, block_index, member_rules)
+from precsearch.policy.rules import (Fp8Attention, MemoryKnobs, Policy, PrecisionConflict, Rule, block_index,
+                                     member_rules)
+from precsearch.storage import MasterDtype, MomentDtype, StateDtype
 
 __all__ = ["Fp8Attention", "MasterDtype", "MemoryKnobs", "MomentDtype", "Policy", "PolicyError", "PolicyRuntime",
            "PrecisionConflict", "Rule", "StateDtype", "block_index", "dump_policy", "load_policy", "load_policy_file",

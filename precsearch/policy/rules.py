@@ -25,6 +25,8 @@ from typing import Any, Literal, get_args
 
 from precsearch.arch.units import hf_names, layer_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.storage import MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES
+from precsearch.recipes import DEFAULT_PRECISION
 
 _BLOCK_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -96,17 +98,6 @@ class Rule:
         )
 
 
-MomentDtype = Literal["param", "fp32", "bf16", "fp8", "fp8_block"]
-"""AdamW moment dtypes (:attr:`MemoryKnobs.moment_dtype`); ``param`` is the parameters' dtype (as
-``torch.optim.AdamW``); the space file's knob takes the same."""
-MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
-StateDtype = Literal["fp32", "bf16", "fp8", "fp8_block"]
-"""One moment's own dtype (:attr:`MemoryKnobs.exp_avg_dtype`, ``exp_avg_sq_dtype``; None: ``moment_dtype``)."""
-STATE_DTYPES: tuple[str, ...] = get_args(StateDtype)
-MasterDtype = Literal["fp32", "fp16", "remainders"]
-"""How FP32 master weights are kept: whole, in FP16 with a per-tensor scale, or as the 16 low bits
-beside the BF16 parameter (TE ``store_param_remainders``: the same FP32 values in 2 bytes)."""
-MASTER_DTYPES: tuple[str, ...] = get_args(MasterDtype)
 Fp8Attention = Literal["off", "dpa", "mha"]
 """FP8 attention (TE recipes' ``fp8_dpa`` / ``fp8_mha``): off, the attention core, or the whole MHA block."""
 FP8_ATTENTION: tuple[str, ...] = get_args(Fp8Attention)
@@ -240,7 +231,7 @@ class Policy:
     """
 
     rules: tuple[Rule, ...] = ()
-    default: Precision = Precision.BF16
+    default: Precision = DEFAULT_PRECISION
     recipe: LayerRecipe = field(default_factory=LayerRecipe)
     warmup_steps: int = 0
     clip_grad: float | None = None

@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, create_model, model_validator
 
-from precsearch.policy.rules import FP8_ATTENTION, MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES, MemoryKnobs
+from precsearch.policy.rules import FP8_ATTENTION, MemoryKnobs
+from precsearch.storage import MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES
 from precsearch.precision import (MAX_AMAX_HISTORY, MAX_MARGIN, NVFP4_KNOBS, AmaxAlgo, Fp8Format, LayerRecipe,
                                   Precision)
 from precsearch.utils.numbers import MAX_COUNT, number_problem

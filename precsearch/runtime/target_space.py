@@ -31,6 +31,7 @@ from precsearch.errors import UserError, UserErrors
 from precsearch.export.registry import FORMATS, TARGETS, cannot_express, render, version_problem
 from precsearch.policy.rules import MemoryKnobs, Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.recipes import DEFAULT_PRECISION
 
 if TYPE_CHECKING:  # validate imports this module: no optuna, no torch (tests/test_lazy_imports.py)
     import optuna
@@ -117,10 +118,10 @@ def choices(space: Space) -> Iterator[Choice]:
     search, n_layers = space.search, space.model.probe().n_layers
     around = _contexts(space)
     low = [c for c in around if c.default.is_fp8]
-    for p in _non_default(search.default_precision.options(), Precision.BF16):
+    for p in _non_default(search.default_precision.options(), DEFAULT_PRECISION):
         yield Choice("search.default_precision", p.value, [(replace(c, default=p), c) for c in around])
     for i, group in enumerate(search.groups):
-        for p in _non_default(group.precision.options(), Precision.BF16):
+        for p in _non_default(group.precision.options(), DEFAULT_PRECISION):
             yield Choice(f"search.groups[{i}].precision", f"{p.value} for group {group.name}",
                          [(replace(c, rules=(group.to_rule(p), *c.rules)), c) for c in around])
     yield from _unit_choices(space, around, n_layers)
@@ -141,7 +142,7 @@ def _contexts(space: Space) -> list[Policy]:
     """The policies a choice is asked beside: every layer BF16, or at a low precision the space offers (with
     the output layer too, or BF16), with each FP8 format the space offers."""
     low = sorted((p for p in possible_precisions(space) if p.is_fp8), key=list(Precision).index)
-    head = (Rule("head_bf16", (OUTPUT_LAYER,), Precision.BF16),)
+    head = (Rule("head_bf16", (OUTPUT_LAYER,), DEFAULT_PRECISION),)
     formats = _non_default(knob_at(space, "recipe.fp8_format").options(), None)
     out = [Policy(rules=head)]
     for q in low:
@@ -159,7 +160,7 @@ def _unit_choices(space: Space, around: list[Policy], n_layers: int) -> Iterator
             if kind in seen:
                 continue
             seen.add(kind)
-            for p in _non_default(unit.knob.options(), Precision.BF16):
+            for p in _non_default(unit.knob.options(), DEFAULT_PRECISION):
                 rule = Rule(unit.rule_name, (unit.unit,), p)
                 yield Choice(f"search.units[{i}].precision", f"{p.value} for {kind}",
                              [(replace(c, rules=(rule, *c.rules)), c) for c in around])

@@ -20,10 +20,11 @@ from precsearch.config.inert import inert_in, knob_at
 from precsearch.config.space import Space
 from precsearch.config.unit_space import searched_units
 from precsearch.policy.rules import MemoryKnobs, Policy, Rule
-from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
+from precsearch.precision import LayerRecipe
+from precsearch.recipes import DEFAULT_PRECISION, SETTINGS
 
-#: The ``search.recipe`` settings, each a field of :class:`LayerRecipe`.
-RECIPE_SETTINGS = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", *NVFP4_KNOBS)
+#: The ``search.recipe`` settings, each a field of :class:`LayerRecipe` (the recipes' :data:`SETTINGS`).
+RECIPE_SETTINGS = SETTINGS
 
 
 def suggest_policy(space: Space, trial: optuna.Trial | optuna.trial.FixedTrial) -> Policy:
@@ -58,9 +59,9 @@ def edge_rules(first: int, last: int) -> tuple[Rule, ...]:
     """Rules keeping the ``first`` and ``last`` blocks whole in BF16; tried before every group."""
     rules = []
     if first:
-        rules.append(Rule("bf16_first_blocks", ("*",), Precision.BF16, first=first))
+        rules.append(Rule("bf16_first_blocks", ("*",), DEFAULT_PRECISION, first=first))
     if last:
-        rules.append(Rule("bf16_last_blocks", ("*",), Precision.BF16, last=last))
+        rules.append(Rule("bf16_last_blocks", ("*",), DEFAULT_PRECISION, last=last))
     return tuple(rules)
 
 

@@ -27,7 +27,8 @@ from precsearch.arch.units import unit_names, unit_shape
 from precsearch.config.space import Space
 from precsearch.config.unit_space import SearchedUnit, searched_units
 from precsearch.policy import MemoryKnobs
-from precsearch.precision import NVFP4_KNOBS, LayerRecipe, Precision
+from precsearch.precision import LayerRecipe, Precision
+from precsearch.recipes import SETTINGS
 from precsearch.precision_spec import SPECS
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.memory.peak import predict_peak
@@ -91,7 +92,7 @@ def memory_effect(space: Space, unit: str, precision: Precision) -> float:
 def speed_effect(cfg: ModelConfig, unit: str, precision: Precision) -> float:
     """Predicted fraction of GEMM time saved by running ``unit`` in ``precision`` (FLOP share, nominal rate:
     :attr:`~precsearch.precision_spec.PrecisionSpec.gemm_speedup`)."""
-    if precision is Precision.BF16:
+    if not precision.is_fp8:
         return 0.0
     flops = {u: math.prod(unit_shape(cfg, u)) for u in unit_names(cfg)}
     rate = SPECS[precision].gemm_speedup
@@ -124,13 +125,12 @@ def measure(space: Space, data: TokenBatches, device: torch.device) -> Sensitivi
 
 def first_recipe(space: Space) -> LayerRecipe:
     """The recipe the pass scores with: each ``search.recipe`` setting at its first choice, NVFP4 switches included."""
-    fields = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", *NVFP4_KNOBS)
-    return LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0] for k in fields})
+    return LayerRecipe(**{k: getattr(space.search.recipe, k).options()[0] for k in SETTINGS})
 
 
 def _row(space: Space, cfg: ModelConfig, unit: SearchedUnit, precision: Precision,
          scores: dict[tuple[str, Precision], float]) -> UnitEffect:
-    raw = 0.0 if precision is Precision.BF16 else scores[unit.unit, precision]
+    raw = scores[unit.unit, precision] if precision.is_fp8 else 0.0
     return UnitEffect(unit=unit.unit, param=unit.param, precision=precision.value,
                       predicted_instability=max(raw, 0.0), raw_score=raw,
                       memory_saved=memory_effect(space, unit.unit, precision) if precision.is_fp8 else 0.0,

@@ -24,13 +24,13 @@ from precsearch.export.registry import render
 from precsearch.export.megatron import (
     ARGS_FILE,
     CONFIG_FILE,
-    NVFP4_ENV,
     megatron_export,
     megatron_name,
     megatron_table,
     nvfp4_environment,
 )
 from precsearch.policy.rules import PrecisionConflict
+from precsearch.recipes.nvfp4 import TE_ENVIRONMENT as NVFP4_ENV
 from precsearch.policy import Policy, Rule
 from precsearch.precision import LayerRecipe, Precision
 

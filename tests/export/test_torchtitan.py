@@ -156,4 +156,4 @@ def test_mxfp8_majority_becomes_the_mx_converter():
     assert "3 fp8_current layer(s) (q_proj in blocks 0; k_proj in blocks 0; v_proj in blocks 0) kept BF16" in joined
     assert "cannot combine its float8 and mx converters" in joined
     assert "3 nvfp4 layer(s) (down_proj in blocks 0-2) kept BF16" in joined and "no nvfp4 recipe" in joined
-    assert "cast gradients to E4M3" in joined
+    assert "casts gradients to E4M3" in joined

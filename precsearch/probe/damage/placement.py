@@ -23,7 +23,7 @@ import torch
 
 from precsearch.arch.units import unit_names, unit_shape
 from precsearch.config.space import DamageSection, ProbeSection
-from precsearch.precision import Precision
+from precsearch.recipes import DEFAULT_PRECISION
 from precsearch.probe.memory.peak import predict_peak
 from precsearch.probe.model.llama3 import ModelConfig
 
@@ -51,7 +51,7 @@ def gradient_bytes(cfg: ModelConfig, probe: ProbeSection, settings: DamageSectio
 
 def bf16_run_peak(cfg: ModelConfig, probe: ProbeSection) -> int:
     """The memory model's peak of the BF16 run the states come from (FP32 parameters, standard AdamW)."""
-    bf16 = {unit: Precision.BF16 for unit in unit_names(cfg)}
+    bf16 = {unit: DEFAULT_PRECISION for unit in unit_names(cfg)}
     return predict_peak(cfg, bf16, seq_len=probe.seq_len, micro_batch=probe.micro_batch, param_dtype="fp32",
                         grad_accum=probe.grad_accum).total
 

@@ -54,7 +54,7 @@ from torch import Tensor
 from precsearch.backends.base import Backend
 from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import Policy
-from precsearch.precision import Precision
+from precsearch.recipes import recipe_for
 from precsearch.probe.damage import gram
 from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.compare import GRAMS, StepArgs, baseline_grams, compare_unit
@@ -88,8 +88,8 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
     fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
     units = unit_names(cfg)
     recipes = policy.layer_recipes(units, cfg.n_layers).values()
-    delayed = fp8_on and any(r.precision is Precision.FP8_DELAYED for r in recipes)
-    for k in range(settings.warm_batches if delayed else 0):  # fills delayed scaling's amax history
+    history = fp8_on and any(recipe_for(r.precision).history for r in recipes)
+    for k in range(settings.warm_batches if history else 0):  # fills delayed scaling's amax history
         _backward(model, backend, device, reading_batch(data, settings.batches + k), fp8_on)
     grads = []
     for k in range(settings.batches):

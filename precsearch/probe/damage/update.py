@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from precsearch.backends.fp8_state_adam import dequantize_state, quantize_state
+from precsearch.storage import BF16, BLOCK_FP8, FP32
 from precsearch.fp8.formats import fp8_max, quantize_dequantize
 from precsearch.probe.damage.rounding import round_to_bf16, round_to_fp16
 from precsearch.policy import MemoryKnobs
@@ -41,7 +42,7 @@ from precsearch.policy import MemoryKnobs
 
 #: Storage dtypes kept with a per-tensor scale (taken from the amax of the whole tensor).
 SCALED = ("fp16", "fp8")
-STORAGE_DTYPES = ("fp32", "bf16", *SCALED, "fp8_block")
+STORAGE_DTYPES = (FP32, BF16, *SCALED, BLOCK_FP8)
 
 
 class Storage:
@@ -87,9 +88,9 @@ class Storage:
             return round_to_bf16(x)
         if self.dtype == "fp16":
             return round_to_fp16(x * self.scale) / self.scale
-        if self.dtype == "fp8_block":
+        if self.dtype == BLOCK_FP8:
             # the optimizer's own rounding (backends.fp8_state_adam), so the reading sees its stored values
-            return dequantize_state(*quantize_state(x, "fp8_block", root=self.root), "fp8_block", root=self.root)
+            return dequantize_state(*quantize_state(x, BLOCK_FP8, root=self.root), BLOCK_FP8, root=self.root)
         return quantize_dequantize(x, self.scale, "e4m3", amax=self.amax)
 
 

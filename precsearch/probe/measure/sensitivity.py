@@ -39,6 +39,7 @@ from precsearch.config.space import ProbeSection
 from precsearch.fp8.scaling import make_scaler
 from precsearch.policy import MemoryKnobs, Policy
 from precsearch.precision import LayerRecipe, Precision
+from precsearch.recipes import recipe_for
 from precsearch.probe.data import TokenBatches
 from precsearch.probe.model.llama3 import Llama3, ModelConfig, rms_norm
 from precsearch.probe.runner import _lr_lambda, _train_step, build_probe
@@ -72,7 +73,7 @@ def quantized_gemm(module: nn.Module, x: Tensor, recipe: LayerRecipe) -> tuple[T
 
 def _quantize(recipe: LayerRecipe, role: str, t: Tensor) -> Tensor:
     scaler = make_scaler(recipe, role)
-    if recipe.precision is Precision.FP8_DELAYED:
+    if recipe_for(recipe.precision).history:
         scaler.quantize(t)  # one call fills the amax history; the next quantizes with its scale
     return scaler.quantize(t)
 
@@ -166,7 +167,7 @@ def unit_scores(estimator: str, model: Llama3, units: Iterable[str], precisions:
                 recipe: LayerRecipe, batches: list[tuple[Tensor, Tensor]],
                 device: torch.device) -> dict[tuple[str, Precision], float]:
     """The scores of ``estimator`` (``forward`` or ``taylor``); BF16 is never scored (it is the reference)."""
-    low = [p for p in precisions if p is not Precision.BF16]
+    low = [p for p in precisions if p.is_fp8]
     if estimator == "forward":
         return forward_scores(model, units, low, recipe, batches, device)
     if estimator == "taylor":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from precsearch.arch.config import ModelConfig
 from precsearch.precision import Precision
+from precsearch.recipes import DEFAULT_PRECISION
 
 _FP32, _BF16 = 4, 2
 
@@ -71,7 +72,7 @@ def compiled_activation_bytes(cfg: ModelConfig, precisions: dict[str, Precision]
     for i in range(cfg.n_layers):
         inputs += cfg.dim * _BF16  # linear_proj's input, whatever its precision
         for suffix, which in _BF16_SAVES_INPUT.items():
-            if not precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16).is_fp8:
+            if not precisions.get(f"decoder.layers.{i}.{suffix}", DEFAULT_PRECISION).is_fp8:
                 inputs += width[which] * _BF16
     inputs += cfg.dim * _BF16  # the output layer's BF16 input (eager, outside the blocks)
     final_norm = cfg.dim * (residual + _FP32) + _FP32  # its input, its FP32 upcast, 1/rms

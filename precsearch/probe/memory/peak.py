@@ -68,7 +68,8 @@ from precsearch.backends.cross_entropy import LOGIT_BYTES
 from precsearch.backends.fp8_state_adam import QBLOCK, applies
 from precsearch.policy.rules import MemoryKnobs
 from precsearch.precision import Precision
-from precsearch.precision_spec import SPECS
+from precsearch.storage import BF16, BLOCK_FP8, FP32, TENSOR_FP8
+from precsearch.recipes import DEFAULT_PRECISION, HOPPER, RECIPES, recipe_for
 from precsearch.arch.config import ModelConfig
 from precsearch.probe.memory.compiled import compiled_activation_bytes
 from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_names, unit_shape
@@ -76,11 +77,11 @@ from precsearch.arch.units import BLOCK_UNITS, NORMED_UNITS, OUTPUT_LAYER, unit_
 _FP32, _BF16 = 4, 2
 
 #: Bytes per element of a saved activation (a Linear's input), scales included (:mod:`precsearch.precision_spec`).
-ELEMENT_BYTES: dict[Precision, float] = {p: spec.activation_bytes for p, spec in SPECS.items()}
+ELEMENT_BYTES: dict[Precision, float] = {p: r.spec.activation_bytes for p, r in RECIPES.items()}
 #: Bytes per element of one layout of a low-precision weight, scales included (block: 128x128 blocks;
 #: NVFP4: TE's default 16x16 tiles, an E4M3 scale per 256 weights; with 1x16 blocks it is 0.5 + 1/16).
 #: The per-tensor FP32 scales of NVFP4 (4 bytes per tensor) are left out.
-WEIGHT_BYTES: dict[Precision, float] = {p: spec.weight_bytes for p, spec in SPECS.items()}
+WEIGHT_BYTES: dict[Precision, float] = {p: r.spec.weight_bytes for p, r in RECIPES.items()}
 
 #: Block units whose input attention saves anyway (its output): the unit adds no BF16 copy of it.
 _SAVED_BY_ATTENTION = ("self_attention.linear_proj",)
@@ -233,21 +234,21 @@ def predict_peak(
 
 
 #: Bytes per output-layer weight element that an FP8 output layer holds beyond the model's other terms while
-#: its forward runs, by recipe: measured on the H200 (TE 2.20.2, 2026-12-04, ``fp8_head_memory.py@0dd7e53``:
-#: the probe at the 8B width, 2 and 4 blocks, seq 2048 and 4096) as the peak less the forward's other terms,
-#: the same within +-3% at every depth and length (so per weight element, not per logit); 7.4-7.8 GiB more than
-#: a BF16 head at vocabulary 128,256, where the FP8 weight copies account for 1 GiB. What TE allocates there was
-#: not identified. MXFP8 and NVFP4 heads were not measured (no Blackwell GPU) and get none.
-FP8_HEAD_TRANSIENT_BYTES: dict[Precision, float] = {
-    Precision.FP8_DELAYED: 17.6, Precision.FP8_CURRENT: 17.6, Precision.FP8_BLOCK: 21.6,
-}
+#: its forward runs, by recipe (each recipe's ``head_transient_bytes``): measured on the H200 (TE 2.20.2,
+#: 2026-12-04, ``fp8_head_memory.py@0dd7e53``: the probe at the 8B width, 2 and 4 blocks, seq 2048 and 4096)
+#: as the peak less the forward's other terms, the same within +-3% at every depth and length (so per weight
+#: element, not per logit); 7.4-7.8 GiB more than a BF16 head at vocabulary 128,256, where the FP8 weight
+#: copies account for 1 GiB. What TE allocates there was not identified. MXFP8 and NVFP4 heads were not
+#: measured (no Blackwell GPU) and get none, as does a recipe TE does not run.
+FP8_HEAD_TRANSIENT_BYTES: dict[Precision, float] = {p: r.head_transient_bytes for p, r in RECIPES.items()
+                                                    if r.head_transient_bytes}
 
 
 def head_transient_bytes(cfg: ModelConfig, precisions: dict[str, Precision], fp8_linear: str = "te") -> int:
     """Bytes of :data:`FP8_HEAD_TRANSIENT_BYTES` for this model's output layer (0 unless TE runs it in FP8)."""
     if fp8_linear != "te":
         return 0
-    per_element = FP8_HEAD_TRANSIENT_BYTES.get(precisions.get(OUTPUT_LAYER, Precision.BF16), 0.0)
+    per_element = recipe_for(precisions.get(OUTPUT_LAYER, DEFAULT_PRECISION)).head_transient_bytes
     return int(per_element * cfg.vocab_size * cfg.dim)
 
 
@@ -274,7 +275,7 @@ def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_
     """Unit name -> :class:`UnitWeight` for every precision unit of ``cfg`` (missing from ``precisions``: BF16)."""
     out: dict[str, UnitWeight] = {}
     for name, (fan_in, fan_out) in _layers(cfg).items():
-        p = precisions.get(name, Precision.BF16)
+        p = precisions.get(name, DEFAULT_PRECISION)
         n = fan_in * fan_out
         weight = 2 * WEIGHT_BYTES[p]  # FP8 data + its transpose
         if p.is_fp8 and fp8_linear == "torchao":  # the parameter itself is saved, cast to FP8 per GEMM
@@ -291,7 +292,7 @@ def unit_weight_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_
 #: Bytes per element of an AdamW moment; FP8 is one layout with a per-tensor scale
 #: (``te_optimizer.compact_fp8_states``; FusedAdam alone would also keep a transpose: 2 bytes), ``fp8_block``
 #: one FP32 scale per 128 elements beside it (``backends.fp8_state_adam``).
-STATE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp8": 1, "fp8_block": 1 + 4 / QBLOCK}
+STATE_BYTES: dict[str, float] = {FP32: 4, BF16: 2, TENSOR_FP8: 1, BLOCK_FP8: 1 + 4 / QBLOCK}
 #: Bytes per parameter of the master weights: whole FP32, FP16, or the 16 low bits of FP32.
 MASTER_BYTES: dict[str, int] = {"none": 0, "fp32": 4, "fp16": 2, "remainders": 2}
 
@@ -327,7 +328,7 @@ def _as_saved(precisions: dict[str, Precision], fp8_linear: str) -> dict[str, Pr
     """The precision each unit's saved input has: torchao's FP8 Linears save theirs unquantized (BF16)."""
     if fp8_linear == "te":
         return precisions
-    return {n: Precision.BF16 if p.is_fp8 else p for n, p in precisions.items()}
+    return {n: DEFAULT_PRECISION if p.is_fp8 else p for n, p in precisions.items()}
 
 
 def max_param_elements(cfg: ModelConfig) -> int:
@@ -339,15 +340,20 @@ def fp8_attention_saving(cfg: ModelConfig, precisions: dict[str, Precision], mem
                          tokens: int) -> int:
     """Bytes FP8 attention saves: q, k, v and the output kept in FP8 (1 byte) instead of BF16 per block.
 
-    Counted for blocks whose q/k/v unit runs delayed scaling, the one recipe whose FP8 attention TE fuses
-    on Hopper (current scaling needs sm_100; see :mod:`precsearch.backends.te_knobs`).
+    Counted for blocks whose q/k/v unit runs a recipe whose FP8 attention TE fuses on Hopper (delayed scaling:
+    its ``te_fp8_attention_from``; current scaling needs sm_100; see :mod:`precsearch.backends.te_knobs`).
     """
     if memory.fp8_attention == "off":
         return 0
     kv = cfg.n_kv_heads * cfg.head_dim
     blocks = sum(1 for i in range(cfg.n_layers)
-                 if precisions.get(f"decoder.layers.{i}.self_attention.linear_qkv") is Precision.FP8_DELAYED)
+                 if _fused_on_hopper(precisions.get(f"decoder.layers.{i}.self_attention.linear_qkv")))
     return tokens * blocks * (2 * cfg.dim + 2 * kv) * (_BF16 - 1)
+
+
+def _fused_on_hopper(precision: Precision | None) -> bool:
+    fused_from = recipe_for(precision or DEFAULT_PRECISION).te_fp8_attention_from
+    return fused_from is not None and fused_from <= HOPPER
 
 
 def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision], param_dtype: str,
@@ -361,10 +367,10 @@ def saved_linear_input_bytes(cfg: ModelConfig, precisions: dict[str, Precision],
     total = 0.0
     for i in range(cfg.n_layers):
         for suffix, arrives_bf16, saved_anyway in _unit_inputs():
-            p = precisions.get(f"decoder.layers.{i}.{suffix}", Precision.BF16)
+            p = precisions.get(f"decoder.layers.{i}.{suffix}", DEFAULT_PRECISION)
             saved = _group_input_bytes([p], unit_shape(cfg, suffix)[0], arrives_bf16, saved_anyway, param_dtype)
             total += saved / split.get(suffix, 1)
-    head = [precisions.get(OUTPUT_LAYER, Precision.BF16)]
+    head = [precisions.get(OUTPUT_LAYER, DEFAULT_PRECISION)]
     return total + _group_input_bytes(head, cfg.dim, False, False, param_dtype)
 
 
