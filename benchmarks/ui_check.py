@@ -7,8 +7,8 @@ every page a user reaches from the links `precsearch ui` prints:
 * the banner: every link a URL in model-training mode, the front plot and page included, and no
   access-log line or Starlette warning from the server;
 * the runs table: model-training mode (no Judges/Evaluations), the flag and objective columns
-  (feasible, pareto, memory_saved_pct, instability_in_unit, tokens_per_s,
-  gap_in_noise), each front trial's saving as the terminal rounds it, feasible trials above the
+  (feasible, pareto, memory_saved_pct, instability_in_unit, tokens_per_s, and
+  gap_in_noise where the study has a noise floor), each front trial's saving as the terminal rounds it, feasible trials above the
   others, front trials named ``trial-N (front)``;
 * the front view (`tags.pareto = 'true'`): exactly the front trials `precsearch front` prints;
 * the chart view: the trade-off section, and every trial's name in the chart legends;
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -241,9 +242,13 @@ def _check_banner(check: Checks, banner: str, when: str = "") -> None:
 def _check_table(check: Checks, dom: str, front: set[int], trials: dict[int, str], tags: dict, metrics: dict,
                  unit: str) -> None:
     check("runs table: model-training mode (Runs, no Judges/Evaluations)", training_mode(dom))
-    columns = ("feasible", "pareto", "memory_saved_pct", instability_column(unit), "tokens_per_s", "gap_in_noise")
+    columns = ("feasible", "pareto", "memory_saved_pct", instability_column(unit), "tokens_per_s")
     missing = [c for c in columns if f">{c}<" not in dom]
     check("runs table: flag and objective columns on screen", not missing, f"missing {missing}" if missing else "")
+    # the loss gap in seed spreads only where a trial has a noise floor (2+ BF16 seeds): else an empty column
+    noise = any(math.isfinite(metrics[rid].get("noise_floor", math.nan)) for rid in trials.values())
+    check(f"runs table: gap_in_noise {'on screen (a noise floor)' if noise else 'not shown (no noise floor)'}",
+          (">gap_in_noise<" in dom) == noise)
     shown = [f"{metrics[trials[n]]['memory_saved_pct']:g}" for n in sorted(front)]
     check("runs table: front trials' savings in percent, as the terminal rounds them",
           all(f">{v}<" in dom for v in shown), f"{shown}")
