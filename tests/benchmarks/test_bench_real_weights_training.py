@@ -42,7 +42,7 @@ def test_every_policy_is_read_with_a_band_and_top_units_beside_their_inputs_amax
     result, _ = run
     for init in ("real", "random"):
         verdicts = result["inits"][init]["verdicts"]
-        assert verdicts["measure"] == "update_norm" and verdicts["limit"] == 0.01
+        assert verdicts["measure"] == "update_norm" and verdicts["limit"] == 0.002
         assert list(verdicts["rows"]) == ["bf16", *POLICIES]
         bf16 = verdicts["rows"]["bf16"]
         assert bf16["value"] == 0 and bf16["band"] == "stable"
