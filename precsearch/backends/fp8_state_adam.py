@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from precsearch.fp8.formats import fp8_max, smallest_scalable_amax
+from precsearch.policy.rules import MemoryKnobs
 from precsearch.storage import BF16, BLOCK_FP8, FP32, SCALED_FP8, TENSOR_FP8
 
 #: Storage of one moment, by the knob's names, and the code the kernels take.
@@ -88,6 +89,24 @@ def applies(first: str, second: str, master: str, fp8_weights: bool) -> bool:
         (:func:`~precsearch.backends.te_knobs.te_memory_knob_problem` refuses ``fp8_block`` there).
     """
     return bool(set(SCALED_FP8) & {first, second}) and master in MASTER_CODES and not fp8_weights
+
+
+def for_knobs(params: Iterable[nn.Parameter], knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
+              weight_decay: float) -> "FP8StateAdamW | None":
+    """This optimizer over ``params`` keeping ``knobs``' optimizer state, or None where it does not
+    (:func:`applies`: no FP8 moment, an FP16 master or FP8 weights). Runs on any device (eager off CUDA).
+
+    ``param`` moments follow the parameters' dtype (the first floating-point parameter's, as the ``te`` backend
+    reads it).
+    """
+    params = list(params)
+    first_dtype = next((p.dtype for p in params if p.dtype.is_floating_point), torch.float32)
+    param_dtype = "fp32" if first_dtype == torch.float32 else "bf16"
+    first, second = knobs.moment_dtypes(param_dtype)
+    if not applies(first, second, knobs.master, knobs.fp8_weights):
+        return None
+    return FP8StateAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, master=knobs.master,
+                         exp_avg_dtype=first, exp_avg_sq_dtype=second)
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -193,6 +212,15 @@ def _kernels() -> Any:
     return fp8_state_kernels
 
 
+def _check_plain(p: torch.Tensor, index: int) -> None:
+    """Refuse a tensor subclass (FSDP2's ``DTensor`` shards): the steps and scales read whole plain tensors."""
+    if type(p) not in (nn.Parameter, torch.Tensor):
+        raise ValueError(f"FP8StateAdamW: parameter {index} of its group is a {type(p).__name__}, not a plain "
+                         "tensor; it steps whole plain tensors (fp8_block scales cover 128 consecutive elements, "
+                         "the Triton kernels read the storage): not FSDP2's DTensor shards (torchtitan's data "
+                         "parallelism)")
+
+
 class FP8StateAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay) with FP8, BF16 or FP32 moments and FP32, remainder or no master weights.
 
@@ -209,7 +237,8 @@ class FP8StateAdamW(torch.optim.Optimizer):
         kernels: Step CUDA parameters with the Triton kernels (False: the eager path everywhere, to compare).
 
     Raises:
-        ValueError: An unknown storage or master name, naming it and the valid ones.
+        ValueError: An unknown storage or master name, naming it and the valid ones; a parameter that is not a
+            plain tensor (an FSDP2 ``DTensor`` shard).
     """
 
     def __init__(self, params: Iterable[nn.Parameter] | Iterable[dict], lr: float = 1e-3,
@@ -225,7 +254,8 @@ class FP8StateAdamW(torch.optim.Optimizer):
         self.storage = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype}
         self.kernels = kernels
         for group in self.param_groups:
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
+                _check_plain(p, i)
                 self.state[p] = self._new_state(p)
 
     def master_of(self, p: torch.Tensor) -> str:
@@ -265,6 +295,8 @@ class FP8StateAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         kernels = None if self.kernels else False
+        if any(p not in self.state for group in self.param_groups for p in group["params"]):
+            self._adopt_swapped_params()
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -281,6 +313,24 @@ class FP8StateAdamW(torch.optim.Optimizer):
                 else:
                     reference_update(p, p.grad, state, self.storage, self.master_of(p), **options)
         return loss
+
+    def _adopt_swapped_params(self) -> None:
+        """States for parameters put into the groups after the optimizer was built, the replaced ones' dropped.
+
+        Accelerate's Transformer Engine path (``Accelerator._prepare_te``, accelerate 1.16) converts the model in
+        ``prepare()`` to ``te.Linear`` layers holding copies of the weights, and points ``param_groups`` at them
+        without re-keying ``state``; the states made here at build time would then belong to parameters no
+        longer trained. Before the first step (where ``prepare()`` runs) the new states equal the dropped ones:
+        zero moments, the master the weight's value.
+        """
+        current = [p for group in self.param_groups for p in group["params"]]
+        kept = set(current)
+        for stale in [p for p in self.state if p not in kept]:
+            del self.state[stale]
+        for i, p in enumerate(current):
+            if p not in self.state:
+                _check_plain(p, i)
+                self.state[p] = self._new_state(p)
 
     def _fused_update(self, kernels: Any, p: torch.Tensor, state: dict[str, Any], *, lr: float, beta1: float,
                       beta2: float, eps: float, weight_decay: float, step: int) -> None:

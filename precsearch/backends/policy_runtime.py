@@ -30,6 +30,7 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 
 from precsearch.backends import Backend, get_backend
-from precsearch.policy.rules import Policy, Rule, block_index, member_rules
+from precsearch.policy.rules import MemoryKnobs, Policy, Rule, block_index, member_rules
 from precsearch.precision import LayerRecipe, Precision
 
 NameMap = Callable[[str], "str | None"]
@@ -140,7 +141,7 @@ class PolicyRuntime:
         """
         fp8 = {n: r for n, r in self.plan(model, name_map, n_layers).items() if r.precision.is_fp8}
         chosen = backend if isinstance(backend, Backend) else get_backend(backend, _device_of(model))
-        problem = chosen.memory_knob_problem(self.policy.memory, _device_of(model))
+        problem = chosen.memory_knob_problem(_layer_knobs(self.policy.memory, model), _device_of(model))
         if problem:
             raise PolicyError(f"the policy's memory settings cannot be applied: {problem}")
         chosen = chosen.for_memory(self.policy.memory)
@@ -157,14 +158,34 @@ class PolicyRuntime:
 
         Default settings give ``torch.optim.AdamW``; FP8 moments (``fp8``, ``fp8_block``) give
         precsearch's fused :class:`~precsearch.backends.fp8_state_adam.FP8StateAdamW`, as the probe
-        trained with; others give Transformer Engine's ``FusedAdam``
-        (:func:`precsearch.backends.te_optimizer.build_optimizer`: row-wise FP8 states, size-bounded
-        param groups). Call it after :meth:`apply`.
+        trained with, whichever backend converted the layers (or none: a model FP8 runs in through a
+        framework's own path), on any device (eager PyTorch off CUDA); others give Transformer Engine's
+        ``FusedAdam`` (:func:`precsearch.backends.te_optimizer.build_optimizer`: row-wise FP8 states,
+        size-bounded param groups), which needs a CUDA GPU. Call it after :meth:`apply`, with the model
+        on its device (the states are made beside the parameters).
+
+        Raises:
+            PolicyError: The settings need ``FusedAdam`` and Transformer Engine cannot run here.
         """
+        knobs = self.policy.memory
         backend = _backend_of(model)
-        if backend is None:
-            return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
-        return backend.build_optimizer(model, self.policy.memory, lr=lr, betas=betas, weight_decay=weight_decay)
+        device = _device_of(model)
+        if knobs.optimizer_knobs.is_default or (backend and not backend.memory_knob_problem(knobs, device)):
+            if backend is None:
+                return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+            return backend.build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
+        from precsearch.backends.fp8_state_adam import for_knobs
+
+        own = for_knobs(model.parameters(), knobs, lr=lr, betas=betas, weight_decay=weight_decay)
+        if own is not None:
+            return own
+        if device.type != "cuda":
+            raise PolicyError(f"the policy's optimizer cannot be built: {', '.join(knobs.optimizer_knobs.changed())} "
+                              f"need Transformer Engine's FusedAdam, on a CUDA GPU (the model is on {device})")
+        te = get_backend("te", device)
+        if problem := te.memory_knob_problem(knobs.optimizer_knobs, device):
+            raise PolicyError(f"the policy's optimizer cannot be built: {problem}")
+        return te.build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
 
     def fp8_enabled(self, step: int) -> bool:
         """Whether FP8 runs at ``step`` (0-based): off for the first ``warmup_steps`` steps."""
@@ -204,6 +225,19 @@ class PolicyRuntime:
         params = model.parameters() if isinstance(model, nn.Module) else model
         max_norm = self.policy.clip_grad if self.policy.clip_grad is not None else math.inf
         return torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+
+
+def _layer_knobs(memory: MemoryKnobs, model: nn.Module) -> MemoryKnobs:
+    """The memory settings the layers' backend must apply: all but the optimizer's when precsearch's own
+    ``FP8StateAdamW`` keeps them (:meth:`PolicyRuntime.build_optimizer` builds it for any backend)."""
+    from precsearch.backends.fp8_state_adam import applies
+
+    first = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
+    dtype = "fp32" if first == torch.float32 else "bf16"
+    if not applies(*memory.moment_dtypes(dtype), memory.master, memory.fp8_weights):
+        return memory
+    return replace(memory, master_weights=False, master_dtype="fp32", moment_dtype="param", exp_avg_dtype=None,
+                   exp_avg_sq_dtype=None)
 
 
 def _warn_unapplied_attention(model: nn.Module, mode: str) -> None:

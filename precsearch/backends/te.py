@@ -174,9 +174,9 @@ class TEBackend(Backend):
             warnings.warn(f"master weights ({master}) on FP32 parameters are a second FP32 copy of them: cast the "
                           "model to BF16 before building the optimizer for the memory the knobs promise",
                           stacklevel=2)
-        if fp8_state_adam.applies(exp_avg, exp_avg_sq, master, knobs.fp8_weights):
-            return fp8_state_adam.FP8StateAdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay,
-                                                master=master, exp_avg_dtype=exp_avg, exp_avg_sq_dtype=exp_avg_sq)
+        own = fp8_state_adam.for_knobs(model.parameters(), knobs, lr=lr, betas=betas, weight_decay=weight_decay)
+        if own is not None:
+            return own
         opt = build_optimizer(model.parameters(), lr, betas, weight_decay,
                               master_weights=master != "none",
                               master_weight_dtype="fp16" if master == "fp16" else "fp32",

@@ -24,7 +24,8 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
   the H200 on 2026-12-03 as 4 bytes per converted weight element under the fixed run's
   peak: no moments for them, their FP32 gradients never cleared).
 * With the memory knobs the snippet prepares precsearch's optimizer with
-  ``device_placement=False`` (:data:`_PREPARE_KNOBS`).
+  ``device_placement=False`` (:data:`_PREPARE_KNOBS`), and the export also writes a Hugging Face ``Trainer``
+  set-up that builds that optimizer (:mod:`precsearch.export.hf_trainer`).
 
 Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
 warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
@@ -44,7 +45,8 @@ from precsearch.export.format_output import (
     layer_table,
     warning_lines,
 )
-from precsearch.export.memory_knobs import accelerate_memory, accelerate_written
+from precsearch.export.hf_trainer import FILE as TRAINER_FILE, trainer_file
+from precsearch.export.memory_knobs import accelerate_memory, accelerate_written, trainer_memory
 from precsearch.policy.file import dump_policy
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Fp8Format, Precision
@@ -277,9 +279,13 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
                   "# Engine where precsearch supports that, the default \"emulated\" runs anywhere (slower than BF16)",
                   "model = policy.apply(model)",
                   _loop(policy, exact=True)]
+    knobs = not policy.memory.optimizer_knobs.is_default
+    if path == "precsearch" or knobs:
         files[POLICY_FILE] = dump_policy(policy, provenance)
+    if knobs:  # Trainer takes precsearch's optimizer too
+        files[TRAINER_FILE] = trainer_file(policy, n_layers, provenance, POLICY_FILE, trainer_memory(policy.memory))
     files[FILE] = "\n".join(lines).rstrip("\n") + "\n"
     return Rendered(files, warnings)
 
 
-__all__ = ["FILE", "POLICY_FILE", "accelerate_as_run", "accelerate_files", "choose_path"]
+__all__ = ["FILE", "POLICY_FILE", "TRAINER_FILE", "accelerate_as_run", "accelerate_files", "choose_path"]

@@ -15,12 +15,17 @@ Checked against the stacks' sources:
   with them. ``TransformerConfig``'s
   ``fp8_dot_product_attention``/``fp8_multi_head_attention`` are listed among the fields with no
   command-line flag.
-* torchtitan: its float8 converter (torchao) has no FP8 attention and no FP8 weight storage
-  setting for this path, and its AdamW keeps states in the parameters' dtype (FP32 under FSDP2
-  mixed precision): none of the optimizer knobs.
-* Accelerate: ``TERecipeKwargs`` carries no ``fp8_dpa``; the optimizer is the user's own, so the
-  snippet's ``policy.build_optimizer`` (TE ``FusedAdam``, or precsearch's ``FP8StateAdamW`` for FP8
-  moments, as in the probe) applies the optimizer knobs.
+* torchtitan 0.2.2 (``torchtitan/components/optimizer.py``, ``protocols/train_spec.py``): its float8
+  converter (torchao) has no FP8 attention and no FP8 weight storage setting for this path, and
+  ``build_optimizers`` builds torch's ``Adam`` or ``AdamW`` by name (states in the parameters' dtype, FP32
+  under FSDP2 mixed precision). ``OptimizersContainer`` takes any optimizer class, and a registered
+  ``TrainSpec``'s ``build_optimizers_fn`` could hand it precsearch's ``FP8StateAdamW``; but torchtitan
+  trains FSDP2 ``DTensor`` shards, which that optimizer refuses (its ``fp8_block`` scales and kernels read
+  whole plain tensors). So none of the optimizer knobs, and a space targeting torchtitan is not offered them.
+* Accelerate and Hugging Face ``Trainer``: ``TERecipeKwargs`` carries no ``fp8_dpa``; the optimizer is the
+  user's own, so ``policy.build_optimizer`` (TE ``FusedAdam``, or precsearch's ``FP8StateAdamW`` for FP8
+  moments, as in the probe) applies the optimizer knobs: the Accelerate snippet says to build it, the
+  Trainer set-up (:mod:`precsearch.export.hf_trainer`) builds it and passes it as ``optimizers=``.
 """
 
 from __future__ import annotations
@@ -113,9 +118,11 @@ def torchtitan_memory(memory: MemoryKnobs) -> list[str]:
     lost = memory.changed()
     if not lost:
         return []
-    return [f"{', '.join(lost)}: torchtitan cannot express these memory settings (its AdamW keeps states in the "
-            "parameters' dtype, its float8 converter has no FP8 weight storage or FP8 attention here); training "
-            "uses more memory than the probe measured"]
+    return [f"{', '.join(lost)}: torchtitan cannot express these memory settings (its build_optimizers knows "
+            "only torch's Adam and AdamW, which keep states in the parameters' dtype; a TrainSpec may plug in "
+            "another optimizer, but precsearch's FP8StateAdamW steps plain tensors, not the FSDP2 DTensor shards "
+            "torchtitan trains, so precsearch ships none; its float8 converter has no FP8 weight storage or FP8 "
+            "attention here); training uses more memory than the probe measured"]
 
 
 def torchtitan_written(memory: MemoryKnobs) -> MemoryKnobs:
@@ -134,9 +141,9 @@ def accelerate_memory(memory: MemoryKnobs) -> list[str]:
     warnings = []
     if not memory.optimizer_knobs.is_default:
         warnings.append(f"{', '.join(memory.optimizer_knobs.changed())}: build the optimizer with "
-                        "policy.build_optimizer(model, lr=...) (TE FusedAdam or precsearch's FP8StateAdamW, a "
-                        "CUDA GPU) before "
-                        "accelerator.prepare; Accelerate has no setting for them")
+                        "policy.build_optimizer(model, lr=...) (precsearch's FP8StateAdamW for FP8 moments, on any "
+                        "device; else TE FusedAdam, a CUDA GPU) before accelerator.prepare, as hf_trainer_fp8.py "
+                        "does for a Trainer; Accelerate has no setting for them")
     if memory.master != "none":
         warnings.append(f"master weights ({memory.master}) keep a copy of BF16 parameters: load the model in BF16 "
                         "(from_pretrained(..., torch_dtype=torch.bfloat16)) before building the optimizer; on the "
@@ -145,3 +152,12 @@ def accelerate_memory(memory: MemoryKnobs) -> list[str]:
         warnings.append(f"fp8_attention={memory.fp8_attention}: Accelerate's TERecipeKwargs has no fp8_dpa "
                         "setting; attention stays BF16 (more activation memory than the probe measured)")
     return warnings
+
+
+def trainer_memory(memory: MemoryKnobs) -> list[str]:
+    """Warnings for the Trainer set-up: its optimizer is precsearch's, so only FP8 attention is lost."""
+    if memory.fp8_attention == "off":
+        return []
+    return [f"fp8_attention={memory.fp8_attention}: precsearch's Python API applies FP8 attention to its probe's "
+            "Transformer Engine attention only; a LlamaForCausalLM's attention stays BF16 (more activation memory "
+            "than the probe measured)"]

@@ -292,3 +292,18 @@ def test_the_te_backend_steps_fp8_moments_with_it(knobs, master, storage):
     opt = TEBackend().build_optimizer(model, MemoryKnobs(**knobs), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     assert isinstance(opt, FP8StateAdamW)
     assert (opt.master, opt.storage["exp_avg"], opt.storage["exp_avg_sq"]) == (master, *storage)
+
+
+def test_parameters_swapped_in_before_the_first_step_train_as_if_built_on_them():
+    """Accelerate's Transformer Engine path (``Accelerator._prepare_te``) points ``param_groups`` at new
+    ``te.Linear`` weights in ``prepare()`` and leaves ``state`` keyed by the old ones: without adopting them the
+    first step found no state (KeyError), and the old states stayed alive beside the new."""
+    built_on, swapped, reference = _params(torch.bfloat16), _params(torch.bfloat16), _params(torch.bfloat16)
+    a = FP8StateAdamW(built_on, master="remainders", exp_avg_dtype="fp8_block", exp_avg_sq_dtype="fp8_block", **OPTS)
+    a.param_groups[0]["params"] = swapped  # as _prepare_te does: same values, new Parameters
+    b = FP8StateAdamW(reference, master="remainders", exp_avg_dtype="fp8_block", exp_avg_sq_dtype="fp8_block",
+                      **OPTS)
+    _lockstep(a, swapped, b, reference, 3)
+    assert set(a.state) == set(swapped)  # the replaced parameters' states are gone
+    for x, y in zip(swapped, reference):
+        assert torch.equal(x, y)
