@@ -25,6 +25,7 @@ from precsearch.errors import UserError
 from precsearch.policy import Policy
 from precsearch.probe.continuation import Leg
 from precsearch.probe.result import ProbeResult
+from precsearch.redact import first_line
 from precsearch.runtime import progress as terminal
 from precsearch.runtime._tell import record, replay_pending
 from precsearch.runtime.executor import ProbeInterrupted
@@ -372,17 +373,33 @@ def _requeue(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial
         study.enqueue_trial(trial.params, user_attrs=attrs | {REQUEUED_FROM: trial.number})
 
 
+#: Seconds each store write that closes an interrupted trial is retried (a lock another thread of this worker holds,
+#: a write an interrupt cut short): long enough for SQLite's lock to pass, short enough that a second Ctrl-C ends
+#: the run in seconds.
+ABANDON_RETRY_S = 5.0
+
+
 def _abandon(ctx: StudyRun, trial: optuna.Trial, run_id: str | None, reason: str) -> None:
     """Close a trial the worker is stopping in (Ctrl-C, SIGTERM, a store gone): FAIL, queued again.
+
+    Its study writes are retried on store errors for :data:`ABANDON_RETRY_S` each; one that still fails is said
+    in a line (not a traceback) and left to the next run, which fails a trial left RUNNING and queues its params
+    again (:func:`recover_dead_trials`).
 
     The MLflow run (``run_id``; None where none was started) gets one attempt only: a worker told to stop must
     not wait out the retry budget. If it fails, the next ``precsearch run`` closes the run (its worker is gone
     by then).
     """
+    steps = ((lambda: trial.set_user_attr("interrupted", True)),
+             (lambda: ctx.study.tell(trial, state=TrialState.FAIL)), (lambda: _requeue(ctx.study, trial)))
     with deferred_signals():
-        trial.set_user_attr("interrupted", True)
-        ctx.study.tell(trial, state=TrialState.FAIL)
-        _requeue(ctx.study, trial)
+        try:  # each step on its own, so a retried one is never one that went through
+            for step in steps:
+                with_retry(step, f"closing trial {trial.number}", budget_s=ABANDON_RETRY_S, say=None)
+        except Exception as exc:  # noqa: BLE001 - a stopping worker must not end in a store's traceback
+            say(ctx, f"trial {trial.number} interrupted; the study could not close it now ({first_line(exc)}): "
+                      "the next run marks it failed and queues its params again")
+            return
     say(ctx, f"trial {trial.number} interrupted: marked failed, its params queued to run again when the study "
               "resumes")
     if run_id is None:
