@@ -246,7 +246,7 @@ def _check_table(check: Checks, dom: str, front: set[int], trials: dict[int, str
     missing = [c for c in columns if f">{c}<" not in dom]
     check("runs table: flag and objective columns on screen", not missing, f"missing {missing}" if missing else "")
     # the loss gap in seed spreads only where a trial has a noise floor (2+ BF16 seeds): else an empty column
-    noise = any(math.isfinite(metrics[rid].get("noise_floor", math.nan)) for rid in trials.values())
+    noise = any(math.isfinite(float(metrics[rid].get("noise_floor", math.nan))) for rid in trials.values())  # REST: "NaN"
     check(f"runs table: gap_in_noise {'on screen (a noise floor)' if noise else 'not shown (no noise floor)'}",
           (">gap_in_noise<" in dom) == noise)
     shown = [f"{metrics[trials[n]]['memory_saved_pct']:g}" for n in sorted(front)]
