@@ -35,7 +35,8 @@ COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "ins
 """front.csv's columns: what a trial's probes decide, so the same study writes the same file. The measured
 speed (``tokens_per_s``, a clock's reading) joins them only as an objective (``objectives.throughput``)."""
 KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
-         "unstable": ("tab:orange", "X", 7), "diverged": ("black", "x", 7)}
+         "feasible, near the limit": ("tab:olive", "D", 6), "unstable": ("tab:orange", "X", 7),
+         "diverged": ("black", "x", 7)}
 """Legend label: colour, marker, marker size."""
 
 
@@ -78,7 +79,10 @@ def kind(row: dict[str, Any]) -> str:
         return "Pareto front"
     if row["diverged"]:
         return "diverged"
-    return "feasible" if row["feasible"] else "unstable"
+    if not row["feasible"]:
+        return "unstable"
+    # within the limit, but its interval reaches past the stable band's edge: riskier than a stable trial
+    return "feasible, near the limit" if row.get("instability_band") == "near the limit" else "feasible"
 
 
 def reading(row: dict[str, Any], unit: str, limit: float = math.nan) -> Reading:

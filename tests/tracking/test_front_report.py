@@ -16,7 +16,8 @@ def _row(trial, memory, instability, *, feasible=True, pareto=False, diverged=Fa
 
 
 ROWS = [_row(0, 0.0, 0.0005, pareto=True), _row(1, 0.0177, 0.0002, pareto=True), _row(2, 0.0, 0.0005, pareto=True),
-        _row(3, 0.05, 0.004), _row(4, 0.11, 0.03, feasible=False), _row(5, 0.08, 1.0, feasible=False, diverged=True)]
+        _row(3, 0.05, 0.004), _row(4, 0.11, 0.03, feasible=False), _row(5, 0.08, 1.0, feasible=False, diverged=True),
+        _row(6, 0.06, 0.0095) | {"instability_band": "near the limit"}]  # feasible, but not clear of the limit
 
 
 @pytest.fixture
@@ -144,3 +145,10 @@ def test_front_csv_holds_what_the_probes_decide_and_speed_only_as_an_objective(t
     assert "tokens_per_s" not in first.splitlines()[0]
     searched = write_front(ROWS, tmp_path / "c", 0.01, throughput=True)[0].read_text().splitlines()
     assert "tokens_per_s" in searched[0].split(",") and searched[1].split(",")[-3] == "100.0"
+
+
+def test_a_feasible_trial_near_the_limit_is_drawn_apart_from_the_stable_ones(figure):
+    marks = {line.get_gid(): line.get_marker() for line in figure.axes[0].lines if line.get_gid()}
+    assert marks["trial-6"] == KINDS["feasible, near the limit"][1] == "D"  # within the limit, interval past 90%
+    assert marks["trial-3"] == KINDS["feasible"][1] == "o"
+    assert "feasible, near the limit" in figure.axes[0].get_legend_handles_labels()[1]
