@@ -91,20 +91,27 @@ def applies(first: str, second: str, master: str, fp8_weights: bool) -> bool:
     return bool(set(SCALED_FP8) & {first, second}) and master in MASTER_CODES and not fp8_weights
 
 
+def param_dtype_name(params: Iterable[torch.Tensor]) -> str:
+    """``fp32`` or ``bf16``: the dtype ``param`` moments follow, the first floating-point parameter's (as the
+    ``te`` backend reads it); ``fp32`` where there is none."""
+    first = next((p.dtype for p in params if p.dtype.is_floating_point), torch.float32)
+    return "fp32" if first == torch.float32 else "bf16"
+
+
+def keeps(knobs: MemoryKnobs, params: Iterable[torch.Tensor]) -> bool:
+    """Whether this optimizer keeps ``knobs``' optimizer state for ``params`` (:func:`applies`)."""
+    first, second = knobs.moment_dtypes(param_dtype_name(params))
+    return applies(first, second, knobs.master, knobs.fp8_weights)
+
+
 def for_knobs(params: Iterable[nn.Parameter], knobs: MemoryKnobs, *, lr: float, betas: tuple[float, float],
               weight_decay: float) -> "FP8StateAdamW | None":
     """This optimizer over ``params`` keeping ``knobs``' optimizer state, or None where it does not
-    (:func:`applies`: no FP8 moment, an FP16 master or FP8 weights). Runs on any device (eager off CUDA).
-
-    ``param`` moments follow the parameters' dtype (the first floating-point parameter's, as the ``te`` backend
-    reads it).
-    """
+    (:func:`keeps`: no FP8 moment, an FP16 master or FP8 weights). Runs on any device (eager off CUDA)."""
     params = list(params)
-    first_dtype = next((p.dtype for p in params if p.dtype.is_floating_point), torch.float32)
-    param_dtype = "fp32" if first_dtype == torch.float32 else "bf16"
-    first, second = knobs.moment_dtypes(param_dtype)
-    if not applies(first, second, knobs.master, knobs.fp8_weights):
+    if not keeps(knobs, params):
         return None
+    first, second = knobs.moment_dtypes(param_dtype_name(params))
     return FP8StateAdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, master=knobs.master,
                          exp_avg_dtype=first, exp_avg_sq_dtype=second)
 

@@ -230,11 +230,9 @@ class PolicyRuntime:
 def _layer_knobs(memory: MemoryKnobs, model: nn.Module) -> MemoryKnobs:
     """The memory settings the layers' backend must apply: all but the optimizer's when precsearch's own
     ``FP8StateAdamW`` keeps them (:meth:`PolicyRuntime.build_optimizer` builds it for any backend)."""
-    from precsearch.backends.fp8_state_adam import applies
+    from precsearch.backends.fp8_state_adam import keeps
 
-    first = next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), torch.float32)
-    dtype = "fp32" if first == torch.float32 else "bf16"
-    if not applies(*memory.moment_dtypes(dtype), memory.master, memory.fp8_weights):
+    if not keeps(memory, model.parameters()):
         return memory
     return replace(memory, master_weights=False, master_dtype="fp32", moment_dtype="param", exp_avg_dtype=None,
                    exp_avg_sq_dtype=None)

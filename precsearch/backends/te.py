@@ -167,10 +167,10 @@ class TEBackend(Backend):
             return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
         if knobs.optimizer_knobs.is_default:
             return super().build_optimizer(model, knobs, lr=lr, betas=betas, weight_decay=weight_decay)
-        param_dtype = next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
-        exp_avg, exp_avg_sq = knobs.moment_dtypes("fp32" if param_dtype == torch.float32 else "bf16")
+        param_dtype = fp8_state_adam.param_dtype_name(model.parameters())
+        exp_avg, exp_avg_sq = knobs.moment_dtypes(param_dtype)
         master = knobs.master
-        if master != "none" and param_dtype == torch.float32:
+        if master != "none" and param_dtype == "fp32":
             warnings.warn(f"master weights ({master}) on FP32 parameters are a second FP32 copy of them: cast the "
                           "model to BF16 before building the optimizer for the memory the knobs promise",
                           stacklevel=2)
