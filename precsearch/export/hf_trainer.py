@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precsearch.export.format_output import header
+from precsearch.export.format_output import header, warning_lines
 from precsearch.policy.rules import Policy
 
 FILE = "hf_trainer_fp8.py"
@@ -68,7 +68,7 @@ def trainer_file(policy: Policy, n_layers: int, provenance: dict[str, Any], poli
     """``hf_trainer_fp8.py``: the Trainer set-up for ``policy`` (read from ``policy_file`` beside it)."""
     lines = header(provenance, f"Hugging Face Trainer set-up for a {n_layers}-layer Llama 3 (LlamaForCausalLM "
                                "names), with precsearch's optimizer for the policy's memory settings")
-    lines += [f"# WARNING: {w}" for w in warnings]
+    lines += warning_lines(warnings)
     lines.append("# `model`, `train_dataset` and `training_args` (TrainingArguments) are yours.")
     if policy.memory.master != "none":
         place = ("# BF16 parameters: the optimizer keeps the FP32 master (on FP32 parameters it would be a "
