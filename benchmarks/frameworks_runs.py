@@ -416,20 +416,17 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
         source = source.replace("policy.apply(model)", 'policy.apply(model, backend="te")')
         note += ' (policy.apply(model, backend="te"), as the snippet\'s comment says)'
     model = hf_model(shape)
-    if policy.memory.optimizer_knobs.is_default:
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
-    else:  # the export's warning: the knobs need precsearch's optimizer (TE FusedAdam), Accelerate has none
-        from precsearch.backends import get_backend
-
-        if plan.param_dtype("accelerate", policy.memory) == "bf16":  # the export's warning: load it in BF16
-            model = model.to(torch.bfloat16)
-            note += "; model cast to BF16 before the optimizer (the export's master-weights warning)"
-        opt = get_backend("te", torch.device("cuda")).build_optimizer(model, policy.memory, lr=LR, betas=BETAS,
-                                                                      weight_decay=WEIGHT_DECAY)
-        note += "; optimizer: precsearch's TE FusedAdam with the policy's knobs (the export's warning)"
+    assert BETAS == (0.9, 0.95)  # what the snippet's policy.build_optimizer uses (its default betas)
+    # with optimizer-state knobs the snippet builds precsearch's optimizer itself (and casts the model to BF16
+    # where there is a master); else the optimizer is ours, as the snippet's comment says
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True) \
+        if policy.memory.optimizer_knobs.is_default else None
+    if opt is None:
+        note += "; optimizer: the snippet's policy.build_optimizer (precsearch's, with the policy's knobs)"
     before = fingerprints(model)
     loader = _TimedBatches(batches(shape, "cuda"))
-    namespace = {"model": model, "optimizer": opt, "dataloader": loader, "__name__": "accelerate_fp8"}
+    namespace = {"model": model, "optimizer": opt, "dataloader": loader, "__name__": "accelerate_fp8",
+                 "learning_rate": LR, "weight_decay": WEIGHT_DECAY}
     torch.cuda.reset_peak_memory_stats()
     cwd = os.getcwd()
     os.chdir(export_dir)  # the precsearch path loads policy.yaml from beside the snippet

@@ -23,9 +23,9 @@ Verified in huggingface/accelerate (``src/accelerate/utils/dataclasses.py``,
   layers then never train (seen with accelerate 1.16 and torchao 0.18 on CPU, and on
   the H200 on 2026-12-03 as 4 bytes per converted weight element under the fixed run's
   peak: no moments for them, their FP32 gradients never cleared).
-* With the memory knobs the snippet prepares precsearch's optimizer with
-  ``device_placement=False`` (:data:`_PREPARE_KNOBS`), and the export also writes a Hugging Face ``Trainer``
-  set-up that builds that optimizer (:mod:`precsearch.export.hf_trainer`).
+* With the memory knobs the snippet builds precsearch's optimizer itself (``policy.build_optimizer``, which
+  keeps them) and prepares it with ``device_placement=False`` (:data:`_PREPARE_KNOBS`); the export also writes a
+  Hugging Face ``Trainer`` set-up that builds the same optimizer (:mod:`precsearch.export.hf_trainer`).
 
 Everything else (delayed scaling per layer, 1x128 blocks, MXFP8 per layer, an FP8
 warm-up) has no Accelerate setting; the snippet then uses precsearch's own Python
@@ -203,6 +203,34 @@ _COMPILE_BLOCKS = [
 ]
 
 
+def _knob_optimizer(policy: Policy, *, loaded: bool, has_torch: bool) -> list[str]:
+    """The lines that build precsearch's optimizer for the policy's optimizer-state knobs (none without knobs).
+
+    Accelerate has no setting for them, and it takes any optimizer: ``policy.build_optimizer`` gives
+    ``FP8StateAdamW`` (FP8 moments; eager off CUDA) or TE ``FusedAdam``, the optimizer the probe trained with.
+    It is built before ``prepare()``: torchao's conversion keeps each weight's Parameter (the config above), and
+    ``FP8StateAdamW`` adopts the ``te.Linear`` weights Accelerate's Transformer Engine path puts in their place.
+    """
+    knobs = policy.memory.optimizer_knobs
+    if knobs.is_default:
+        return []
+    lines = [f"# the optimizer-state settings ({', '.join(knobs.changed())}) travel with precsearch's optimizer,",
+             "# the one the probe trained with: Accelerate has no setting for them, but takes any optimizer"]
+    if not loaded:
+        lines += ["from precsearch.policy import load_policy", "",
+                  f'policy = load_policy("{POLICY_FILE}")  # written next to this file: the memory settings']
+    if policy.memory.master != "none":
+        lines += [] if has_torch else ["import torch"]
+        lines += ["# BF16 parameters: the optimizer keeps the FP32 master (on the FP32 parameters a Hugging Face model",
+                  "# loads by default it would be a second FP32 copy)",
+                  "model = model.to(device=accelerator.device, dtype=torch.bfloat16)"]
+    else:
+        lines.append("model = model.to(accelerator.device)")
+    lines += ["# the states are made beside the parameters: build it with the model on its device",
+              "optimizer = policy.build_optimizer(model, lr=learning_rate, weight_decay=weight_decay)"]
+    return lines
+
+
 def _loop(policy: Policy, exact: bool) -> str:
     forward = ("    with policy.autocast(model, step):  # BF16 for the warm-up steps, FP8 after\n"
                "        loss = model(**batch).loss" if exact else "    loss = model(**batch).loss")
@@ -223,13 +251,17 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
     lines = header(provenance, f"Hugging Face Accelerate FP8 setup for a {n_layers}-layer Llama 3 "
                                "(LlamaForCausalLM names)")
     lines += warning_lines(warnings)
-    lines.append("# `model`, `optimizer` and `dataloader` are yours; build the optimizer after the model.")
+    if policy.memory.optimizer_knobs.is_default:
+        lines.append("# `model`, `optimizer` and `dataloader` are yours; build the optimizer after the model.")
+    else:
+        lines.append("# `model`, `dataloader`, `learning_rate` and `weight_decay` are yours; the optimizer is built "
+                     "below.")
     files: dict[str, str] = {}
     if path == "bf16":
         lines += ["# the policy runs every layer in BF16", "from accelerate import Accelerator",
                   "from accelerate.utils import TorchDynamoPlugin", "", *_COMPILE_BLOCKS,
                   'accelerator = Accelerator(mixed_precision="bf16", dynamo_plugin=compile_blocks)',
-                  _loop(policy, exact=False)]
+                  *_knob_optimizer(policy, loaded=False, has_torch=False), _loop(policy, exact=False)]
     elif path == "te":
         p = next(iter(table.values()))
         lines += [f"# every Linear runs {p.value}: one recipe for the whole model, which is what Accelerate's",
@@ -237,7 +269,7 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
                   "from accelerate import Accelerator", "from accelerate.utils import TERecipeKwargs", ""]
         lines += [f"fp8_kwargs = TERecipeKwargs({recipe_for(p).accelerate_te_kwargs(recipe)})",
                   'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs])',
-                  _loop(policy, exact=False)]
+                  *_knob_optimizer(policy, loaded=False, has_torch=False), _loop(policy, exact=False)]
     elif path == "ao":
         ao = recipe_for(_ao_precision({p for p in table.values() if p.is_fp8}))
         e4m3 = ao.fp8_encoded and recipe.fp8_format is Fp8Format.E4M3
@@ -269,7 +301,7 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
                   *_COMPILE_BLOCKS,
                   'accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[fp8_kwargs],',
                   "                          dynamo_plugin=compile_blocks)",
-                  _loop(policy, exact=False)]
+                  *_knob_optimizer(policy, loaded=False, has_torch=True), _loop(policy, exact=False)]
     else:
         lines += ["# the exact policy through precsearch's Python API: Accelerate has no setting for it",
                   "from accelerate import Accelerator", "from precsearch.policy import load_policy", "",
@@ -278,7 +310,7 @@ def accelerate_files(policy: Policy, n_layers: int, provenance: dict[str, Any]) 
                   "# before prepare() and before building the optimizer; backend=\"te\" runs it on Transformer",
                   "# Engine where precsearch supports that, the default \"emulated\" runs anywhere (slower than BF16)",
                   "model = policy.apply(model)",
-                  _loop(policy, exact=True)]
+                  *_knob_optimizer(policy, loaded=True, has_torch=False), _loop(policy, exact=True)]
     knobs = not policy.memory.optimizer_knobs.is_default
     if path == "precsearch" or knobs:
         files[POLICY_FILE] = dump_policy(policy, provenance)

@@ -140,10 +140,10 @@ def accelerate_memory(memory: MemoryKnobs) -> list[str]:
     """Warnings for Accelerate: the optimizer knobs go through ``policy.build_optimizer``, FP8 attention cannot."""
     warnings = []
     if not memory.optimizer_knobs.is_default:
-        warnings.append(f"{', '.join(memory.optimizer_knobs.changed())}: build the optimizer with "
-                        "policy.build_optimizer(model, lr=...) (precsearch's FP8StateAdamW for FP8 moments, on any "
-                        "device; else TE FusedAdam, a CUDA GPU) before accelerator.prepare, as hf_trainer_fp8.py "
-                        "does for a Trainer; Accelerate has no setting for them")
+        warnings.append(f"{', '.join(memory.optimizer_knobs.changed())}: Accelerate has no setting for them; the "
+                        "snippet builds precsearch's optimizer with policy.build_optimizer (FP8StateAdamW for FP8 "
+                        "moments, on any device; else TE FusedAdam, a CUDA GPU), as hf_trainer_fp8.py does for a "
+                        "Trainer: an optimizer of your own would drop them")
     if memory.master != "none":
         warnings.append(f"master weights ({memory.master}) keep a copy of BF16 parameters: load the model in BF16 "
                         "(from_pretrained(..., torch_dtype=torch.bfloat16)) before building the optimizer; on the "

@@ -56,8 +56,11 @@ class _Recorder:
 
 
 class _Accelerator(_Recorder):
+    device = torch.device("cpu")
+
     def prepare(self, *objs, device_placement=None):
         self.device_placement = device_placement
+        self.prepared = objs
         return objs
 
     def backward(self, loss):
@@ -263,13 +266,63 @@ def test_torchao_snippet_trains_every_layer_with_the_real_accelerate(policy):
     assert [n for n, p in params.items() if torch.equal(p.detach(), before[n])] == []
 
 
-def test_a_knob_policys_optimizer_is_prepared_without_device_placement(monkeypatch):
+def _run_with_files(rendered, monkeypatch, tmp_path, **env) -> dict:
+    """Write every rendered file into ``tmp_path`` and run the snippet there (it loads ``policy.yaml``)."""
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    return _run(rendered.files[FILE], monkeypatch, **env)
+
+
+def test_a_knob_policys_optimizer_is_prepared_without_device_placement(monkeypatch, tmp_path):
     """precsearch's TE FusedAdam holds its states on the GPU already: Accelerate's device placement would
     round-trip its state_dict (a 16 GiB spike before the first step on the H200, 2026-12-03)."""
     from precsearch.policy import MemoryKnobs
 
-    knobs = Policy(default=P.FP8_CURRENT, memory=MemoryKnobs(master_weights=True, moment_dtype="bf16"))
-    assert _run(render("accelerate", knobs, N, {}).files[FILE], monkeypatch)["accelerator"].device_placement == [
-        True, False, True]
+    knobs = Policy(default=P.FP8_CURRENT, memory=MemoryKnobs(master_weights=True, moment_dtype="fp8_block"))
+    ns = _run_with_files(render("accelerate", knobs, N, {}), monkeypatch, tmp_path, model=_hf_llama(),
+                         learning_rate=1e-3, weight_decay=0.1)
+    assert ns["accelerator"].device_placement == [True, False, True]
     assert _run(render("accelerate", Policy(default=P.FP8_CURRENT), N, {}).files[FILE],
                 monkeypatch)["accelerator"].device_placement is None
+
+
+@pytest.mark.parametrize(("policy", "path"), [
+    (Policy(default=P.FP8_CURRENT, clip_grad=1.0), "ao"),
+    (Policy(default=P.FP8_DELAYED, recipe=LayerRecipe(amax_compute_algo="max")), "te"),
+    (Policy(), "bf16"),
+    (Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_DELAYED), Rule("mlp", ("*.mlp.*",), P.FP8_CURRENT))),
+     "precsearch"),
+])
+def test_the_snippet_builds_precsearchs_optimizer_that_keeps_the_memory_knobs(monkeypatch, tmp_path, policy, path):
+    """Issue 52 item 3: Accelerate takes any optimizer, so the snippet builds the one that keeps the optimizer-state
+    knobs (FP8 moments, remainder masters) and hands that one to ``prepare()``, on every path."""
+    from dataclasses import replace
+
+    from precsearch.backends.fp8_state_adam import FP8StateAdamW
+    from precsearch.policy import MemoryKnobs
+
+    policy = replace(policy, memory=MemoryKnobs(master_weights=True, master_dtype="remainders",
+                                                moment_dtype="fp8_block"))
+    assert choose_path(policy, N)[0] == path
+    rendered = render("accelerate", policy, N, {})
+    assert POLICY_FILE in rendered.files and "policy.build_optimizer(model" in rendered.files[FILE]
+    assert not any("optimizer of your own" in w and "build the optimizer with" in w for w in rendered.warnings)
+    ns = _run_with_files(rendered, monkeypatch, tmp_path, model=_hf_llama(), learning_rate=1e-3, weight_decay=0.1,
+                         optimizer="the user's: never used")
+    optimizer = ns["optimizer"]
+    assert isinstance(optimizer, FP8StateAdamW) and ns["accelerator"].prepared[1] is optimizer
+    assert optimizer.master == "remainders" and optimizer.storage == {"exp_avg": "fp8_block", "exp_avg_sq": "fp8_block"}
+    assert optimizer.defaults["lr"] == 1e-3 and optimizer.defaults["weight_decay"] == 0.1
+    # the master is of BF16 parameters: the snippet put the model in BF16 first, and every parameter is held
+    params = list(ns["model"].parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert all(id(p) in held for p in params)
+
+
+def test_a_policy_without_knobs_leaves_the_optimizer_to_the_user(monkeypatch):
+    rendered = render("accelerate", Policy(default=P.FP8_CURRENT), N, {})
+    assert "build_optimizer" not in rendered.files[FILE] and POLICY_FILE not in rendered.files
+    ns = _run(rendered.files[FILE], monkeypatch, optimizer="mine")
+    assert ns["accelerator"].prepared[1] == "mine"
