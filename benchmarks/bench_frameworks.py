@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "against the front's")
     ap.add_argument("--trials", nargs="+", type=int, metavar="N",
                     help="with --from-study: these trials (front or not) instead of the front's")
+    ap.add_argument("--max-picks", type=int, metavar="K",
+                    help="with --from-study: the K front trials that save the most memory (default: all of them)")
     ap.add_argument("--json", type=Path, help="default: benchmarks/results/<date>_<gpu|cpu>_bench_frameworks.json "
                                               "(--from-study: ..._bench_frameworks_from_study.json)")
     args = ap.parse_args(argv)
@@ -88,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                   if any(a == f"--{f.replace('_', '-')}" or a.startswith(f"--{f.replace('_', '-')}=") for a in flags)}
     if args.calibrate and not args.merge:
         ap.error("--calibrate needs --merge (it calibrates merged rows of earlier runs)")
+    if args.max_picks is not None and (not args.from_study or args.trials or args.max_picks < 1):
+        ap.error(f"--max-picks {args.max_picks}: needs --from-study without --trials, and K >= 1")
     if args.trials and not args.from_study:
         ap.error("--trials needs --from-study (it picks a study's trials)")
     if args.from_study and args.merge:
@@ -415,11 +419,12 @@ def trial_policy_name(number: int) -> str:
     return f"trial {number}"
 
 
-def read_study(study_dir: Path, trials: list[int] | None) -> dict[str, Any]:
+def read_study(study_dir: Path, trials: list[int] | None, max_picks: int | None = None) -> dict[str, Any]:
     """A finished study's picks: the front's trials (most memory saved first), or ``trials``; each with its policy
     (as data), the front's memory saved (``memory_saved``: the study's own figure, on its ``memory_basis``) and
     speed-up (``speedup``: the trial's tokens/s over the BF16 reference's, None where the study did not
-    measure throughput). Also the study's name, ``target`` (its space's ``target: name``, or None) and model
+    measure throughput); ``max_picks``: only the first that many front trials. Also the study's name,
+    ``target`` (its space's ``target: name``, or None) and model
     (:class:`~precsearch.arch.config.ModelConfig` of the space's target model, None where unreadable)."""
     import optuna
 
@@ -441,7 +446,7 @@ def read_study(study_dir: Path, trials: list[int] | None) -> dict[str, Any]:
                              f"(it has {sorted(rows)})")
         chosen = [rows[n] for n in trials]
     else:
-        chosen = sorted((r for r in rows.values() if r["pareto"]), key=lambda r: -r["memory_saved"])
+        chosen = sorted((r for r in rows.values() if r["pareto"]), key=lambda r: -r["memory_saved"])[:max_picks]
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     picks = []
     for r in chosen:
@@ -624,7 +629,7 @@ def main_from_study(args: argparse.Namespace) -> int:
     allowed = [f for f in args.frameworks if f in plan.FRAMEWORKS]
     studies, all_rows, all_entries = [], [], []
     for study_dir in args.from_study:
-        study = read_study(study_dir, args.trials)
+        study = read_study(study_dir, args.trials, args.max_picks)
         shape, depth = study_shape(args, study["model"], study["probe_seq"], study["probe_mb"])
         run_args = argparse.Namespace(**{**vars(args), "shape": shape})
         run_list = study_runs(study, shape.layers, allowed)
@@ -662,6 +667,7 @@ def main_from_study(args: argparse.Namespace) -> int:
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "smoke": args.smoke,
             "deadline_s": args.deadline, "run_timeout_s": args.run_timeout, "optimizer": args.optimizer,
             "from_study": [str(d) for d in args.from_study], "trials": args.trials,
+            "max_picks": args.max_picks,
             "tolerance": {"saved_pts": SAVED_PTS_TOLERANCE, "speedup": SPEEDUP_TOLERANCE}}
     kind = "cpu" if args.smoke else "gpu"
     path = args.json or Path("benchmarks/results") / (f"{datetime.date.today().isoformat()}_{kind}_"

@@ -156,3 +156,18 @@ def test_the_worker_gets_a_trial_policy_whole(tmp_path):
     assert Policy.from_dict(spec["policy_dict"]) == policy and spec["policy"] == "trial 5"
     # the worker read the policy and got as far as the GPU (a policy it could not name leaves no result)
     assert "without a result" not in result["error"], result
+
+
+def test_max_picks_keeps_the_front_trials_that_save_the_most(smoke_study):
+    front = bench.read_study(smoke_study, None)["picks"]
+    kept = bench.read_study(smoke_study, None, max_picks=1)["picks"]
+    assert len(front) >= 1 and [p["trial"] for p in kept] == [front[0]["trial"]]
+    assert kept[0]["memory_saved"] == max(p["memory_saved"] for p in front)
+
+
+@pytest.mark.parametrize("argv", [["--max-picks", "2"], ["--from-study", "x", "--trials", "1", "--max-picks", "2"],
+                                  ["--from-study", "x", "--max-picks", "0"]])
+def test_max_picks_needs_a_study_and_no_chosen_trials(argv, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert "--max-picks" in capsys.readouterr().err
