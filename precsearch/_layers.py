@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "precsearch.readings",
               "precsearch.recipes",
               "precsearch.redact",
+              "precsearch.soak",
               "precsearch.storage",
               "precsearch.version",
               "precsearch.utils")),

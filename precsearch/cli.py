@@ -46,11 +46,20 @@ def _load_space_file(path: Path):
     return space
 
 
+def _print_soak_warnings(space) -> None:
+    """One line per optimizer state or GEMM recipe offered that no long run has passed (``search.allow_unsoaked``)."""
+    from precsearch.config.soak_checks import soak_warnings
+
+    for warning in soak_warnings(space):
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def _check_on_this_machine(space, path: Path, gpu: bool = True) -> None:
     """The space's checks on this machine: files, data, backend, GPUs (``gpu=False``: no GPU's)."""
     from precsearch.runtime.preflight import preflight
 
     preflight(space, file=str(path), gpu=gpu)
+    _print_soak_warnings(space)  # once every check passed: a refused space says only why
     if gpu:
         _print_emulation_note(space)
 

@@ -211,6 +211,9 @@ class SearchSection(Section):
     warmup_steps: knob(int, numeric=True) = Knob(fixed=0)
     clip_grad: knob(float | None, numeric=True) = Knob(fixed=1.0)
     memory: MemorySection = MemorySection()
+    allow_unsoaked: bool = Field(
+        False, description="offer optimizer states and GEMM recipes no long paired run has passed "
+        "(docs/results/soak.md); validate and run then warn once for each. Off: validate refuses them")
 
     def precisions(self) -> set[Precision]:
         """Every precision a trial of this space can give some layer."""

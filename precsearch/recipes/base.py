@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.recipes.spec import Capability, PrecisionSpec
+from precsearch.soak import SoakFinding
 
 #: The :class:`~precsearch.precision.LayerRecipe` fields a recipe may read (all but ``precision``).
 SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(LayerRecipe) if f.name != "precision")
@@ -53,11 +54,17 @@ class Recipe(ABC):
       Megatron, :attr:`megatron_output_proj` whether Megatron runs the output layer in it;
       :meth:`accelerate_te_kwargs` and :meth:`accelerate_te_problem` carry it through Accelerate's
       ``TERecipeKwargs`` where :attr:`accelerate_te`;
-      :attr:`converter_format` is the FP8 format torchtitan's converter runs for it whatever the policy says.
+      :attr:`converter_format` is the FP8 format torchtitan's converter runs for it whatever the policy says;
+    * **soak**: :attr:`soak` is the long paired run its GEMMs passed (``benchmarks/bench_soak.py``, a row whose
+      GEMMs all run it), or None where no such row has run; every recipe sets it, None included. ``validate``
+      refuses a space that offers a recipe without one for some layer, unless the space sets
+      ``search.allow_unsoaked`` (:mod:`precsearch.config.soak_checks`). A finding holds for the recipe's family
+      (the settings it ran are in its ``ran``), not for each value of its settings.
     """
 
     precision: ClassVar[Precision]
     spec: ClassVar[PrecisionSpec]
+    soak: ClassVar[SoakFinding | None]
     settings: ClassVar[tuple[str, ...]] = ()
     emulation: ClassVar[str | None] = None
     history: ClassVar[bool] = False
@@ -78,9 +85,9 @@ class Recipe(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        missing = [name for name in ("precision", "spec") if not hasattr(cls, name)]
+        missing = [name for name in ("precision", "spec", "soak") if not hasattr(cls, name)]
         if missing:
-            raise TypeError(f"recipe {cls.__name__} must set {' and '.join(missing)}")
+            raise TypeError(f"recipe {cls.__name__} must set {', '.join(missing)} (soak: None if no row ran it)")
         unknown = [s for s in cls.settings if s not in SETTINGS]
         if unknown:
             raise TypeError(f"recipe {cls.__name__}: settings {unknown} are not LayerRecipe fields; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from precsearch.precision import Precision
 from precsearch.recipes.base import Recipe
 from precsearch.recipes.spec import PrecisionSpec
+from precsearch.soak import REFERENCE_ROW, SoakFinding
 
 
 class BF16(Recipe):
@@ -13,3 +14,4 @@ class BF16(Recipe):
     precision = Precision.BF16
     spec = PrecisionSpec("BF16", 16, megatron_config="bf16")
     te_stats_observable = False
+    soak = SoakFinding(REFERENCE_ROW, 0.0, 0.0, 8)  # the pair of every row

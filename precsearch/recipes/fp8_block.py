@@ -5,6 +5,7 @@ from __future__ import annotations
 from precsearch.precision import Precision
 from precsearch.recipes.base import Recipe
 from precsearch.recipes.spec import HOPPER, PrecisionSpec
+from precsearch.soak import SoakFinding
 
 
 class FP8Block(Recipe):
@@ -16,6 +17,7 @@ class FP8Block(Recipe):
                          megatron_config="fp8_blockwise")
     settings = ("fp8_format",)
     emulation = "block"
+    soak = SoakFinding("fp8_block", -1.70, 1.09, 8, ran="E4M3")
     te_min_cuda = (12, 9)
     head_transient_bytes = 21.6
     torchao_never = ("torchao float8 training scales per tensor or per row, not in 1x128/128x128 blocks; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from precsearch.precision import Fp8Format, Precision
 from precsearch.recipes.base import Recipe
 from precsearch.recipes.spec import ADA, BLACKWELL, PrecisionSpec
+from precsearch.soak import SoakFinding
 
 
 class FP8Current(Recipe):
@@ -17,6 +18,7 @@ class FP8Current(Recipe):
                          torchtitan=("quantize.linear.float8", "float8", "tensorwise"))
     settings = ("fp8_format",)
     emulation = "current"
+    soak = SoakFinding("fp8_current", 0.35, 1.05, 8, ran="HYBRID")
     te_fp8_attention_from = BLACKWELL  # TE fuses FP8 attention under current scaling on sm_100 only
     head_transient_bytes = 17.6
     converter_format = Fp8Format.HYBRID  # torchao's tensorwise recipe casts gradients to E5M2

@@ -10,6 +10,7 @@ from typing import Any
 from precsearch.precision import AmaxAlgo, Fp8Format, LayerRecipe, Precision
 from precsearch.recipes.base import Recipe, amax_algo
 from precsearch.recipes.spec import ADA, HOPPER, PrecisionSpec
+from precsearch.soak import SoakFinding
 
 
 class FP8Delayed(Recipe):
@@ -21,6 +22,7 @@ class FP8Delayed(Recipe):
     settings = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin")
     emulation = "delayed"
     history = True
+    soak = SoakFinding("fp8_delayed", -1.53, 1.25, 8, ran="HYBRID, amax history 1024, max")
     te_fp8_attention_from = HOPPER  # TE 2.20 fuses FP8 attention on Hopper under delayed scaling only
     #: measured on the H200 with TE 2.20.2 (see probe/memory/peak.py's head_transient_bytes)
     head_transient_bytes = 17.6

@@ -85,6 +85,7 @@ def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch):
                                               for p in Precision})
     data = tiny_space_dict()
     data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4"]}
+    data["search"]["allow_unsoaked"] = True  # no long run has passed NVFP4: else the soak check refuses first
     path = write_space(tmp_path, data)
     _assert_user_error(*_run(capsys, "validate", path), "search.groups[1].precision", "nvfp4", "Valid here")
 
@@ -93,6 +94,7 @@ def test_blackwell_recipes_validate_emulated_with_a_note(tmp_path, capsys):
     """NVFP4 and MXFP8 must validate on a CPU (emulated), saying their speed and memory are not a B200's."""
     data = tiny_space_dict()
     data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4", "mxfp8"]}
+    data["search"]["allow_unsoaked"] = True  # no long run has passed either (tests/config/test_soak_checks.py)
     code, err = _run(capsys, "validate", write_space(tmp_path, data))
     assert code == 0, err
     assert "mxfp8 and nvfp4 run emulated" in err and "not a B200's" in err
@@ -151,6 +153,7 @@ def test_commands_on_a_directory_without_a_study(tmp_path, capsys, command):
 def test_memory_knobs_need_the_te_backend(tmp_path, capsys):
     data = tiny_space_dict()
     data["search"]["memory"] = {"fp8_weights": {"choices": [False, True]}}
+    data["search"]["allow_unsoaked"] = True  # no long run has passed FP8 weights: else the soak check refuses first
     path = write_space(tmp_path, data)
     _assert_user_error(*_run(capsys, "validate", path), "search.memory.fp8_weights", "backend 'te'")
 

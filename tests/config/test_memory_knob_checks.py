@@ -37,7 +37,7 @@ def test_the_cpu_smoke_space_still_validates(tmp_path, capsys):
 
 @pytest.mark.parametrize("field, value, named", [
     ("moment_dtype", {"choices": ["fp32", "fp8_block"]}, "search.memory.moment_dtype"),
-    ("exp_avg_sq_dtype", "fp8_block", "search.memory.exp_avg_sq_dtype"),
+    ("exp_avg_sq_dtype", "fp32", "search.memory.exp_avg_sq_dtype"),  # fp8_block alone: a mixed pair, unsoaked
     ("fp8_attention", {"choices": ["off", "dpa"]}, "search.memory.fp8_attention"),
 ])
 def test_a_knob_the_cpu_backend_cannot_apply_is_refused_naming_the_field(tmp_path, capsys, field, value, named):
@@ -52,8 +52,10 @@ def test_fp16_master_with_fp32_parameters_is_refused(tmp_path, capsys):
 
 
 def test_the_cpu_backend_refuses_the_standard_baseline_with_bf16_parameters(tmp_path, capsys):
-    # master weights in the trials too: without them the soak check refuses first (test_soak_checks.py)
-    code, err = _validate(tmp_path, capsys, **{"probe.param_dtype": "bf16", "search.memory.master_weights": True})
+    # master weights (remainders, with the BF16 moments) in the trials too: without them, or with a whole FP32
+    # master beside BF16 moments, the soak check refuses first (test_soak_checks.py)
+    code, err = _validate(tmp_path, capsys, **{"probe.param_dtype": "bf16", "search.memory.master_weights": True,
+                                               "search.memory.master_dtype": "remainders"})
     assert code == 2 and "objectives.baseline_memory" in err and "moment_dtype: param" in err, err
 
 

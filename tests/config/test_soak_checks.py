@@ -1,26 +1,35 @@
-"""The optimizer states the long paired runs decided against are refused by ``validate``, naming the field, its
-value and the soak's figure; those that passed (fp8_block moments with an FP32 master, after the tiny-moment fix)
-are accepted.
+"""``validate`` offers only what the long paired runs passed: the states they decided against are refused, naming
+the field, its value and the soak's figure; states and GEMM recipes no row has passed are refused the same way
+unless the space sets ``search.allow_unsoaked``, and then each is warned about once; the passed ones are accepted.
 
 What would be wrong if these failed: a study could offer per-tensor FP8 moments, which diverge after a few hundred
-steps, or BF16 weights without their FP32 master against a baseline that keeps one (+6.4% at length), and its
-40-step probes would call them safe.
+steps, BF16 weights without their FP32 master against a baseline that keeps one (+6.4% at length), or a state or
+recipe nobody ran past 40 steps, and its probes would call them safe; or a space that passed would be refused.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from _spaces import tiny_space_dict
+from _spaces import tiny_space_dict, write_space
+from precsearch.cli import main
 from precsearch.config.loader import parse_space
-from precsearch.config.soak_checks import REFUSED, check_soak
-from precsearch.errors import UserError
+from precsearch.config.soak_checks import REFUSED, check_soak, soak_warnings
+from precsearch.errors import UserError, UserErrors
 
 BF16 = {"probe.param_dtype": "bf16", "search.memory.master_weights": True}
+REMAINDERS = {**BF16, "search.memory.master_dtype": "remainders"}
+MXFP8 = {"search.groups": [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": ["bf16", "mxfp8"]}}]}
 
 
 def _check(**overrides) -> None:
     check_soak(parse_space(tiny_space_dict(**overrides)))
+
+
+def _refusal(**overrides) -> str:
+    with pytest.raises(UserError) as e:
+        _check(**overrides)
+    return str(e.value)
 
 
 @pytest.mark.parametrize("field, value", [
@@ -29,29 +38,100 @@ def _check(**overrides) -> None:
     ("exp_avg_sq_dtype", {"choices": ["fp8_block", "fp8"]}),
 ])
 def test_per_tensor_fp8_moments_are_refused_naming_the_field_and_the_soak(field, value):
-    with pytest.raises(UserError) as e:
-        _check(**BF16, **{f"search.memory.{field}": value})
-    message = str(e.value)
-    assert f"search.memory.{field}" in message and "'fp8'" in message and "+162%" in message, message
+    message = _refusal(**REMAINDERS, **{f"search.memory.{field}": value})
+    assert f"search.memory.{field}: 'fp8'" in message and "+162%" in message, message
     assert "fp8_block" in message  # what to offer instead
 
 
 def test_bf16_weights_without_the_baselines_master_are_refused():
-    with pytest.raises(UserError) as e:
-        _check(**{"probe.param_dtype": "bf16", "search.memory.master_weights": {"choices": [True, False]}})
-    message = str(e.value)
-    assert "search.memory.master_weights" in message and "False" in message and "+6.4%" in message, message
+    message = _refusal(**{"probe.param_dtype": "bf16", "search.memory.master_weights": {"choices": [True, False]},
+                          "search.memory.master_dtype": "remainders"})
+    assert "search.memory.master_weights: False" in message and "+6.4%" in message, message
 
 
 @pytest.mark.parametrize("overrides", [
-    {**BF16, "search.memory.moment_dtype": {"choices": ["bf16", "fp8_block"]}},  # what the 8B space offers
-    {**BF16, "search.memory.moment_dtype": "fp8_block", "search.memory.master_dtype": "remainders"},
+    {**REMAINDERS, "search.memory.moment_dtype": {"choices": ["bf16", "fp8_block"]}},  # what the 8B space offers
     {**BF16, "search.memory.moment_dtype": "fp8_block"},  # the FP32 master's NaN, fixed: it soaked clean
+    {**BF16, "search.memory.exp_avg_dtype": "fp8_block", "search.memory.exp_avg_sq_dtype": "fp8_block"},  # the same
+    {**BF16, "search.memory.moment_dtype": "fp32"},  # the standard set-up
     {"probe.param_dtype": "bf16", "objectives.baseline_memory": {"master_weights": False, "moment_dtype": "param"}},
-    {},  # FP32 parameters: their own master
+    {},  # FP32 parameters: their own master, FP32 moments
+    {"search.groups": [{"name": "all", "modules": ["*"], "precision": {"choices": ["fp8_delayed", "fp8_current",
+                                                                                    "fp8_block"]}}]},
 ])
 def test_what_the_soak_passed_is_accepted(overrides):
-    _check(**overrides)
+    space = parse_space(tiny_space_dict(**overrides))
+    check_soak(space)
+    assert soak_warnings(space) == []
+
+
+@pytest.mark.parametrize("overrides, named, row", [
+    # a whole FP32 master with BF16 moments: remainders + BF16 passed, this has not run
+    ({**BF16, "search.memory.moment_dtype": "bf16"}, "search.memory.moment_dtype: 'bf16'", "std_fp32_bf16"),
+    # the searched field is named, not the one fixed beside it
+    ({**BF16, "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}}, "search.memory.moment_dtype: 'bf16'",
+     "std_fp32_bf16"),
+    ({**BF16, "search.memory.master_dtype": "fp16", "search.memory.moment_dtype": "fp32"},
+     "search.memory.master_dtype: 'fp16'", "std_fp16_fp32"),
+    ({**BF16, "search.memory.fp8_weights": {"choices": [False, True]}}, "search.memory.fp8_weights: True",
+     "std_fp32_fp32_fp8w"),
+    ({**REMAINDERS, "search.memory.moment_dtype": "fp8_block", "search.memory.exp_avg_dtype": "bf16"},
+     "search.memory.exp_avg_dtype: 'bf16'", "no bench_soak row runs it"),  # a mixed pair is a state of its own
+    ({"search.memory.moment_dtype": "bf16"}, "search.memory.moment_dtype: 'bf16'", "std_fp32_bf16"),  # FP32 params
+    (MXFP8, "search.groups[0].precision: 'mxfp8'", "no bench_soak row runs it"),
+])
+def test_an_unsoaked_choice_is_refused_naming_the_field_its_value_and_what_passed(overrides, named, row):
+    message = _refusal(**overrides)
+    assert named in message and row in message and "no long run has passed" in message, message
+    assert "passed nearby:" in message and "2026-12-06" in message and "search.allow_unsoaked: true" in message
+
+
+def test_the_nearest_passed_states_are_the_ones_named():
+    """FP32 master + BF16 moments is one part from three passed states; each is named with its row."""
+    message = _refusal(**BF16, **{"search.memory.moment_dtype": "bf16"})
+    for row in ("bf16_std", "std_fp32_fp8block", "std_rem_bf16"):
+        assert f"row {row}:" in message, message
+    assert "std_rem_fp8block" not in message  # two parts away
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(UserErrors) as e:
+        _check(**REMAINDERS, **MXFP8, **{"search.memory.moment_dtype": {"choices": ["bf16", "fp8"]},
+                                         "search.memory.fp8_weights": {"choices": [False, True]}})
+    fields = [p.field for p in e.value.problems]
+    assert fields == ["search.memory.moment_dtype", "search.memory.fp8_weights", "search.groups[0].precision"], fields
+    assert str(e.value).count("\n") == 2  # one line each
+
+
+def test_the_opt_in_accepts_an_unsoaked_choice_and_warns_once_for_each():
+    space = parse_space(tiny_space_dict(**BF16, **MXFP8, **{"search.memory.moment_dtype": {"choices": ["fp32", "bf16"]},
+                                                            "search.allow_unsoaked": True}))
+    check_soak(space)
+    warnings = soak_warnings(space)
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("search.memory.moment_dtype: 'bf16' offers master fp32, moments bf16/bf16")
+    assert warnings[1].startswith("search.groups[0].precision: 'mxfp8' offers MXFP8 GEMMs")
+    assert all("search.allow_unsoaked is true" in w for w in warnings)
+
+
+def test_the_opt_in_does_not_offer_what_the_soak_refused():
+    message = _refusal(**REMAINDERS, **{"search.memory.moment_dtype": "fp8", "search.allow_unsoaked": True})
+    assert "search.memory.moment_dtype: 'fp8'" in message and "+162%" in message, message
+
+
+def test_validate_prints_one_warning_line_per_unsoaked_choice(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**MXFP8, **{"search.allow_unsoaked": True}))
+    assert main(["validate", str(path)]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert lines == [line for line in lines if "search.groups[0].precision: 'mxfp8'" in line] and len(lines) == 1, err
+
+
+def test_validate_refuses_without_the_opt_in(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**MXFP8))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: search.groups[0].precision: 'mxfp8'" in err and "search.allow_unsoaked" in err, err
 
 
 def test_every_refusal_states_a_measured_figure_and_what_to_use_instead():

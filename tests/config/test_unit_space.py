@@ -98,11 +98,13 @@ def test_sensitivity_needs_searched_units():
 
 def test_emulated_backend_takes_nvfp4_units():
     """NVFP4 is emulated (issue 19), so per-module units may choose it, with the sensitivity pass too."""
-    space = _space([{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}])
+    # no long run has passed NVFP4 (tests/config/test_soak_checks.py): the space opts in
+    space = _space([{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
+                   **{"search.allow_unsoaked": True})
     check_space(space, file="s.yaml")
     preflight(space, file="s.yaml")
     base = {"search.units": [{"modules": ["linear_fc2"], "precision": {"choices": ["bf16", "nvfp4"]}}],
-            "search.sensitivity": {}}
+            "search.sensitivity": {}, "search.allow_unsoaked": True}
     check_space(parse_space(tiny_space_dict(**base)), file="s.yaml")
     units = searched_units(space.search.units, 4)
     unit = units[0]

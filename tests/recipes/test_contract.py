@@ -2,7 +2,7 @@
 
 A new precision in the registry runs here with no change to this file; if a test fails for it, the consumer
 the test names (capability checks, the emulated quantizer, the TE recipe, the memory model, the space's inert
-rules, an exporter) would give a wrong answer, or none, for it.
+rules, validate's soak check, an exporter) would give a wrong answer, or none, for it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from precsearch.arch.units import OUTPUT_LAYER, unit_names
 from precsearch.backends.capability import te_reason, torchao_reason
 from precsearch.backends.te import make_te_recipe, recipe_key
 from precsearch.config.inert import inert_in
+from precsearch.config.loader import parse_space
+from precsearch.config.soak_checks import check_soak, soak_warnings
 from precsearch.config.space import RecipeSection
+from precsearch.errors import UserError
 from precsearch.export.accelerate import accelerate_files, choose_path
 from precsearch.export.megatron import megatron_export, megatron_table
 from precsearch.export.torchtitan import torchtitan_export
@@ -31,6 +34,9 @@ from precsearch.precision import LayerRecipe, Precision
 from precsearch.probe.memory.peak import predict_peak, saved_linear_input_bytes
 from precsearch.recipes import BLACKWELL, DEFAULT_PRECISION, HOPPER, RECIPES, SETTINGS, Recipe, readers, recipe_for
 from precsearch.search.sensitivity import first_recipe, speed_effect
+from precsearch.soak import SoakFinding
+
+from _spaces import tiny_space_dict
 
 import yaml
 
@@ -256,3 +262,28 @@ def test_the_emulated_backend_trains_a_layer_in_it(recipe):
     for mine, theirs in zip(*pairs):
         snr = 10 * torch.log10(theirs.pow(2).sum() / (mine - theirs).pow(2).sum().clamp_min(1e-30))
         assert snr > MIN_SNR_DB, float(snr)
+
+
+def test_it_states_its_soak_and_validate_reads_it(recipe):
+    """Every recipe sets :attr:`Recipe.soak` in its own class (a finding, or None where no long run has run it);
+    a space offering it for a layer validates when it has a finding, and otherwise is refused naming the group
+    and the recipe unless ``search.allow_unsoaked``, which warns instead. Else validate offers GEMMs no long run
+    has passed, or refuses ones that did."""
+    assert "soak" in vars(type(recipe)) and (recipe.soak is None or isinstance(recipe.soak, SoakFinding))
+    groups = [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": sorted({DEFAULT_PRECISION.value, recipe.name})}}]
+    space = parse_space(tiny_space_dict(**{"search.groups": groups}))
+    if recipe.soak is not None:
+        assert recipe.soak.non_finite == 0 and recipe.soak.date
+        check_soak(space)
+        return
+    with pytest.raises(UserError, match=rf"search.groups\[0\].precision: '{recipe.name}' offers {recipe.spec.label}"):
+        check_soak(space)
+    allowed = parse_space(tiny_space_dict(**{"search.groups": groups, "search.allow_unsoaked": True}))
+    check_soak(allowed)
+    assert [w.split(" offers")[0] for w in soak_warnings(allowed)] == [f"search.groups[0].precision: '{recipe.name}'"]
+
+
+def test_a_recipe_must_state_its_soak():
+    """A new precision cannot leave its soak unsaid (None must be written)."""
+    with pytest.raises(TypeError, match="soak"):
+        type("Unsaid", (Recipe,), {"precision": Precision.BF16, "spec": RECIPES[Precision.BF16].spec})

@@ -1,5 +1,6 @@
 """The B200 space's CPU variant runs end to end, emulated: per-module FP8 / MXFP8 / NVFP4, the NVFP4
-switches and BF16 edge blocks, through the CLI, with the note that speed and memory are not a B200's."""
+switches and BF16 edge blocks, through the CLI, with the note that speed and memory are not a B200's and a
+warning for each recipe no long run has passed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def test_b200_cpu_space_runs_emulated_end_to_end(tmp_path, capsys):
     assert main(["run", str(SPACE), "--output-dir", str(tmp_path), "--n-trials", "2", "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "mxfp8 and nvfp4 run emulated" in err and "not a B200's" in err
+    # no long run has passed MXFP8 or NVFP4: the space opts in (search.allow_unsoaked), and run warns once for each
+    soak = [line for line in err.splitlines() if line.startswith("warning: ") and "no long run has passed" in line]
+    assert [("'mxfp8'" in w, "'nvfp4'" in w) for w in soak] == [(True, False), (False, True)], err
     ws = Workspace.load(tmp_path)
     study = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
     done = [t for t in study.trials if t.state is TrialState.COMPLETE]
