@@ -37,6 +37,7 @@ from typing import Any
 
 from precsearch.readings.damage import MEASURES
 from precsearch.readings.registry import own_unit_reading, reading_of
+from precsearch.recipes import STANDARD_FP8_NAME
 
 #: Standard errors each side of a reading that has one, as the front's interval-aware Pareto reads it.
 INTERVAL_SE = 2.0
@@ -120,18 +121,32 @@ class StudyUnit:
         return instability / floor if _finite(floor) and floor > 0 else math.nan
 
     def read(self, score: Mapping[str, Any]) -> "Reading":
-        """The reading of a stored score (``instability``, ``noise_floor``; ``damage_se`` or ``instability_se``)."""
+        """The reading of a stored score or front row (``instability``, ``noise_floor``; ``damage_se`` or
+        ``instability_se``; the standard FP8 recipe's ``instability_standard``, ``standard_recipe`` and
+        ``instability_vs_standard`` where it has them)."""
         own = own_unit_reading(self.kind)
-        return Reading(self.value(score), own.standard_error(score) if own is not None else math.nan, self)
+        standard = score.get("instability_standard", math.nan)
+        ratio = score.get("instability_vs_standard", math.nan)
+        return Reading(self.value(score), own.standard_error(score) if own is not None else math.nan, self,
+                       float(standard) if _finite(standard) else math.nan, str(score.get("standard_recipe") or ""),
+                       float(ratio) if _finite(ratio) else math.nan)
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One trial's instability in its study's unit, with its standard error (NaN where the reading has none)."""
+    """One trial's instability in its study's unit, with its standard error (NaN where the reading has none).
+
+    Where the study read the standard FP8 recipe at the same states (``objectives.damage.standard_reference``),
+    ``standard`` is its reading in the same unit, ``standard_recipe`` what it ran, and ``vs_standard`` this reading
+    as a multiple of it; NaN (and "") otherwise, and every output then says nothing of it.
+    """
 
     value: float
     se: float
     unit: StudyUnit
+    standard: float = math.nan
+    standard_recipe: str = ""
+    vs_standard: float = math.nan
 
     @property
     def interval(self) -> tuple[float, float] | None:
@@ -166,12 +181,32 @@ class Reading:
         spread = f" ± {number(INTERVAL_SE * self.se, digits=2)} (2 SE)" if self.interval else ""
         return self.number + spread
 
+    @property
+    def multiple(self) -> str:
+        """:attr:`vs_standard` as every output prints it, two significant digits below 10: ``1.3x``, ``0.21x``,
+        ``58x``, ``5833x``; ``-`` without one."""
+        if not (_finite(self.vs_standard) and _finite(self.standard)):
+            return "-"
+        return f"{self.vs_standard:.0f}x" if self.vs_standard >= 9.95 else f"{number(self.vs_standard, digits=2)}x"
+
+    @property
+    def beside_standard(self) -> str:
+        """`` = 1.3x the standard FP8 recipe's 0.0012 (FP8 delayed scaling on every block Linear, ...)``, what a
+        reader takes the figure's size from; "" where the study read no standard recipe."""
+        if self.multiple == "-":
+            return ""
+        what = f" ({self.standard_recipe})" if self.standard_recipe else ""
+        return f" = {self.multiple} {STANDARD_FP8_NAME}'s {number(self.standard, self.unit.limit)}{what}"
+
     def text(self) -> str:
-        """The reading in words: ``1.98 BF16 seed spreads; limit 2: near the limit``."""
+        """The reading in words: ``1.98 BF16 seed spreads; limit 2: near the limit``; with the standard FP8 recipe's
+        reading where the study has one, ``0.00157 ± 0.0008 (2 SE) update_norm (...) = 1.3x the standard FP8
+        recipe's 0.0012 (...); limit 0.002: near the limit``."""
         limit = f"; limit {self.unit.limit_text}" if _finite(self.unit.limit) else ""
         if not _finite(self.value):
             return f"unknown in {self.unit.name}{limit}"
-        return f"{self.figure} {self.unit.name}{limit}: {self.band}" if limit else f"{self.figure} {self.unit.name}"
+        shown = f"{self.figure} {self.unit.name}{self.beside_standard}"
+        return f"{shown}{limit}: {self.band}" if limit else shown
 
 
 __all__ = ["BANDS", "INTERVAL_SE", "MARGIN", "MEASURES", "Reading", "StudyUnit", "number"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ import yaml
 from _spaces import tiny_space_dict
 from _studies import one_trial_study
 from precsearch.config.loader import parse_space
+from precsearch.export.format_output import header
 from precsearch.instability import Reading, StudyUnit, number
 from precsearch.policy import Policy, Rule
 from precsearch.precision import Precision
@@ -55,17 +57,19 @@ def test_the_band_reads_the_interval_against_the_limit_with_a_tenth_of_margin(va
     assert Reading(value, se, StudyUnit("noise" if math.isnan(se) else "damage", 2.0, "grad_noise")).band == band
 
 
-def _study(tmp_path, overrides: dict, result: ProbeResult, floor: float):
+def _study(tmp_path, overrides: dict, result: ProbeResult, floor: float, standard: dict | None = None):
     """A finished one-trial study as ``precsearch run`` stores it, and the trial's score."""
     space = parse_space(tiny_space_dict(**overrides))
-    s = score(result, _result(2.0), space.objectives, noise_floor=floor)
+    s = score(result, _result(2.0), space.objectives, noise_floor=floor, standard=standard)
     study, ws = one_trial_study(tmp_path, space, POLICY.to_dict(), s.to_dict(), [s.memory_saved, s.instability])
     return space, s, study, ws
 
 
-def _four_outputs(tmp_path, overrides: dict, result: ProbeResult, floor: float = math.nan) -> dict:
-    """The trial's instability as each output gives it: (value text, unit name, limit)."""
-    space, s, study, ws = _study(tmp_path, overrides, result, floor)
+def _four_outputs(tmp_path, overrides: dict, result: ProbeResult, floor: float = math.nan,
+                  standard: dict | None = None) -> dict:
+    """The trial's instability as each output gives it: (value text, unit name, limit); and its multiple of the
+    standard FP8 recipe's reading as each gives it (``multiples``: None where an output gives none)."""
+    space, s, study, ws = _study(tmp_path, overrides, result, floor, standard)
     objectives = space.objectives
     line = verdict_line(s, objectives)  # the terminal's trial line, after "memory saved ...%"
     reading = SearchReading(s, line, stability_metrics(s), {}, objectives.instability_unit, 2, "-",
@@ -81,7 +85,17 @@ def _four_outputs(tmp_path, overrides: dict, result: ProbeResult, floor: float =
     (tmp_path / "policy.yaml").write_text(export(study, ws, trial=0).files["policy.yaml"])
     exported = yaml.safe_load((tmp_path / "policy.yaml").read_text())["provenance"]["objectives"]
     limit = objectives.instability_limit
+    said = re.search(r" = (\S+) the standard FP8 recipe's (\S+) \(", line)
+    shown = lambda v: None if v in (None, "") else f"{number(float(v), digits=2)}x"  # noqa: E731 - as printed
     return {
+        "multiples": {"terminal": said.group(1) if said else None,
+                      "front.csv": shown(front.get("instability_vs_standard")),
+                      "mlflow": shown(metrics.get("instability_vs_standard")),
+                      "policy.yaml": shown(exported.get("instability_vs_standard"))},
+        "standards": {"terminal": said.group(2) if said else None, "mlflow": tags.get("instability_standard"),
+                      "front.csv": front.get("instability_standard"),
+                      "policy.yaml": exported.get("instability_standard")},
+        "exported": exported, "front": front, "tags": tags,
         "terminal": line,
         "mlflow": (number(metrics["instability_in_unit"], limit), tags["instability_unit"], tags["instability_limit"]),
         "front.csv": (number(float(front["instability_in_unit"]), limit), front["instability_unit"], number(limit)),
@@ -116,3 +130,47 @@ def test_a_damage_study_gives_one_value_in_its_measure_with_its_interval(tmp_pat
     assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == ("0.00138", name, "0.002")
     assert out["band"] == {"near the limit"}
     assert "0.00138 ± 0.0006 (2 SE)" in out["table"] and name in out["table"]
+    # a study without the standard FP8 recipe's reading shows no multiple of it anywhere: none is made up
+    assert set(out["multiples"].values()) == {None} and "standard" not in out["terminal"] + out["table"]
+
+
+def test_a_damage_study_beside_the_standard_recipe_gives_one_multiple_everywhere(tmp_path):
+    """Issue 53: ``update_norm 0.00157`` means nothing without the docs; ``= 1.3x the standard FP8 recipe's 0.0012``
+    does. The multiple is the trial's reading over the standard's at the same clip value, and the terminal's trial
+    line, front.csv, the MLflow metric and the exported policy.yaml give the same one, with the standard's reading
+    and what it ran; the unit, its limit and its band stay as they were."""
+    state = {"step": 2, "total": {"update_norm": [0.00157, 0.0004]}, "units": {}}
+    result = _result(2.0002, damage={"value": 0.00157, "se": 0.0004, "measure": "update_norm", "state_step": 2,
+                                     "seconds": 0.1, "states": [state]})
+    recipe = "FP8 delayed scaling on every block Linear, BF16 output layer, FP32 master and moments"
+    standard = {"value": 0.0012, "se": 0.0001, "measure": "update_norm", "recipe": recipe, "nonfinite": None}
+    out = _four_outputs(tmp_path, {"objectives.reading": "damage"}, result, standard=standard)
+    name = "update_norm (AdamW update error bias^2 / update^2)"
+    assert out["terminal"].startswith(f"instability 0.00157 ± 0.0008 (2 SE) {name} = 1.3x the standard FP8 recipe's "
+                                      f"0.0012 ({recipe}); limit 0.002: near the limit [feasible")
+    assert set(out["multiples"].values()) == {"1.3x"}, out["multiples"]
+    assert out["exported"]["instability_vs_standard"] == pytest.approx(0.00157 / 0.0012)
+    assert float(out["front"]["instability_vs_standard"]) == pytest.approx(0.00157 / 0.0012)
+    assert {float(v) for v in out["standards"].values()} == {0.0012}
+    assert out["exported"]["standard_recipe"] == out["tags"]["standard_recipe"] == recipe
+    assert out["mlflow"] == out["front.csv"] == out["policy.yaml"] == ("0.00157", name, "0.002")
+    assert out["band"] == {"near the limit"}
+    assert "1.3x" in out["table"] and f"multiple of the standard FP8 recipe's at the same states and clip value " \
+        f"({recipe}): 0.0012" in out["table"]
+    # the framework files an export writes (Megatron's script, torchtitan's TOML...) say it in their header too
+    assert f"# instability = 1.3x the standard FP8 recipe's 0.0012 ({recipe})" in \
+        header({"objectives": out["exported"]}, "a policy")
+
+
+def test_a_trial_without_a_figure_of_its_own_gets_no_multiple():
+    """A diverged probe scores instability 1.0, a failed reading NaN: neither is a reading to divide, and a standard
+    that read a non-finite value is no yardstick."""
+    objectives = parse_space(tiny_space_dict(**{"objectives.reading": "damage"})).objectives
+    standard = {"value": 0.0012, "recipe": "x"}
+    diverged = ProbeResult(losses=[3.0, math.nan], eval_loss=math.nan, diverged=True, peak_memory_bytes=1000,
+                           target_memory_bytes=900, tokens_per_s=100.0)
+    unread = _result(2.0, damage=None)
+    for result, given in ((diverged, standard), (unread, standard),
+                          (_result(2.0, damage={"value": 0.001, "se": 0.0001}), standard | {"nonfinite": {"step": 1}})):
+        s = score(result, _result(2.0), objectives, standard=given)
+        assert math.isnan(s.instability_vs_standard) and "standard" not in verdict_line(s, objectives)

@@ -27,6 +27,8 @@ from precsearch.arch.config import ModelConfig
 
 OUTPUT_LAYER = "output_layer"
 HF_OUTPUT_LAYER = "lm_head"
+#: A policy pattern matching every unit of every transformer block (not the output layer).
+BLOCKS_PATTERN = "decoder.layers.*"
 
 #: Unit suffix inside a block -> the Hugging Face projection suffixes it computes.
 BLOCK_UNITS: dict[str, tuple[str, ...]] = {

@@ -61,6 +61,12 @@ class DamageSection(Section):
         "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "
         "rounding of the updates)")
 
+    standard_reference: bool = Field(
+        True, strict=True, description="also read the standard FP8 recipe (Megatron-Core's default: delayed scaling on "
+        "every block Linear, or current scaling where the backend has no delayed; BF16 output layer; the baseline's "
+        "optimizer state) once per clip value, at the same states and batches, and show each trial's reading as a "
+        "multiple of it; one more reading per clip value, kept in references/ (false: off)")
+
     def state_steps(self, probe_steps: int) -> list[int]:
         """The BF16 run's steps read at: ``states`` of ``probe_steps`` (0 the start), sorted, without repeats."""
         return sorted({round(f * probe_steps) for f in self.states})

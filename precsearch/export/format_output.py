@@ -15,12 +15,14 @@ export is chosen in :mod:`precsearch.export.pick`.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from precsearch.arch.units import hf_linear_names
+from precsearch.instability import StudyUnit
 from precsearch.policy.rules import Policy, block_index
 from precsearch.precision import Precision
 
@@ -94,7 +96,16 @@ def header(provenance: dict[str, Any], what: str, comment: str = "#") -> list[st
     if shown:
         unit = f" (instability in {objectives['instability_unit']})" if objectives.get("instability_unit") else ""
         lines.append(f"{comment} {label}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()) + unit)
+        lines += _beside_standard(objectives, comment)
     return lines
+
+
+def _beside_standard(objectives: dict[str, Any], comment: str) -> list[str]:
+    """The trial's instability as a multiple of the standard FP8 recipe's reading, worded as every output words it
+    (``# instability = 1.3x the standard FP8 recipe's 0.0012 (...)``); none where the study read no such recipe."""
+    unit = StudyUnit("", objectives.get("instability_limit") or math.nan)
+    shown = unit.read(objectives | {"instability": objectives.get("instability", math.nan)})
+    return [f"{comment} instability{shown.beside_standard}"] if shown.beside_standard else []
 
 
 def _as_written_lines(written: dict[str, Any], comment: str) -> list[str]:

@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
-from precsearch.arch.units import hf_names, layer_names, unit_of
+from precsearch.arch.units import BLOCKS_PATTERN, hf_names, layer_names, unit_of
 from precsearch.precision import LayerRecipe, Precision
 from precsearch.storage import MASTER_DTYPES, MOMENT_DTYPES, STATE_DTYPES
 from precsearch.recipes import DEFAULT_PRECISION
@@ -286,3 +286,11 @@ class Policy:
     def bf16(cls, clip_grad: float | None = None, memory: MemoryKnobs | None = None) -> "Policy":
         """The all-BF16 reference policy."""
         return cls(clip_grad=clip_grad, memory=memory or MemoryKnobs())
+
+    @classmethod
+    def blocks_in(cls, recipe: LayerRecipe, clip_grad: float | None = None,
+                  memory: MemoryKnobs | None = None) -> "Policy":
+        """Every block Linear in ``recipe`` (its precision and settings), the output layer in the default precision
+        (BF16), no warm-up: Megatron-Core's FP8 set-up with ``recipe`` its FP8 recipe."""
+        return cls(rules=(Rule("blocks", (BLOCKS_PATTERN,), recipe.precision),), recipe=recipe, clip_grad=clip_grad,
+                   memory=memory or MemoryKnobs())

@@ -71,7 +71,8 @@ class StabilityReading(ABC):
       process makes that BF16 side once per gradient-clipping value, and it reads one-process probes only;
       :meth:`side_runs` gives a worker's loop the object that keeps which sides its probe process made, the
       steps of those still to make (for the time left) and the seconds a trial's probe spent on one; a reading
-      without sides gives :class:`SideRuns`, which has none;
+      without sides gives :class:`SideRuns`, which has none; :meth:`standard_reference` says whether the study
+      also reads the standard FP8 recipe there, once per clipping value, to show each reading as a multiple of it;
     * :meth:`metrics` names the extra MLflow metrics it records, and :meth:`verdict_figures` the words after
       the verdict (``; gap +2.47% vs BF16 seed noise ...``); :meth:`infeasible_reason` says why a trial over
       its limit is not feasible, for ``precsearch export``.
@@ -162,6 +163,12 @@ class StabilityReading(ABC):
         """The BF16 sides one worker's probe process makes for this reading, over a study whose gradient clipping
         takes ``clip_values`` and whose probe runs ``steps`` steps (none by default)."""
         return SideRuns()
+
+    def standard_reference(self, objectives: Any) -> bool:
+        """Whether a study with ``objectives`` (the validated section) reads the standard FP8 recipe beside its trials
+        (:data:`precsearch.recipes.STANDARD_FP8`), to show each trial's reading as a multiple of it (none by
+        default: only a reading of fixed states reads a policy apart from its probe)."""
+        return False
 
     def legacy_value(self, instability: float) -> float:
         """The per-unit display metric of earlier versions for a reading with its own unit (3 significant digits)."""

@@ -95,6 +95,9 @@ class DamageReading(StabilityReading):
         return (f"its fixed-state damage reads {shown} (objectives.damage.limit), or its probe had loss spikes or "
                 f"gradient blow-ups BF16 did not")
 
+    def standard_reference(self, objectives: Any) -> bool:
+        return objectives.damage.standard_reference
+
     def side_runs(self, clip_values: Sequence[Any], steps: int) -> SideRuns:
         return FixedStateSides(clip_values, steps)
 

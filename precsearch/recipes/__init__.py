@@ -6,8 +6,19 @@ numbers only, no torch, nothing of the package above. Adding a precision: ``docs
 """
 
 from precsearch.recipes.base import SETTINGS, Recipe
-from precsearch.recipes.registry import DEFAULT_PRECISION, RECIPES, all_recipes, low_recipes, readers, recipe_for
+from precsearch.recipes.registry import (
+    DEFAULT_PRECISION,
+    RECIPES,
+    STANDARD_FP8,
+    STANDARD_FP8_NAME,
+    all_recipes,
+    low_recipes,
+    readers,
+    recipe_for,
+    standard_fp8,
+)
 from precsearch.recipes.spec import ADA, BLACKWELL, HOPPER, Capability, PrecisionSpec
 
 __all__ = ["ADA", "BLACKWELL", "Capability", "DEFAULT_PRECISION", "HOPPER", "PrecisionSpec", "RECIPES", "Recipe",
-           "SETTINGS", "all_recipes", "low_recipes", "readers", "recipe_for"]
+           "SETTINGS", "STANDARD_FP8", "STANDARD_FP8_NAME", "all_recipes", "low_recipes", "readers", "recipe_for",
+           "standard_fp8"]

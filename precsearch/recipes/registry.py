@@ -8,6 +8,8 @@ then runs every consumer over it, and ``tests/recipes/test_no_precision_names.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from precsearch.precision import Precision
 from precsearch.recipes.base import Recipe
 from precsearch.recipes.bf16 import BF16
@@ -24,6 +26,19 @@ RECIPES: dict[Precision, Recipe] = {r.precision: r for r in (
 
 #: The precision a layer no rule makes low runs: the reference.
 DEFAULT_PRECISION: Precision = next(p for p in RECIPES if not p.is_fp8)
+
+
+#: The standard FP8 recipe a trial's stability is set beside (``objectives.damage.standard_reference``): Megatron-Core's
+#: default, delayed scaling, first; then what stands in for it on a backend or device that cannot run it.
+STANDARD_FP8: tuple[Precision, ...] = (FP8Delayed.precision, FP8Current.precision)
+#: What every output calls it (with the recipe it ran, and the optimizer state, in words beside).
+STANDARD_FP8_NAME = "the standard FP8 recipe"
+
+
+def standard_fp8(runs: Callable[[Precision], bool]) -> Recipe | None:
+    """The standard FP8 recipe (:data:`STANDARD_FP8`) that ``runs`` (is it runnable here?) accepts first; None if
+    none is: then nothing is set beside a trial."""
+    return next((RECIPES[p] for p in STANDARD_FP8 if runs(p)), None)
 
 
 def recipe_for(precision: Precision | str) -> Recipe:

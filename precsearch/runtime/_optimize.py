@@ -14,6 +14,7 @@ import datetime
 import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -280,6 +281,7 @@ def _run_asked(ctx: StudyRun, trial: optuna.Trial, rung: int, source: optuna.tri
             result = _probe(ctx, policy, f"trial {trial.number}", rung_probe(ctx.space, rung),
                             trial=trial.number, leg=leg)
         stressed = _stressed_result(ctx, trial, policy, source)
+        reference = replace(reference, standard=_standard(ctx, policy, trial.number))
     except (UserError, KeyboardInterrupt):
         _abandon(ctx, trial, run_id, "interrupted (the run was stopped)")
         raise
@@ -430,6 +432,28 @@ def _reference(ctx: StudyRun, policy: Policy, rung: int) -> References:
         ctx.status.eta.waited(time.monotonic() - start - (ctx.status.eta.probe_seconds() - probed))
     ctx.regime.check(references.seeds, policy.clip_grad, rung)
     return references
+
+
+def _standard(ctx: StudyRun, policy: Policy, trial: int) -> dict | None:
+    """The standard FP8 recipe's reading at ``policy``'s clipping value (:mod:`precsearch.runtime.standard`), read in
+    the probe process the first time the study needs it, after the trial's own reading made the BF16 side there;
+    None where the study reads none."""
+    if ctx.standard is None or not ctx.standard.on:
+        return None
+
+    def read() -> ProbeResult:
+        say(ctx, ctx.standard.notice(policy.clip_grad, trial))
+        start = time.monotonic()
+        baseline = Policy.bf16(policy.clip_grad, ctx.space.baseline_knobs())  # its clip value and optimizer state
+        try:
+            return ctx.executor.run(ctx.space.probe, baseline, f"trial {trial}: the standard FP8 recipe",
+                                    standard=True)
+        finally:
+            if ctx.status is not None:  # one reading per clip value: not a cost of every trial left
+                ctx.status.eta.waited(time.monotonic() - start)
+
+    with trace.span("standard FP8 reading", trial=trial):
+        return ctx.standard.reading(policy.clip_grad, read)
 
 
 def _stressed_result(ctx: StudyRun, trial: optuna.Trial, policy: Policy,

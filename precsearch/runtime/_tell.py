@@ -135,7 +135,7 @@ def _replay(ctx: StudyRun) -> int:
 def _score(objectives: ObjectivesSection, result: ProbeResult, references: References,
            stressed: ProbeResult | None) -> ScoredTrial:
     return score_trial(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
-                       stress=(stressed, references.stress) if stressed else None)
+                       stress=(stressed, references.stress) if stressed else None, standard=references.standard)
 
 
 def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:

@@ -76,10 +76,12 @@ class ProbeExecutor:
         self._released: list[mp.process.BaseProcess] = []  # children told to exit, not waited for yet
 
     def run(self, probe: ProbeSection, policy: Policy, label: str, on_step: StepCallback | None = None,
-            trial: int | None = None, leg: Leg | None = None) -> ProbeResult:
+            trial: int | None = None, leg: Leg | None = None, standard: bool = False) -> ProbeResult:
         """Run one probe; raises ProbeFailed or ProbeCrashed when it does not produce a result.
 
-        ``leg`` makes it a stretch of a longer run (:mod:`precsearch.probe.continuation`).
+        ``leg`` makes it a stretch of a longer run (:mod:`precsearch.probe.continuation`). ``standard`` asks
+        instead for the standard FP8 recipe's fixed-state reading at ``policy``'s clipping value, and no probe
+        (:meth:`~precsearch.runtime.probe_host.ProbeHost.read_standard`).
 
         A probe of ``probe.nproc`` > 1 processes is launched with torchrun instead (its own processes
         give the same isolation).
@@ -90,7 +92,7 @@ class ProbeExecutor:
             return run_distributed_probe(self._space, probe, policy, label, on_step=on_step, timeout=self.timeout_s)
         self._ensure_child()
         self._conn.send({"probe": probe.model_dump(mode="json"), "policy": policy.to_dict(), "label": label,
-                         "trial": trial, "leg": leg.to_dict() if leg else None})
+                         "trial": trial, "leg": leg.to_dict() if leg else None, "standard": standard})
         start = time.monotonic()
         try:
             while True:

@@ -22,6 +22,7 @@ from precsearch.policy import Policy
 from precsearch.probe import runner
 from precsearch.probe.continuation import Leg
 from precsearch.probe.damage import DamageReader
+from precsearch.probe.damage.standard import standard_policy
 from precsearch.probe.data import load_batches
 from precsearch.probe.model.reuse import ModelCache
 from precsearch.probe.result import ProbeResult
@@ -52,6 +53,8 @@ class ProbeHost:
     def run(self, request: dict, on_step=None) -> ProbeResult:
         probe = ProbeSection.model_validate(request["probe"])
         policy = Policy.from_dict(request["policy"])
+        if request.get("standard"):
+            return self.read_standard(policy.clip_grad)
         leg = Leg.from_dict(request.get("leg"))
         with _injected(fault_for(request.get("trial"))), trace.span("probe"):
             result = runner.run_probe(self.cfg, probe, policy, self.data, self.backend, self.device, on_step,
@@ -60,6 +63,19 @@ class ProbeHost:
         if self._reads_damage(request) and not result.diverged:
             with trace.span("fixed-state reading"):
                 result.damage = self.damage_reader().read(policy)
+        return result
+
+    def read_standard(self, clip_grad: float | None) -> ProbeResult:
+        """The standard FP8 recipe's fixed-state reading at ``clip_grad`` (no probe of its own: a result holding the
+        reading alone, its description as ``damage["recipe"]``); ``damage`` None where no standard recipe runs on
+        this backend (:mod:`precsearch.probe.damage.standard`)."""
+        recipe = {name: knob.fixed for name, knob in self.space.search.recipe if knob.is_fixed}
+        chosen = standard_policy(recipe, self.backend.supported_precisions(self.device), clip_grad,
+                                 self.space.baseline_knobs(), self.space.probe.param_dtype)
+        result = ProbeResult(device=str(self.device))
+        if chosen is not None:
+            with trace.span("standard FP8 reading"):
+                result.damage = self.damage_reader().read(chosen[0]) | {"recipe": chosen[1]}
         return result
 
     def _held_bytes(self) -> int:

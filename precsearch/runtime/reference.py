@@ -33,6 +33,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -133,10 +134,13 @@ class References:
     Attributes:
         seeds: One per reference seed, ``probe.seed`` first (the one a trial is paired with).
         stress: The BF16 probe at the stress learning rate, or None without stress.
+        standard: The standard FP8 recipe's fixed-state reading at the trial's clipping value
+            (:mod:`precsearch.runtime.standard`), or None where the study reads none.
     """
 
     seeds: list[ProbeResult]
     stress: ProbeResult | None = None
+    standard: dict[str, Any] | None = None
 
     @property
     def paired(self) -> ProbeResult:

@@ -27,6 +27,7 @@ from precsearch.runtime.lost_stores import lost_runs
 from precsearch.runtime.reference import ReferenceCache
 from precsearch.runtime.regime_gate import RegimeGate
 from precsearch.runtime.study_log import say
+from precsearch.runtime.standard import StandardReadings
 from precsearch.runtime.stopping import StopRequest
 from precsearch.runtime.study_store import open_study as _open_study
 from precsearch.runtime.study_store import run_ids as _run_ids
@@ -75,6 +76,7 @@ class StudyRun:
         sides: The stability reading's BF16 sides in this worker's probe process.
         regime: The regime checks of this worker's references.
         sensitivity: Per-unit effects, with ``search.sensitivity`` (None otherwise).
+        standard: The standard FP8 recipe's readings the trials are set beside (off unless the reading asks).
         status: The terminal's status line, while :func:`~precsearch.runtime._optimize.work` runs.
         recorder: Writes told trials to MLflow off the probe loop, once the first is told.
     """
@@ -89,6 +91,7 @@ class StudyRun:
     sides: SideRuns
     regime: RegimeGate
     sensitivity: guided.SensitivityTable | None = None
+    standard: StandardReadings | None = None
     status: terminal.StudyStatus | None = None
     recorder: Recorder | None = None
 
@@ -161,6 +164,7 @@ def _open_with(space: Space, ws: Workspace, progress: bool, executor: ProbeExecu
                    lost_runs=frozenset(lost_runs(tracker, _run_ids(study), say_)),
                    sides=reading.side_runs(space.search.clip_grad.options(), space.probe.steps),
                    regime=RegimeGate(space, say_), sensitivity=guided.table_of(study))
+    ctx.standard = StandardReadings(space, ctx.references, device, say_, tracker.tag_study)
     ctx.stop._say = say_
     stale = getattr(storage, "get_heartbeat_stale_trial_callback", lambda: None)()
     if stale is not None:

@@ -69,12 +69,15 @@ def _target(target: dict[str, Any]) -> dict[str, Any]:
 def _in_unit(space: dict[str, Any], score: dict[str, Any]) -> dict[str, Any]:
     """The trial's instability in its study's one unit, as the terminal and ``front`` gave it: ``instability`` (the
     value; the raw objective was a fraction of the BF16 loss whatever the unit), its unit's name and limit, the
-    band, and ± 2 SE where the reading has a standard error."""
+    band, ± 2 SE where the reading has a standard error, and where the study read the standard FP8 recipe, the
+    trial's multiple of that recipe's reading, the reading and what it ran."""
     unit = StudyUnit.of(space.get("objectives", {}))
     reading = unit.read(score)
     found = {"instability": reading.value if reading.number != "-" else None, "instability_unit": unit.name,
              "instability_limit": unit.limit if math.isfinite(unit.limit) else None, "instability_band": reading.band}
-    return found | ({"instability_2se": 2 * reading.se} if reading.interval else {})
+    beside = {"instability_vs_standard": reading.vs_standard, "instability_standard": reading.standard,
+              "standard_recipe": reading.standard_recipe} if reading.multiple != "-" else {}
+    return found | ({"instability_2se": 2 * reading.se} if reading.interval else {}) | beside
 
 
 #: Why a trial in each state has no policy to export, as the refusal says it.

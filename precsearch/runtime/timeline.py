@@ -21,13 +21,14 @@ from typing import Any
 #: reading's parts (:class:`precsearch.probe.damage.reader.DamageReader`): at the first trial of a clipping
 #: value its BF16 side (the BF16 run to its states, then per state the BF16 gradients and their Gram
 #: matrices), then at each state the policy's side (its model set to the state, its gradients and held-out
-#: losses) and the compare (the figures; for states kept on the host, their copies in).
+#: losses) and the compare (the figures; for states kept on the host, their copies in). Once per clipping value
+#: the standard FP8 recipe is read the same way (:mod:`precsearch.runtime.standard`).
 REQUEST = "probe request"
 BF16_SIDE_PARTS = ("reading: BF16 run", "reading: BF16 gradients", "reading: BF16 grams")
-REQUEST_PARTS = ("probe", "fixed-state reading", "reading: BF16 side", *BF16_SIDE_PARTS, "reading: side",
-                 "reading: compare")
+REQUEST_PARTS = ("probe", "fixed-state reading", "standard FP8 reading", "reading: BF16 side", *BF16_SIDE_PARTS,
+                 "reading: side", "reading: compare")
 #: Study-process spans that only wait for the probe process: a wait inside them is charged to what else ran.
-WAITS_ON_PROBE = ("trial probe", "references")
+WAITS_ON_PROBE = ("trial probe", "references", "standard FP8 reading")
 #: The probe process's own start-up spans (charged while no request has come yet).
 PROBE_STARTUP = ("probe process: start", "probe process: set-up")
 

@@ -13,8 +13,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from precsearch.instability import BANDS, MARGIN, StudyUnit, number
+from precsearch.instability import BANDS, MARGIN, Reading, StudyUnit, number
 from precsearch.readings import DEFAULT_READING, get_reading
+from precsearch.recipes import STANDARD_FP8_NAME
 from precsearch.search.pareto import INTERVAL_SE, pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
@@ -35,7 +36,8 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     trials (near the limit) that buy more of either. A trial
     superseded by a higher rung of the same policy has no row. Each row also gives its instability in the study's
     one unit (:mod:`precsearch.instability`): ``instability_in_unit``, ``instability_unit`` (its name),
-    ``instability_limit`` and ``instability_band``.
+    ``instability_limit`` and ``instability_band``; where the study read the standard FP8 recipe, also
+    ``instability_vs_standard``, ``instability_standard`` and ``standard_recipe``.
     """
     first = study.user_attrs.get("space", {}).get("probe", {}).get("steps", 0)
     unit = StudyUnit.of(study.user_attrs.get("space", {}).get("objectives", {}))
@@ -108,7 +110,16 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
         "policy": policy_summary(trial.params),
         "params": dict(trial.params),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
-    }
+    } | _beside_standard(reading)
+
+
+def _beside_standard(reading: Reading) -> dict[str, Any]:
+    """The standard FP8 recipe's reading at the trial's states and clip value, what it ran, and the trial's multiple
+    of it; no keys where there is none (every output then says nothing of it)."""
+    if reading.multiple == "-":
+        return {}
+    return {"instability_standard": reading.standard, "standard_recipe": reading.standard_recipe,
+            "instability_vs_standard": reading.vs_standard}
 
 
 def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | None = None) -> str:
@@ -121,9 +132,12 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
     (``target_memory_saved``, predicted)."""
     extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
     width = max([11] + [len(_instability(r)) for r in rows])
-    header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}  {'band':<14}  {'loss gap':>8}  "
+    standard = _standard_line(rows)  # a column only where the study read the standard FP8 recipe
+    beside = f"  {'vs standard':>11}" if standard else ""
+    header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}{beside}  {'band':<14}  {'loss gap':>8}  "
               f"{'BF16 seed noise':>16}  {'tok/s':>8}  {'steps':>6}{extra}  policy")
-    lines = ([target] if target else []) + [_unit_line(rows), header, "-" * len(header)]
+    lines = ([target] if target else []) + [_unit_line(rows)] + ([standard] if standard else []) \
+        + [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         own_unit = get_reading(r.get("reading")).own_unit  # instability in the reading's own measure, not the floor's
@@ -135,7 +149,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
         sources += f"  [runs as-is in: {r['runs_as_is_in']}]" if r.get("runs_as_is_in") else ""
         if "target_memory_saved" in r:  # the study's target runs it: what that saves, predicted
             sources += f"  [target: memory saved {100 * r['target_memory_saved']:.2f}% predicted]"
-        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}  "
+        multiple = f"  {_multiple(r):>11}" if standard else ""
+        lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}{multiple}  "
                      f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  "
                      f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
@@ -145,6 +160,24 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
 def _instability(row: dict[str, Any]) -> str:
     """The row's instability as the trial line printed it: ``1.98``, ``0.00138 ± 0.00062 (2 SE)``."""
     return row.get("instability_figure") or number(row["instability"])
+
+
+def _multiple(row: dict[str, Any]) -> str:
+    """The row's multiple of the standard FP8 recipe's reading as the trial line printed it (``1.3x``), or ``-``."""
+    return Reading(row["instability"], math.nan, StudyUnit("", math.nan), row.get("instability_standard", math.nan),
+                   "", row.get("instability_vs_standard", math.nan)).multiple
+
+
+def _standard_line(rows: list[dict[str, Any]]) -> str:
+    """What the ``vs standard`` column is a multiple of: ``vs standard: the instability as a multiple of the standard
+    FP8 recipe's at the same states and clip value (...): 0.0012``; "" where no row has one."""
+    read = [r for r in rows if _multiple(r) != "-"]
+    if not read:
+        return ""
+    values = dict.fromkeys(number(r["instability_standard"], r.get("instability_limit", math.nan)) for r in read)
+    per_clip = " (one per clip value)" if len(values) > 1 else ""
+    return (f"vs standard: the instability as a multiple of {STANDARD_FP8_NAME}'s at the same states and clip value "
+            f"({read[0]['standard_recipe']}): {', '.join(values)}{per_clip}")
 
 
 def _unit_line(rows: list[dict[str, Any]]) -> str:

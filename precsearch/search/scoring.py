@@ -111,6 +111,11 @@ class Score:
     damage_measure: str = ""
     nonfinite: str = ""  # the first non-finite value of the probe or its reading, in words; "" if none
     stress_nonfinite: str = ""  # the same of the stress probe
+    # the standard FP8 recipe's reading at the same states and clip value, what it is, and this reading's multiple of
+    # it (NaN, "" where the study read none, or either reading is not a finite figure)
+    instability_standard: float = math.nan
+    standard_recipe: str = ""
+    instability_vs_standard: float = math.nan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,7 +177,8 @@ def in_noise_units(value: float, floor: float) -> float:
 
 
 def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection, *,
-          noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None) -> Score:
+          noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None,
+          standard: Mapping[str, Any] | None = None) -> Score:
     """Score ``result`` against the BF16 ``reference`` run on the same data, seed and steps.
 
     Args:
@@ -181,6 +187,8 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         objectives: The space's objectives (limit, unit, spike penalty, stress settings).
         noise_floor: The BF16 seed spread (see :func:`measure_noise_floor`); NaN when unknown.
         stress: ``(policy probe, BF16 probe)`` at the stress learning rate, if one ran.
+        standard: The standard FP8 recipe's fixed-state reading at the same clip value (``value``, ``recipe``;
+            :mod:`precsearch.probe.damage.standard`), or None: the score then carries no multiple of it.
     """
     base = _pair(result, reference, objectives, noise_floor)
     pressed = _pair(*stress, objectives, noise_floor) if stress else None
@@ -219,7 +227,20 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         constraint=constraint,
         nonfinite=nonfinite_text(result),
         stress_nonfinite=nonfinite_text(stress[0]) if stress else "",
+        **_beside_standard(base, result, standard),
     )
+
+
+def _beside_standard(base: _Pair, result: ProbeResult, standard: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The standard recipe's reading, what it is, and the trial's reading as a multiple of it: none where either is
+    not a finite figure (a diverged probe, a reading that failed or saw a non-finite value, a standard of 0)."""
+    value = float((standard or {}).get("value", math.nan))
+    if not math.isfinite(value) or (standard or {}).get("nonfinite"):
+        return {}
+    mine = base.damage if not base.diverged and not nonfinite_text(result) else math.nan
+    ratio = mine / value if math.isfinite(mine) and value > 0 else math.nan
+    return {"instability_standard": value, "standard_recipe": str(standard.get("recipe", "")),
+            "instability_vs_standard": ratio}
 
 
 def nonfinite_text(result: ProbeResult) -> str:

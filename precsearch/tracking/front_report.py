@@ -27,13 +27,17 @@ import math
 from pathlib import Path
 from typing import Any
 
-from precsearch.instability import Reading, StudyUnit
+from precsearch.instability import Reading, StudyUnit, number
 from precsearch.readings import own_unit_reading
+from precsearch.recipes import STANDARD_FP8_NAME
 
 COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "instability_in_unit",
            "instability_unit", "instability_band", "loss_gap", "noise_floor", "gap_in_noise", "diverged", "policy")
 """front.csv's columns: what a trial's probes decide, so the same study writes the same file. The measured
 speed (``tokens_per_s``, a clock's reading) joins them only as an objective (``objectives.throughput``)."""
+STANDARD_COLUMNS = ("instability_vs_standard", "instability_standard")
+"""front.csv's columns where the study read the standard FP8 recipe (``objectives.damage.standard_reference``): each
+trial's instability as a multiple of the standard's, and the standard's own reading at the trial's clip value."""
 KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
          "feasible, near the limit": ("tab:olive", "D", 6), "unstable": ("tab:orange", "X", 7),
          "diverged": ("black", "x", 7)}
@@ -54,6 +58,8 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
     with paths[0].open("w", newline="") as fh:
         columns = COLUMNS[:-2] + ("tokens_per_s",) + COLUMNS[-2:] if throughput else COLUMNS
         columns += tuple(c for c in ("runs_as_is_in", "target_memory_saved") if any(c in r for r in front))
+        if _beside_standard(front):  # the study read the standard FP8 recipe: its reading and each one's multiple
+            columns += STANDARD_COLUMNS
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(front)
@@ -71,6 +77,23 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
     """NaN/inf become null: strict JSON has no NaN."""
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def _beside_standard(rows: list[dict[str, Any]]) -> bool:
+    """Whether any row has a multiple of the standard FP8 recipe's reading (none: every output leaves it out)."""
+    return any(isinstance(v := r.get("instability_vs_standard"), (int, float)) and math.isfinite(v) for r in rows)
+
+
+def _multiple_of(shown: Reading, limit: float) -> str:
+    """A trial's multiple of the standard FP8 recipe's reading and that reading: ``1.3x of 0.0012``; ``-``."""
+    return f"{shown.multiple} of {number(shown.standard, limit)}" if shown.multiple != "-" else "-"
+
+
+def _standard_note(rows: list[dict[str, Any]], unit: str, limit: float) -> str:
+    """The page's line on what the ``vs the standard FP8 recipe`` column is a multiple of."""
+    what = next(reading(r, unit, limit).standard_recipe for r in rows if _beside_standard([r]))
+    return (f"<p>vs {html.escape(STANDARD_FP8_NAME)}: the trial's instability as a multiple of that recipe's reading "
+            f"at the same states, batches and clip value ({html.escape(what)}).</p>")
 
 
 def kind(row: dict[str, Any]) -> str:
@@ -243,13 +266,16 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
     # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
     measure = damage_measure(rows)
     in_unit = StudyUnit(unit, limit, measure).name
-    head = ("trial", "kind", "memory saved", f"instability ({in_unit})", "band", "loss gap vs BF16", "tokens/s",
-            "steps", "policy")
+    standard = _beside_standard(rows)
+    head = ("trial", "kind", "memory saved", f"instability ({in_unit})",
+            *((f"vs {STANDARD_FP8_NAME}",) if standard else ()), "band", "loss gap vs BF16", "tokens/s", "steps",
+            "policy")
     body = []
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+.2f}%"
         shown = reading(r, unit, limit)
-        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", shown.figure, shown.band, gap,
+        multiple = (_multiple_of(shown, limit),) if standard else ()
+        cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", shown.figure, *multiple, shown.band, gap,
                  f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png).decode()
@@ -260,6 +286,7 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>precsearch front</title>"
             f"<style>{style}</style></head><body>"
             f"<p>Hover a point for its trial and policy. {html.escape(limit_label(limit, unit, measure))}.</p>"
+            f"{_standard_note(rows, unit, limit) if standard else ''}"
             f"<img src='data:image/png;base64,{image}' usemap='#front' alt='the front plot'>"
             f"<map name='front'>{spots}</map>"
             f"<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{''.join(body)}</table></body></html>")

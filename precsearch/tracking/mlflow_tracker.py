@@ -256,6 +256,10 @@ class Tracker:
         step = int(metrics.get("trials_finished", 0))
         self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    def tag_study(self, tags: dict[str, str]) -> None:
+        """Study-level tags on the study run (set again with the same value by every worker that reads them)."""
+        self.client.log_batch(self.parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
     def log_front(self, files: list[Path]) -> None:
         """Replace the parent run's front artifacts."""
         for path in files:

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from precsearch.instability import Reading
+from precsearch.instability import Reading, number
 from precsearch.policy import Policy
 from precsearch.probe.result import ProbeResult
 from precsearch.tracking.diagnostics_report import (
@@ -99,10 +99,12 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
 
 
 def _in_unit(instability: Reading | None) -> dict[str, float]:
-    """``instability_in_unit`` as the terminal prints it (the study keeps the full value); none if unknown."""
+    """``instability_in_unit`` as the terminal prints it (the study keeps the full value), and
+    ``instability_vs_standard``, its multiple of the standard FP8 recipe's reading, as printed too; none if unknown."""
     if instability is None or instability.number == "-":
         return {}
-    return {"instability_in_unit": float(instability.number)}
+    beside = {"instability_vs_standard": float(instability.multiple[:-1])} if instability.multiple != "-" else {}
+    return {"instability_in_unit": float(instability.number)} | beside
 
 
 def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[str, str]:
@@ -118,11 +120,14 @@ def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[
 
 
 def _unit_tags(instability: Reading | None) -> dict[str, str]:
-    """The unit ``instability_in_unit`` is in, its limit there, and the reading's band."""
+    """The unit ``instability_in_unit`` is in, its limit there, and the reading's band; where the study read the
+    standard FP8 recipe, that recipe's reading (``instability_standard``) and what it ran (``standard_recipe``)."""
     if instability is None:
         return {}
+    beside = {"instability_standard": number(instability.standard, instability.unit.limit),
+              "standard_recipe": instability.standard_recipe} if instability.multiple != "-" else {}
     return {"instability_unit": instability.unit.name, "instability_limit": instability.unit.limit_text,
-            "instability_band": instability.band}
+            "instability_band": instability.band} | beside
 
 
 def trial_artifacts(policy: Policy, n_layers: int, result: ProbeResult, stressed: ProbeResult | None,

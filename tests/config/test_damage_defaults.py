@@ -42,3 +42,19 @@ def test_states_written_in_the_file_are_kept_with_a_checkpoint(tmp_path, states)
 def test_a_reading_without_states_leaves_them_alone_with_a_checkpoint(tmp_path):
     s = Space.model_validate({"model": {"init_from": str(tmp_path / "model.gguf")}, "objectives": {"reading": "final"}})
     assert s.objectives.damage.states == list(DEFAULT_STATES)
+
+
+def test_the_standard_fp8_reference_is_on_by_default_and_takes_only_true_or_false(tmp_path, capsys):
+    """``objectives.damage.standard_reference``: one more reading per clip value, on unless switched off; a value
+    that is not a YAML boolean (``1``, ``"no"``) is refused naming the field, not read as one."""
+    from _spaces import tiny_space_dict, write_space
+    from precsearch.cli import main
+
+    assert space().objectives.damage.standard_reference is True
+    assert space(damage={"standard_reference": False}).objectives.damage.standard_reference is False
+    for bad in (1, "no"):
+        path = write_space(tmp_path, tiny_space_dict(**{"objectives.reading": "damage",
+                                                        "objectives.damage.standard_reference": bad}))
+        assert main(["validate", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "objectives.damage.standard_reference" in err and "boolean" in err and "Traceback" not in err, err

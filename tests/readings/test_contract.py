@@ -138,3 +138,11 @@ def test_its_side_runs_say_what_is_left_and_what_a_side_cost(reading):
         assert sides.seconds_in(result) == 20.0 and sides.seconds_in(_result()) == 0.0
     else:
         assert sides.steps_ahead() == 0 and sides.begin(1.0, trial=0) is None and sides.seconds_in(result) == 0.0
+
+
+def test_only_a_fixed_states_reading_reads_the_standard_fp8_recipe_and_as_its_space_says(reading):
+    """The standard FP8 recipe is read at the BF16 side's states: a reading without them reads none (its trials show
+    no multiple), one with them reads it unless ``objectives.damage.standard_reference`` is false."""
+    on, off = _objectives(reading.name), _objectives(reading.name, damage={"standard_reference": False})
+    assert reading.standard_reference(on) == reading.fixed_states
+    assert reading.standard_reference(off) is False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 
 import optuna
 import pytest
@@ -84,3 +85,95 @@ def test_the_first_reading_of_each_clip_value_says_it_makes_the_bf16_side_and_ti
     for t in ran:
         side = t.user_attrs["probe_result"]["damage"]["bf16_side_s"]
         assert (side > 0) == (t.number in said), (t.number, side)
+
+
+STANDARD_NOTICE = r"trial (\d+): reading the standard FP8 recipe for clip_grad=(\S+) at the same states"
+
+
+def _standards(ws) -> dict[str, dict]:
+    """The standard FP8 recipe's readings the study keeps (``references/standard-<key>.json``), by file name."""
+    import json
+
+    return {p.name: json.loads(p.read_text())["damage"] for p in ws.references_dir.glob("standard-*.json")}
+
+
+def _scored(ws) -> list:
+    stored = optuna.load_study(study_name=ws.study_name, storage=ws.storage_url)
+    return sorted((t for t in stored.trials if t.state is TrialState.COMPLETE and "duplicate_of" not in t.user_attrs),
+                  key=lambda t: t.number)
+
+
+def test_each_trial_reads_as_a_multiple_of_the_standard_fp8_recipe_read_once(study):
+    """Issue 53: the standard FP8 recipe (delayed scaling on every block Linear, BF16 output layer, the baseline's
+    optimizer state) is read once for the study's one clip value, at the trials' states, and kept with the
+    references; each trial's score carries its value and the trial's reading over it, which the trial line prints."""
+    import re
+
+    ws, log, _ = study
+    assert len(re.findall(STANDARD_NOTICE, log)) == 1
+    (standard,) = _standards(ws).values()
+    # the CPU space trains FP32 parameters: the baseline keeps no master copy
+    assert standard["recipe"] == "FP8 delayed scaling on every block Linear, BF16 output layer, FP32 weights and " \
+        "moments"
+    assert standard["value"] > 0 and standard["measure"] == "update_norm"
+    trials = _scored(ws)
+    assert [s["step"] for s in standard["states"]] == \
+        [s["step"] for s in trials[0].user_attrs["probe_result"]["damage"]["states"]]  # the same states
+    for t in trials:
+        score = t.user_attrs["score"]
+        assert score["instability_standard"] == standard["value"] and score["standard_recipe"] == standard["recipe"]
+        assert score["instability_vs_standard"] == pytest.approx(score["damage"] / standard["value"], rel=1e-12)
+    assert len(re.findall(r"\) = \S+x the standard FP8 recipe's \S+ \(FP8 delayed scaling", log)) == len(trials)
+    client = MlflowClient(ws.tracking_uri)
+    parent = next(r for r in client.search_runs([client.get_experiment_by_name(ws.experiment).experiment_id])
+                  if r.data.tags.get("precsearch.role") == "study")
+    assert float(parent.data.tags["instability_standard.clip_grad_1.0"]) == pytest.approx(standard["value"], rel=1e-2)
+    assert parent.data.tags["standard_recipe"] == standard["recipe"]
+
+
+def _damage_study(tmp, n_trials: int, **damage) -> tuple[Workspace, str]:
+    data = tiny_space_dict(**{"objectives.reading": "damage", "objectives.damage.tokens_per_step": 4096,
+                              "objectives.damage.states": [0.25, 1.0], "study.n_trials": 2,
+                              **{f"objectives.damage.{k}": v for k, v in damage.items()}})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["run", str(write_space(tmp, data)), "--output-dir", str(tmp / "out"), "--no-progress",
+                     "--n-trials", str(n_trials)]) == 0
+    return Workspace.load(tmp / "out"), printed.getvalue()
+
+
+def test_a_resumed_study_reads_the_standard_recipe_from_the_study_not_again(tmp_path):
+    """The resumed run's probe process is a new one: it makes the BF16 side again, but the standard recipe's reading
+    is the study's (references/), as the BF16 references are; its later trials are set beside the same one."""
+    import re
+
+    ws, first = _damage_study(tmp_path, 2)
+    kept = _standards(ws)
+    assert len(re.findall(STANDARD_NOTICE, first)) == 1 and len(kept) == 1
+    (path,) = ws.references_dir.glob("standard-*.json")
+    written = path.stat().st_mtime_ns
+    ws, resumed = _damage_study(tmp_path, 3)
+    assert re.findall(STANDARD_NOTICE, resumed) == [] and "the standard FP8 recipe's" in resumed
+    assert _standards(ws) == kept and path.stat().st_mtime_ns == written
+    (standard,) = kept.values()
+    trials = _scored(ws)
+    assert len(trials) >= 3
+    assert {t.user_attrs["score"]["instability_standard"] for t in trials} == {standard["value"]}
+
+
+def test_a_study_without_the_standard_reference_shows_no_multiple(tmp_path):
+    """``objectives.damage.standard_reference: false``: no reading of it, nothing kept, no multiple in any trial's score
+    or line, and ``precsearch front`` has no column for it."""
+    import csv
+
+    ws, log = _damage_study(tmp_path, 2, standard_reference=False)
+    assert "standard FP8 recipe" not in log and _standards(ws) == {}
+    for t in _scored(ws):
+        score = t.user_attrs["score"]
+        assert math.isnan(score["instability_vs_standard"]) and math.isnan(score["instability_standard"])
+    with (ws.output_dir / "front" / "front.csv").open() as fh:
+        assert "instability_vs_standard" not in next(csv.reader(fh))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["front", "--all", "--output-dir", str(ws.output_dir)]) == 0
+    assert "vs standard" not in printed.getvalue() and "standard FP8" not in printed.getvalue()
