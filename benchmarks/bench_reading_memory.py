@@ -19,7 +19,14 @@ model parameter, and as a ratio to the target: 3 x the model's BF16 size (2 byte
 batches a reading holds (its gradient batches, delayed scaling's warm batches and the held-out set, int64
 inputs and targets). Prints a table; writes JSON under ``--out``.
 
+``--keep-states`` picks where the reader keeps the BF16 run's states (``objectives.damage.keep_states``; ``auto``
+is ``disk`` on a CPU where the temporary directory has room). On disk (``--spill-dir``, default the temporary
+directory) the states and gradients are in anonymous files: the page cache that buffers them is the kernel's,
+not the process's resident set; each row gives the bytes the reader keeps in memory (``reader_host_bytes``) and
+on disk (``reader_disk_bytes``) after the BF16 side.
+
     OMP_NUM_THREADS=1 python benchmarks/bench_reading_memory.py --out /tmp/rm               # CPU, a few minutes
+    OMP_NUM_THREADS=1 python benchmarks/bench_reading_memory.py --keep-states host --out /tmp/rm   # states in memory
     OMP_NUM_THREADS=1 python benchmarks/bench_reading_memory.py --layers 2 --dim 64 --vocab 512 --ffn-dim 128 \\
         --heads 4 --kv-heads 2 --out /tmp/rm                                              # seconds
 """
@@ -40,14 +47,16 @@ from pathlib import Path
 
 import torch
 
-from precsearch.arch.config import ModelConfig
-from precsearch.backends import get_backend
-from precsearch.config.space import DamageSection, ProbeSection
-from precsearch.policy import Policy, Rule
-from precsearch.precision import Precision
-from precsearch.probe.damage import DamageReader
-from precsearch.probe.data import TokenBatches, synthetic_tokens
-from precsearch.probe.model.llama3 import Llama3
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's precsearch (a worktree's too)
+
+from precsearch.arch.config import ModelConfig  # noqa: E402
+from precsearch.backends import get_backend  # noqa: E402
+from precsearch.config.space import DamageSection, ProbeSection  # noqa: E402
+from precsearch.policy import Policy, Rule  # noqa: E402
+from precsearch.precision import Precision  # noqa: E402
+from precsearch.probe.damage import DamageReader  # noqa: E402
+from precsearch.probe.data import TokenBatches, synthetic_tokens  # noqa: E402
+from precsearch.probe.model.llama3 import Llama3  # noqa: E402
 
 PARTS = ("bf16", "policy")
 
@@ -79,16 +88,26 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _hwm() -> int | None:
-    """The resident-set high-water mark (``VmHWM``) in bytes, or None where /proc has none."""
+def _status(field: str) -> int | None:
+    """``field`` of /proc/self/status (``VmHWM``, ``RssAnon``, ``RssFile``) in bytes, or None where /proc has none."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def _hwm() -> int | None:
+    """The resident-set high-water mark (``VmHWM``) in bytes, or None where /proc has none."""
+    return _status("VmHWM")
+
+
+def _rss_split() -> dict[str, int | None]:
+    """The resident set by kind: anonymous memory (the heap, tensors) and file pages (the libraries' code)."""
+    return {"anon": _status("RssAnon"), "file": _status("RssFile")}
 
 
 def _reset_hwm() -> bool:
@@ -151,7 +170,8 @@ def child(args) -> dict:
     meter = Meter(device)
     gc.collect()
     base = meter.now()
-    reader = DamageReader(cfg, probe, data, backend, device, settings)
+    split = _rss_split()
+    reader = DamageReader(cfg, probe, data, backend, device, settings, spill_dir=args.spill_dir)
     out: dict = {"part": args.child, "base_bytes": base, "meter": meter.kind}
     reset = meter.reset()
     t0 = time.perf_counter()
@@ -160,7 +180,11 @@ def child(args) -> dict:
     out["bf16_peak_bytes"] = meter.peak() - base
     gc.collect()
     out["bf16_held_bytes"] = meter.now() - base
+    if device.type == "cpu":  # what the held bytes are: anonymous memory, or file pages the run first touched
+        out["bf16_held_split_bytes"] = {k: (v - split[k] if v is not None and split[k] is not None else None)
+                                        for k, v in _rss_split().items()}
     out["states_on"] = reader.states_on.get(args.clip)
+    out["reader_host_bytes"], out["reader_disk_bytes"] = reader.host_bytes(), reader.disk_bytes()
     if args.child == "policy":
         reset = meter.reset() and reset
         before = meter.now() - base
@@ -171,6 +195,7 @@ def child(args) -> dict:
         out["policy_own_peak_bytes"] = out["policy_peak_bytes"] - before
         out["reading"] = {"value": reading["value"], "se": reading["se"], "states": reading["states"]}
     out["peak_reset"] = reset
+    reader.close()
     return out
 
 
@@ -233,7 +258,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--policy", default="fp8_current", help="the FP8 precision of the policy read (every unit)")
-    ap.add_argument("--keep-states", default="auto", choices=["auto", "host", "device"])
+    ap.add_argument("--keep-states", default="auto", choices=["auto", "host", "device", "disk"],
+                    help="objectives.damage.keep_states (auto: disk on a CPU where the temporary directory has room)")
+    ap.add_argument("--spill-dir", type=Path, default=None,
+                    help="where keep_states disk writes its (anonymous) files; default: the temporary directory")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))

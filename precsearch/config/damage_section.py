@@ -50,12 +50,16 @@ class DamageSection(Section):
         "default, update_norm, does not depend on tokens_per_step and sees the memory knobs")
     limit: float | None = Field(None, gt=0, description="stable when the reading (the largest over the states) is "
                                 "at most this; default: the measure's (DEFAULT_LIMITS: 0.002 for update_norm)")
-    keep_states: Literal["auto", "host", "device"] = Field(
+    keep_states: Literal["auto", "host", "device", "disk"] = Field(
         "auto", description="where the BF16 run's states (FP32 weights and AdamW moments) are kept between trials: "
-        "host = page-locked host memory, copied to the accelerator by every reading; device = on the accelerator, "
-        "no copies, at about 3 x 4 bytes per unit weight plus 4 bytes per other parameter per state of device "
-        "memory; auto = on the accelerator when they fit there beside what is held and the trials' working set, "
-        "decided per clipping value (precsearch/probe/damage/placement.py); on CPU all are the same")
+        "host = host memory (page-locked beside an accelerator), copied to the accelerator by every reading; "
+        "device = on the accelerator, no copies, at about 3 x 4 bytes per unit weight plus 4 bytes per other "
+        "parameter per state of device memory; disk = in anonymous temporary files (TMPDIR) with the BF16 "
+        "gradients, and a policy's gradients at a state too while it is read (on a CPU the BF16 run's moments "
+        "between its steps too): no memory held between trials, each read back a slice at a time, to the same "
+        "figures; auto = on an accelerator, on it when they fit there "
+        "beside what is held and the trials' working set, else host; on a CPU, disk when the files take at most "
+        "half the free space there, else host; decided per clipping value (precsearch/probe/damage/placement.py)")
     compile_compare: bool = Field(
         True, description="on CUDA, fuse each chunk's compare step (two AdamW updates, the errors) into a few "
         "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -102,7 +102,7 @@ def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, sp
     if init is not None:
         init_from_checkpoint(model, init)  # before conversion: the TE stack copies these weights in
     if weights is not None:
-        model.load_state_dict(weights)  # a state of another run (the fixed-state reading), before conversion too
+        _load_weights(model, weights)  # a state of another run (the fixed-state reading), before conversion too
     model.to(dtype=PARAM_DTYPES[param_dtype])
     model.rotary_pos_emb.reset_inv_freq()  # RoPE frequencies stay fp32 whatever the parameters' dtype
     if split is not None:
@@ -116,6 +116,24 @@ def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, sp
     torch.manual_seed(seed)
     model = backend.convert(model, recipes)
     return model, plan, backend.plain_tensors(model, plain) if view else {}
+
+
+def _load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(weights)``; a mapping that reads each tensor when indexed (a state kept on disk,
+    :class:`precsearch.probe.damage.spill.Spilled`) is copied in one tensor at a time, as ``load_state_dict``
+    copies, so that its tensors are never all in memory at once."""
+    if isinstance(weights, dict):
+        model.load_state_dict(weights)
+        return
+    own = model.state_dict()
+    if set(own) != set(weights):
+        raise ValueError(f"weights for another model: {sorted(set(own) ^ set(weights))[:3]} differ")
+    with torch.no_grad():
+        for name, tensor in own.items():
+            value = weights[name]
+            if value.shape != tensor.shape:
+                raise ValueError(f"weights[{name!r}] has shape {tuple(value.shape)}, the model's {tuple(tensor.shape)}")
+            tensor.copy_(value)
 
 
 def _probe_model(cfg: ModelConfig, probe: ProbeSection, policy: Policy, backend: Backend, device: torch.device,

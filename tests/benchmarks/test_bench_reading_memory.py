@@ -27,7 +27,9 @@ def test_the_bench_measures_the_bf16_side_and_a_policys_reading(tmp_path, capsys
     assert bf16["part"] == "bf16" and policy["part"] == "policy"
     for r in rows:
         assert r["bf16_peak_bytes"] > 0 and r["bf16_peak_bytes"] >= r["bf16_held_bytes"] - 2**20
-        assert r["states_on"] == "host"
+        assert r["states_on"] == "disk"  # auto on a CPU
+        assert r["reader_host_bytes"] == 0 and r["reader_disk_bytes"] > 0
+        assert set(r["bf16_held_split_bytes"]) == {"anon", "file"}
     assert "policy_peak_bytes" not in bf16
     assert policy["policy_peak_bytes"] >= policy["policy_own_peak_bytes"]
     assert math.isfinite(policy["reading"]["value"]) and policy["reading"]["value"] > 0

@@ -119,16 +119,20 @@ def test_a_reading_with_device_states_equals_the_host_one(data):
     assert all(not t.is_pinned() for t in _tensors(state))
 
 
-def test_keep_states_is_auto_host_or_device():
+def test_keep_states_is_auto_host_device_or_disk():
     """``auto`` is the default: the device where the states fit (:mod:`precsearch.probe.damage.placement`)."""
     assert DamageSection().keep_states == "auto"
     with pytest.raises(ValueError, match=r"keep_states"):
         DamageSection(keep_states="gpu")
 
 
-def test_auto_keeps_the_states_in_host_memory_on_a_cpu(data):
-    """On a CPU there is no copy to save: ``auto`` reads as ``host`` does, to the bit."""
+def test_auto_keeps_the_states_on_disk_on_a_cpu(data):
+    """On a CPU there is no copy to save and host memory is the probe's: ``auto`` keeps the states on disk
+    (where the temporary directory has room; tests/probe/test_damage_disk.py) and reads as ``host`` does, to the
+    bit."""
     auto, host = _reader(data, "auto"), _reader(data, "host")
     policy = Policy(rules=(Rule(name="all", modules=("*",), precision=Precision.FP8_CURRENT),))
-    assert _numbers(auto.read(policy)) == _numbers(host.read(policy))
-    assert auto.device_bytes() == 0
+    a = auto.read(policy)
+    assert a["states_on"] == "disk" and _numbers(a) == _numbers(host.read(policy))
+    assert auto.device_bytes() == 0 and auto.host_bytes() == 0
+    auto.close()

@@ -7,10 +7,9 @@ checked here against the code path it replaced, on a tiny probe (CPU), to the bi
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from _floats import same_values
 
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import DamageSection, ProbeSection
@@ -87,18 +86,7 @@ def test_the_reading_is_the_one_with_float32_copies_of_every_gradient(data, monk
     monkeypatch.setattr(reading_mod, "_take_grad", _copying)
     old = DamageReader(CFG, PROBE, data, EmulatedBackend(), CPU, SETTINGS).read(POLICIES[name])
     assert new["value"] == old["value"] and new["se"] == old["se"]
-    assert _same(new["states"], old["states"])
-
-
-def _same(a, b) -> bool:
-    """Equal structures, floats to the bit (NaN equal to NaN: a standard error over one held-out batch)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return a == b
+    assert same_values(new["states"], old["states"])
 
 
 def test_the_last_state_taken_from_the_run_equals_a_copy(data):

@@ -57,7 +57,7 @@ def test_the_byte_counts_are_those_of_the_tensors_a_reader_keeps():
     cfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
     probe = ProbeSection(steps=4, micro_batch=2, seq_len=32, lr=3e-3, lr_warmup_steps=1, device="cpu",
                          param_dtype="bf16")
-    settings = DamageSection(states=[0.5, 1.0], batches=3)
+    settings = DamageSection(states=[0.5, 1.0], batches=3, keep_states="host")  # auto: disk on a CPU
     data = TokenBatches(synthetic_tokens(20_000, 256, seed=0), seq_len=32, micro_batch=2, seed=0, eval_batches=1)
     reader = DamageReader(cfg, probe, data, EmulatedBackend(), torch.device("cpu"), settings)
     sides = reader.bf16_sides(None)

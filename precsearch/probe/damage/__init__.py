@@ -2,7 +2,9 @@
 
 :mod:`.reading` explains the figures; :mod:`.states` the states; :mod:`.update`
 the optimizer step a policy's memory knobs change; :mod:`.gram` the statistics;
-:mod:`.reader` how a study reads each trial with the BF16 side shared.
+:mod:`.reader` how a study reads each trial with the BF16 side shared;
+:mod:`.placement` where the BF16 side is kept, and :mod:`.spill` and
+:mod:`.spilled_adamw` how it is kept on disk.
 """
 
 from precsearch.probe.damage.reader import DamageReader, reading_dict

@@ -33,7 +33,8 @@ Two things make it cheap on an accelerator:
 
 A state kept in host memory is copied a slice at a time; on CUDA the next slice
 is copied on a side stream while the current one is computed
-(:class:`StateSlices`).
+(:class:`StateSlices`). A state or gradients kept on disk (:mod:`.spill`) are
+read a slice at a time the same way: the compare never holds a whole unit.
 """
 
 from __future__ import annotations
@@ -198,7 +199,9 @@ def compare_unit(g: list[Tensor], p: list[Tensor], weight: Tensor, moments: tupl
     """One unit's four float64 Gram matrices (host), over its K batches: of the BF16 gradients ``g``, the errors
     ``e = p - g``, the baseline updates ``u`` and the policy's update errors ``ue``.
 
-    ``base`` (``g`` and ``u`` from :func:`baseline_grams` at the same state) skips those two families.
+    Any of the tensors may be on disk (:class:`.spill.SpilledTensor`, ``keep_states: disk``): each slice is then
+    read as it is needed. ``base`` (``g`` and ``u`` from :func:`baseline_grams` at the same state) skips those
+    two families.
     One pass over ``chunk``-element slices of the flattened unit (None: :func:`default_chunk`), each slice's
     rows from :func:`chunk_rows` (compiled on CUDA unless ``compile_compare`` is off) added into one Gram matrix
     on the device, read back once. A storage with a per-tensor scale (FP8 moments, an FP16 master) first takes
@@ -238,18 +241,24 @@ def _grams(g: list[Tensor], p: list[Tensor], weight: Tensor, moments: tuple[Tens
     if "ue" in families and dtypes.keep in SCALED:  # per batch, the amax of the whole before + update
         unit = UnitStep(dtypes, (step_no, lr, (beta1, beta2), weight_decay), amax)
         for span, (w, m0, m1) in zip(spans, state(spans)):
-            a = unit.landed_amax(w, torch.stack([t[span] for t in p]).float(), (m0, m1))
+            a = unit.landed_amax(w, torch.stack(_slices(p, span, device)).float(), (m0, m1))
             landed_amax = a if landed_amax is None else torch.maximum(landed_amax, a)
 
     rows = rows_for(device, compile_compare)
     acc = torch.zeros(len(families) * k, len(families) * k, dtype=torch.float64, device=device)
     for span, (w, m0, m1) in zip(spans, state(spans)):
-        block = rows([t[span] for t in g], [t[span] for t in p], w, m0, m1, dtypes, amax, landed_amax, *scalars,
-                     families)
+        block = rows(_slices(g, span, device), _slices(p, span, device), w, m0, m1, dtypes, amax, landed_amax,
+                     *scalars, families)
         gram.gram_of_stacked(block, acc)
         del block
     acc = gram.symmetric(acc).cpu()  # the unit's one host sync
     return {name: acc[i * k:(i + 1) * k, i * k:(i + 1) * k].clone() for i, name in enumerate(families)}
+
+
+def _slices(tensors: list, span: slice, device: torch.device) -> list[Tensor]:
+    """Each flattened tensor's ``span`` on ``device``: a slice of a tensor there, or read from disk
+    (:class:`.spill.SpilledTensor`) and moved there."""
+    return [t[span].to(device) for t in tensors]
 
 
 def _amax(state: StateSlices, spans: list[slice], scaled: tuple[str, ...]) -> dict[str, Tensor]:

@@ -1,5 +1,10 @@
 """Where the BF16 run's states are kept between readings, for ``objectives.damage.keep_states: auto``.
 
+On a CPU they go to disk (:func:`disk_fits`), where the spill directory's free space takes them; else host
+memory. Host memory is where a CPU probe computes, so states kept there are held beside every later trial (24
+bytes a unit weight per state, 4x the BF16 model's 2 a parameter for two states alone); on disk nothing is held
+between trials and a reading reads them back a slice at a time (:mod:`.spill`), to the same figures.
+
 On the accelerator a reading copies nothing and the BF16 side needs no page-locked host memory, whose
 allocation is most of its cost on a GPU (on the H200 at the 8B space: the first BF16 side took 30.7 s with
 its 2 x 17.6 GiB of states page-locked, 5.7 s with them on the device; docs/stability-reading.md). But the
@@ -19,6 +24,10 @@ clipping value's states go to the device and the second's to the host; on an 80 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 
 from precsearch.arch.units import unit_names, unit_shape
@@ -33,6 +42,10 @@ DEVICE_SHARE = 0.9
 MARGIN = 1.25
 FP32_BYTES = 4
 PARAM_BYTES = {"fp32": 4, "bf16": 2}
+#: Of the spill directory's free space, what ``auto`` lets a clipping value's files take on a CPU.
+DISK_SHARE = 0.5
+#: A policy's gradient's bytes per element at most (FP32: emulated FP8 GEMM outputs are not BF16 values).
+POLICY_GRAD_BYTES = 4
 #: A kept BF16-side gradient's bytes per element (BF16: :func:`precsearch.probe.damage.reading.kept_grad`).
 GRAD_BYTES = 2
 
@@ -79,3 +92,30 @@ def unit_elements(cfg: ModelConfig) -> int:
     The reading's per-unit copies (its kept gradients, a state's two Adam moments) scale with this count.
     """
     return sum(rows * cols for rows, cols in (unit_shape(cfg, unit) for unit in unit_names(cfg)))
+
+
+def where_states(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, device: torch.device,
+                 n_states: int, held: int, directory: str | Path | None = None) -> str:
+    """Where a clipping value's states go: ``settings.keep_states``, or for ``auto`` ``device`` where
+    :func:`states_fit` says so (an accelerator), ``disk`` on a CPU where :func:`disk_fits` says so, else ``host``."""
+    if settings.keep_states != "auto":
+        return settings.keep_states
+    if device.type == "cpu":
+        return "disk" if disk_fits(cfg, probe, settings, n_states, directory) else "host"
+    return "device" if states_fit(cfg, probe, settings, device, n_states, held) else "host"
+
+
+def disk_bytes(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, n_states: int) -> int:
+    """Bytes a clipping value writes to disk at most: its states, its BF16 gradients and, while one state of a
+    policy is read, that policy's gradients there (FP32)."""
+    policy = settings.batches * POLICY_GRAD_BYTES * unit_elements(cfg)
+    return state_bytes(cfg, n_states) + gradient_bytes(cfg, probe, settings, n_states) + policy
+
+
+def disk_fits(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, n_states: int,
+              directory: str | Path | None = None, *, free: int | None = None) -> bool:
+    """True when :func:`disk_bytes` take at most :data:`DISK_SHARE` of ``directory``'s free space (None: the
+    temporary directory; ``free``, in bytes, is read from it unless given)."""
+    if free is None:
+        free = shutil.disk_usage(directory or tempfile.gettempdir()).free
+    return disk_bytes(cfg, probe, settings, n_states) <= DISK_SHARE * free

@@ -45,7 +45,7 @@ Each unit is compared in one streaming pass over chunks of its flattened tensors
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +56,7 @@ from precsearch.config.space import DamageSection, ProbeSection
 from precsearch.policy import Policy
 from precsearch.recipes import recipe_for
 from precsearch.probe.damage import gram
+from precsearch.probe.damage.spill import SpillFile, Spilled, source
 from precsearch.probe.damage.states import State, reading_batch, state_model
 from precsearch.probe.damage.compare import GRAMS, StepArgs, baseline_grams, compare_unit
 from precsearch.probe.damage.update import StepDtypes
@@ -74,16 +75,19 @@ MEASURES = ("grad_noise", "grad_bias_noise", "grad_var_noise", "grad_norm", "upd
 class Side:
     """One model's part of the reading at one state: per batch, each unit's weight gradient; held-out losses."""
 
-    grads: list[dict[str, Tensor]]
+    grads: list[Mapping[str, Tensor]]  # per batch: a dict, or on disk a :class:`.spill.Spilled`
     eval_losses: list[float]
     #: The BF16 side's own Gram matrices per unit (``g``, ``u``), kept by the reader (:func:`side_grams`).
     grams: dict[str, dict[str, Tensor]] | None = None
 
 
 def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, backend: Backend, device: torch.device,
-                 state: State, policy: Policy, settings: DamageSection, models: ModelCache | None = None) -> Side:
+                 state: State, policy: Policy, settings: DamageSection, models: ModelCache | None = None,
+                 spill: SpillFile | None = None) -> Side:
     """The gradients and held-out losses of ``policy``'s probe at ``state`` (BF16: ``Policy.bf16``); ``models``
-    keeps the model for the next state or trial (:mod:`precsearch.probe.model.reuse`)."""
+    keeps the model for the next state or trial (:mod:`precsearch.probe.model.reuse`). With ``spill`` each
+    gradient is written to that file as soon as it is taken (``keep_states: disk``): only one backward pass's
+    gradients are in memory at a time, not ``settings.batches``'."""
     model = state_model(cfg, state, policy, backend, device, probe, models)
     fp8_on = policy.uses_fp8 and state.step >= policy.warmup_steps
     units = unit_names(cfg)
@@ -94,7 +98,8 @@ def measure_side(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, back
     grads = []
     for k in range(settings.batches):
         _backward(model, backend, device, reading_batch(data, k), fp8_on)
-        grads.append({u: _take_grad(backend.unit_weight(model, u)) for u in units})
+        taken = ((u, _take_grad(backend.unit_weight(model, u))) for u in units)  # one unit's at a time
+        grads.append({u: g for u, g in taken} if spill is None else Spilled({u: spill.write(g) for u, g in taken}))
     model.zero_grad(set_to_none=True)
     losses = eval_losses(model, data, backend, device, fp8_on)
     if models is not None:
@@ -166,8 +171,9 @@ def read_state(bf16: Side, pol: Side, state: State, policy: Policy, probe: Probe
     args = step_args(state, probe)
     grams: dict[str, dict[str, Tensor]] = {}
     for unit in bf16.grads[0]:
-        grams[unit] = compare_unit([b[unit] for b in bf16.grads], [b[unit] for b in pol.grads],
-                                   state.weights[f"{unit}.weight"], state.moments.get(unit), dtypes, args, device,
+        grams[unit] = compare_unit([source(b, unit) for b in bf16.grads], [source(b, unit) for b in pol.grads],
+                                   source(state.weights, f"{unit}.weight"), source(state.moments, unit, None),
+                                   dtypes, args, device,
                                    chunk, base=(bf16.grams or {}).get(unit),
                                    compile_compare=settings.compile_compare)
     total = {key: sum(gm[key] for gm in grams.values()) for key in GRAMS}
@@ -192,8 +198,8 @@ def side_grams(bf16: Side, state: State, probe: ProbeSection, settings: DamageSe
     """The BF16 side's Gram matrices at ``state``, per unit (``g`` and ``u``: :func:`.compare.baseline_grams`),
     which every policy's compare at that state shares."""
     args = step_args(state, probe)
-    return {unit: baseline_grams([b[unit] for b in bf16.grads], state.weights[f"{unit}.weight"],
-                                 state.moments.get(unit), args, device, chunk,
+    return {unit: baseline_grams([source(b, unit) for b in bf16.grads], source(state.weights, f"{unit}.weight"),
+                                 source(state.moments, unit, None), args, device, chunk,
                                  compile_compare=settings.compile_compare)
             for unit in bf16.grads[0]}
 

@@ -15,6 +15,7 @@ its held-out loss per batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +26,8 @@ from precsearch.backends.base import Backend
 from precsearch.backends.emulated import EmulatedBackend
 from precsearch.config.space import ProbeSection
 from precsearch.policy import MemoryKnobs, Policy
+from precsearch.probe.damage.spill import SpillFile, write_all
+from precsearch.probe.damage.spilled_adamw import SpilledMomentsAdamW, moments_of
 from precsearch.probe.data import TokenBatches
 from precsearch.arch.units import unit_names
 from precsearch.utils.pinned import PinnedBlock
@@ -41,7 +44,9 @@ READING_STEP0 = 1_000_000
 class State:
     """The BF16 run just before ``step``: weights (plain layout, FP32) and AdamW moments.
 
-    Its tensors are in host memory, or on the run's device with ``reference_states(keep_on_device=True)``.
+    Its tensors are in host memory, or on the run's device with ``reference_states(keep_on_device=True)``, or
+    on disk with ``reference_states(spill=...)`` (``weights`` and ``moments`` then :class:`.spill.Spilled`: each
+    tensor read back when indexed).
 
     Attributes:
         step: Steps the run had taken.
@@ -51,26 +56,43 @@ class State:
     """
 
     step: int
-    weights: dict[str, Tensor]
-    moments: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    weights: Mapping[str, Tensor]
+    moments: Mapping[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
     lr: float = 0.0
     pinned: PinnedBlock | None = field(default=None, repr=False)  # the host memory the tensors are views into
 
 
 def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device: torch.device,
                      clip_grad: float | None, at: list[int], init: CheckpointStart | None = None, *,
-                     keep_on_device: bool = False) -> list[State]:
+                     keep_on_device: bool = False, spill: SpillFile | None = None) -> list[State]:
     """Train the BF16 probe (FP32 parameters and moments) and keep its state before each step in ``at``.
 
     The states are kept in host memory, or with ``keep_on_device`` on ``device`` (no copy back per trial, at
-    the device memory of a state's weights and moments: ``objectives.damage.keep_states``).
+    the device memory of a state's weights and moments: ``objectives.damage.keep_states``), or with ``spill``
+    written to that file straight from the run's tensors (``keep_states: disk``; no copy in memory).
     """
     backend = EmulatedBackend()
     model = build_probe(cfg, Policy.bf16(clip_grad), backend, device, probe.seed, "fp32", init)
     if init is not None and data.seed != probe.seed:
         data = data.with_seed(probe.seed)  # as run_probe: a checkpoint start draws its windows from the seed
-    opt = backend.build_optimizer(model, MemoryKnobs(), lr=probe.lr, betas=probe.betas,
+    moments_file = SpillFile(spill.directory) if spill is not None and device.type == "cpu" else None
+    if moments_file is not None:  # the run's moments on disk between steps too (.spilled_adamw)
+        opt = SpilledMomentsAdamW(model.parameters(), moments_file, lr=probe.lr, betas=probe.betas,
                                   weight_decay=probe.weight_decay)
+    else:
+        opt = backend.build_optimizer(model, MemoryKnobs(), lr=probe.lr, betas=probe.betas,
+                                      weight_decay=probe.weight_decay)
+    try:
+        return _run(model, opt, cfg, probe, data, device, clip_grad, at, backend, keep_on_device, spill)
+    finally:
+        if moments_file is not None:
+            moments_file.close()
+
+
+def _run(model, opt, cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, device: torch.device,
+         clip_grad: float | None, at: list[int], backend: Backend, keep_on_device: bool,
+         spill: SpillFile | None) -> list[State]:
+    """:func:`reference_states`' run with its model and optimizer made."""
     factor = _lr_lambda(probe)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     units = unit_names(cfg)
@@ -80,7 +102,7 @@ def reference_states(cfg: ModelConfig, probe: ProbeSection, data: TokenBatches, 
             # the last state is the run's own tensors where no copy is needed (the run ends there): a copy
             # would hold the state twice at the BF16 side's peak
             states.append(_snapshot(model, opt, units, step, probe.lr * factor(step), keep_on_device,
-                                    take=step == max(at)))
+                                    take=step == max(at), spill=spill))
         if step < max(at):
             _train_step(model, opt, data, step, False, clip_grad, backend, device, accum=probe.grad_accum)
             sched.step()
@@ -98,17 +120,21 @@ def _taken(t: Tensor) -> Tensor:
 
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer, units: list[str], step: int, lr: float,
-              keep_on_device: bool = False, take: bool = False) -> State:
+              keep_on_device: bool = False, take: bool = False, spill: SpillFile | None = None) -> State:
     """The run's weights and unit moments now, as float32 copies on the device, or in host memory: page-locked
     when they come from a GPU (every reading copies them back; a state of an 8B-wide probe is ~18 GB, which
-    pageable copies take seconds for), all in one :class:`~precsearch.utils.pinned.PinnedBlock` of their size."""
+    pageable copies take seconds for), all in one :class:`~precsearch.utils.pinned.PinnedBlock` of their size;
+    or, with ``spill``, written to that file one tensor at a time (float32)."""
     params = dict(model.named_parameters())
     moments = {}
     for unit in units:
-        st = opt.state.get(params[f"{unit}.weight"], {})
-        if "exp_avg" in st:
-            moments[unit] = (st["exp_avg"], st["exp_avg_sq"])
+        pair = moments_of(opt, params[f"{unit}.weight"])
+        if pair is not None:
+            moments[unit] = pair
     weights = model.state_dict()
+    if spill is not None:  # one tensor at a time (moments on disk are read one at a time too)
+        return State(step=step, weights=write_all(spill, {k: v.float() for k, v in weights.items()}),
+                     moments=write_all(spill, moments), lr=lr)
     sources = [*weights.values(), *(m for pair in moments.values() for m in pair)]
     if take and (keep_on_device or not any(t.is_cuda for t in sources)):
         keep, block = _taken, None  # where the state stays: the run's float32 tensors themselves
