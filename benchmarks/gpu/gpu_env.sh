@@ -21,3 +21,25 @@ gpu_util_log() {
     _GPU_UTIL_PID=$!
     trap 'kill "$_GPU_UTIL_PID" 2>/dev/null' EXIT
 }
+
+# gpu_frameworks_env: unpack the carried frameworks (make_framework_bundle.sh: .gpu/frameworks.tar.xz, the
+# megatron/core sources, or a full megatron_core wheel; .gpu/titan_wheels/, torchtitan and what it imports) into
+# /tmp/fw once, and put it on PYTHONPATH.
+gpu_frameworks_env() {
+    local fw=/tmp/fw
+    if [ ! -d "$fw/megatron/core" ]; then
+        mkdir -p "$fw"
+        if [ -f .gpu/frameworks.tar.xz ]; then
+            tar xJf .gpu/frameworks.tar.xz -C "$fw"
+        elif ls .gpu/megatron_core-*.whl >/dev/null 2>&1; then  # a full wheel, where the payload has room
+            pip install --no-deps --target "$fw" .gpu/megatron_core-*.whl > "$OUT/pip.log" 2>&1
+        else
+            echo "no .gpu/frameworks.tar.xz: run benchmarks/gpu/make_framework_bundle.sh here first" >&2
+        fi
+    fi
+    if [ ! -d "$fw/torchtitan" ] && ls .gpu/titan_wheels/torchtitan-*.whl >/dev/null 2>&1; then
+        python3 -m pip install --no-deps --target "$fw" .gpu/titan_wheels/*.whl > "$OUT/pip_titan.log" 2>&1 \
+            || tail -3 "$OUT/pip_titan.log"
+    fi
+    export PYTHONPATH="$fw:$PYTHONPATH"
+}

@@ -9,21 +9,7 @@
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_frameworks_out
 source "$(dirname "$0")/gpu_env.sh"
-FW=/tmp/fw
-if [ ! -d "$FW/megatron/core" ]; then
-  mkdir -p "$FW"
-  if [ -f .gpu/frameworks.tar.xz ]; then
-    tar xJf .gpu/frameworks.tar.xz -C "$FW"
-  elif ls .gpu/megatron_core-*.whl >/dev/null 2>&1; then  # a full wheel, where the payload has room
-    pip install --no-deps --target "$FW" .gpu/megatron_core-*.whl > "$OUT/pip.log" 2>&1
-  else
-    echo "no .gpu/frameworks.tar.xz: run benchmarks/gpu/make_framework_bundle.sh here first" >&2
-  fi
-fi
-if [ ! -d "$FW/torchtitan" ] && ls .gpu/titan_wheels/torchtitan-*.whl >/dev/null 2>&1; then
-  python3 -m pip install --no-deps --target "$FW" .gpu/titan_wheels/*.whl > "$OUT/pip_titan.log" 2>&1 || tail -3 "$OUT/pip_titan.log"
-fi
-export PYTHONPATH="$FW:$PYTHONPATH"
+gpu_frameworks_env
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 - <<'PY' >> "$OUT/gpu.txt" 2>&1
 import importlib.metadata as md

@@ -11,14 +11,7 @@
 set -uo pipefail
 DEFAULT_OUT=/tmp/gpu_targets_out
 source "$(dirname "$0")/gpu_env.sh"
-FW=/tmp/fw
-if [ ! -d "$FW/megatron/core" ]; then
-  mkdir -p "$FW"
-  tar xJf .gpu/frameworks.tar.xz -C "$FW" || echo "no .gpu/frameworks.tar.xz: make_framework_bundle.sh first" >&2
-  python3 -m pip install --no-deps --target "$FW" .gpu/titan_wheels/*.whl > "$OUT/pip_titan.log" 2>&1 \
-    || tail -3 "$OUT/pip_titan.log"
-fi
-export PYTHONPATH="$FW:$PYTHONPATH"
+gpu_frameworks_env
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/card.txt"
 for t in ${TARGETS:-accelerate megatron}; do
   STUDY=/tmp/targets/$t

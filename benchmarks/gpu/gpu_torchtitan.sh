@@ -16,10 +16,7 @@ fp8_current attn_current+mlp_delayed bf16_edges+fp8_current mxfp8 --deadline ${D
 else
   DEFAULT_OUT=/tmp/gpu_frameworks_out
   source "$(dirname "$0")/gpu_env.sh"
-  export PYTHONPATH="/tmp/fw:$PYTHONPATH"  # gpu_frameworks.sh installed torchtitan there; else install it now
-  if [ ! -d /tmp/fw/torchtitan ]; then
-    python3 -m pip install --no-deps --target /tmp/fw .gpu/titan_wheels/*.whl > "$OUT/pip_titan.log" 2>&1
-  fi
+  gpu_frameworks_env
   timeout "${SAVED_TIMEOUT:-300}" python3 benchmarks/torchao_saved.py --model torchtitan \
     --json "$OUT/torchtitan_saved.json" > "$OUT/torchtitan_saved.log" 2>&1
   echo "torchao_saved exit $?" >> "$OUT/torchtitan_saved.log"
