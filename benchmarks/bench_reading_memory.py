@@ -20,8 +20,8 @@ batches a reading holds (its gradient batches, delayed scaling's warm batches an
 inputs and targets). Prints a table; writes JSON under ``--out``.
 
 ``--keep-states`` picks where the reader keeps the BF16 run's states (``objectives.damage.keep_states``; ``auto``
-is ``disk`` on a CPU where the temporary directory has room). On disk (``--spill-dir``, default the temporary
-directory) the states and gradients are in anonymous files: the page cache that buffers them is the kernel's,
+is ``disk`` on a CPU where the temporary directory has room and they would hold over 256 MiB in memory). On
+disk (``--spill-dir``, default the temporary directory) the states and gradients are in anonymous files: the page cache that buffers them is the kernel's,
 not the process's resident set; each row gives the bytes the reader keeps in memory (``reader_host_bytes``) and
 on disk (``reader_disk_bytes``) after the BF16 side.
 
@@ -259,7 +259,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--policy", default="fp8_current", help="the FP8 precision of the policy read (every unit)")
     ap.add_argument("--keep-states", default="auto", choices=["auto", "host", "device", "disk"],
-                    help="objectives.damage.keep_states (auto: disk on a CPU where the temporary directory has room)")
+                    help="objectives.damage.keep_states (auto: disk on a CPU where the temporary directory has "
+                         "room and the states are over 256 MiB)")
     ap.add_argument("--spill-dir", type=Path, default=None,
                     help="where keep_states disk writes its (anonymous) files; default: the temporary directory")
     ap.add_argument("--device", default="cpu")

@@ -58,8 +58,9 @@ class DamageSection(Section):
         "gradients, and a policy's gradients at a state too while it is read (on a CPU the BF16 run's moments "
         "between its steps too): no memory held between trials, each read back a slice at a time, to the same "
         "figures; auto = on an accelerator, on it when they fit there "
-        "beside what is held and the trials' working set, else host; on a CPU, disk when the files take at most "
-        "half the free space there, else host; decided per clipping value (precsearch/probe/damage/placement.py)")
+        "beside what is held and the trials' working set, else host; on a CPU, disk when they would hold over "
+        "256 MiB in memory and the files take at most half the free space there, else host; decided per clipping "
+        "value (precsearch/probe/damage/placement.py)")
     compile_compare: bool = Field(
         True, description="on CUDA, fuse each chunk's compare step (two AdamW updates, the errors) into a few "
         "kernels with torch.compile, once per process; off: op by op, as on a CPU (the same figures to float32 "

@@ -137,9 +137,12 @@ def test_a_policys_file_is_closed_when_its_reading_fails(data, tmp_path, monkeyp
     reader.close()
 
 
-def test_auto_keeps_them_on_disk_on_a_cpu_where_there_is_room(data, tmp_path):
-    """``auto`` on a CPU: disk where the files take at most half the free space, else host memory."""
+def test_auto_keeps_them_on_disk_on_a_cpu_where_there_is_room(data, tmp_path, monkeypatch):
+    """``auto`` on a CPU: disk where the files take at most half the free space and are not small, else host
+    memory."""
     settings = DamageSection(states=[0.5, 1.0], batches=3, keep_states="auto")
+    assert placement.where_states(CFG, PROBE, settings, CPU, 2, 0, tmp_path) == "host"  # this model is small
+    monkeypatch.setattr(placement, "HOST_SMALL_BYTES", 0)
     need = placement.disk_bytes(CFG, PROBE, settings, 2)
     assert need == placement.state_bytes(CFG, 2) + placement.gradient_bytes(CFG, PROBE, settings, 2) \
         + 3 * 4 * placement.unit_elements(CFG)

@@ -126,13 +126,27 @@ def test_keep_states_is_auto_host_device_or_disk():
         DamageSection(keep_states="gpu")
 
 
-def test_auto_keeps_the_states_on_disk_on_a_cpu(data):
+def test_auto_keeps_the_states_on_disk_on_a_cpu(data, monkeypatch):
     """On a CPU there is no copy to save and host memory is the probe's: ``auto`` keeps the states on disk
-    (where the temporary directory has room; tests/probe/test_damage_disk.py) and reads as ``host`` does, to the
-    bit."""
+    (where the temporary directory has room and they are not small; tests/probe/test_damage_disk.py) and reads
+    as ``host`` does, to the bit."""
+    from precsearch.probe.damage import placement
+
+    monkeypatch.setattr(placement, "HOST_SMALL_BYTES", 0)  # this test's model is small
     auto, host = _reader(data, "auto"), _reader(data, "host")
     policy = Policy(rules=(Rule(name="all", modules=("*",), precision=Precision.FP8_CURRENT),))
     a = auto.read(policy)
     assert a["states_on"] == "disk" and _numbers(a) == _numbers(host.read(policy))
     assert auto.device_bytes() == 0 and auto.host_bytes() == 0
+    auto.close()
+
+
+def test_auto_keeps_a_small_models_states_in_a_cpus_memory(data):
+    """States and gradients of at most ``HOST_SMALL_BYTES`` stay in memory on a CPU: nothing to save there, and
+    disk costs time (the CPU quickstart's are a few MiB)."""
+    from precsearch.probe.damage import placement
+
+    auto = _reader(data, "auto")
+    policy = Policy(rules=(Rule(name="all", modules=("*",), precision=Precision.FP8_CURRENT),))
+    assert auto.read(policy)["states_on"] == "host" and 0 < auto.host_bytes() <= placement.HOST_SMALL_BYTES
     auto.close()

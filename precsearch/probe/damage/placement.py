@@ -1,7 +1,8 @@
 """Where the BF16 run's states are kept between readings, for ``objectives.damage.keep_states: auto``.
 
-On a CPU they go to disk (:func:`disk_fits`), where the spill directory's free space takes them; else host
-memory. Host memory is where a CPU probe computes, so states kept there are held beside every later trial (24
+On a CPU they go to disk (:func:`disk_fits`), where the spill directory's free space takes them and they
+would hold more than :data:`HOST_SMALL_BYTES` in memory; else host memory (a small model's states cost
+nothing to hold, and reading them from disk costs time). Host memory is where a CPU probe computes, so states kept there are held beside every later trial (24
 bytes a unit weight per state, 4x the BF16 model's 2 a parameter for two states alone); on disk nothing is held
 between trials and a reading reads them back a slice at a time (:mod:`.spill`), to the same figures.
 
@@ -44,6 +45,9 @@ FP32_BYTES = 4
 PARAM_BYTES = {"fp32": 4, "bf16": 2}
 #: Of the spill directory's free space, what ``auto`` lets a clipping value's files take on a CPU.
 DISK_SHARE = 0.5
+#: States and BF16 gradients ``auto`` keeps in a CPU's memory rather than on disk: at or below this, holding
+#: them costs nothing a machine would notice (the CPU quickstart's are a few MiB), and disk costs time.
+HOST_SMALL_BYTES = 256 * 2**20
 #: A policy's gradient's bytes per element at most (FP32: emulated FP8 GEMM outputs are not BF16 values).
 POLICY_GRAD_BYTES = 4
 #: A kept BF16-side gradient's bytes per element (BF16: :func:`precsearch.probe.damage.reading.kept_grad`).
@@ -97,11 +101,14 @@ def unit_elements(cfg: ModelConfig) -> int:
 def where_states(cfg: ModelConfig, probe: ProbeSection, settings: DamageSection, device: torch.device,
                  n_states: int, held: int, directory: str | Path | None = None) -> str:
     """Where a clipping value's states go: ``settings.keep_states``, or for ``auto`` ``device`` where
-    :func:`states_fit` says so (an accelerator), ``disk`` on a CPU where :func:`disk_fits` says so, else ``host``."""
+    :func:`states_fit` says so (an accelerator), ``disk`` on a CPU where the states and BF16 gradients would hold
+    more than :data:`HOST_SMALL_BYTES` and :func:`disk_fits` says so, else ``host``."""
     if settings.keep_states != "auto":
         return settings.keep_states
     if device.type == "cpu":
-        return "disk" if disk_fits(cfg, probe, settings, n_states, directory) else "host"
+        held = state_bytes(cfg, n_states) + gradient_bytes(cfg, probe, settings, n_states)
+        small = held <= HOST_SMALL_BYTES
+        return "disk" if not small and disk_fits(cfg, probe, settings, n_states, directory) else "host"
     return "device" if states_fit(cfg, probe, settings, device, n_states, held) else "host"
 
 
