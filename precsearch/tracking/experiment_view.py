@@ -34,12 +34,18 @@ SECTION = "precsearch-tradeoff"
 TAG_COLUMNS = ("feasible", "pareto")
 
 
-def metric_columns(unit: str = "relative", noise: bool = True) -> tuple[str, ...]:
+#: The trial metric of the instability as a multiple of the standard FP8 recipe's (the fixed-state reading's).
+VS_STANDARD = "instability_vs_standard"
+
+
+def metric_columns(unit: str = "relative", noise: bool = True, standard: bool = False) -> tuple[str, ...]:
     """Trial metrics shown as columns, in order: the objectives in percent (or seed spreads), as the terminal
-    prints them (:mod:`precsearch.tracking.review_columns`), then, where the study has a noise floor (``noise``: 2
-    or more BF16 reference seeds), the loss gap in seed spreads; without one that column would be empty in every
-    row."""
-    return (MEMORY_PCT, instability_column(unit), "tokens_per_s") + (("gap_in_noise",) if noise else ())
+    prints them (:mod:`precsearch.tracking.review_columns`), the instability as a multiple of the standard FP8
+    recipe's beside it where the study read that recipe (``standard``), then, where the study has a noise floor
+    (``noise``: 2 or more BF16 reference seeds), the loss gap in seed spreads; without them those columns would
+    be empty in every row."""
+    return ((MEMORY_PCT, instability_column(unit)) + ((VS_STANDARD,) if standard else ()) + ("tokens_per_s",)
+            + (("gap_in_noise",) if noise else ()))
 
 
 def charts(unit: str = "relative") -> tuple[tuple[str, str], ...]:
@@ -52,11 +58,12 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def view_state(param_names: list[str], search_filter: str = "", unit: str = "relative", noise: bool = True) -> dict:
+def view_state(param_names: list[str], search_filter: str = "", unit: str = "relative", noise: bool = True,
+               standard: bool = False) -> dict:
     """A shared view: feasible trials first by memory saved; front and feasible flags, objectives and params as
     columns; two large scatters, one to a row (MLflow's default, three small ones to a row, listed 3 of 13 runs in
     a legend of two lines)."""
-    columns = ([column("tags", t) for t in TAG_COLUMNS] + [column("metrics", m) for m in metric_columns(unit, noise)]
+    columns = ([column("tags", t) for t in TAG_COLUMNS] + [column("metrics", m) for m in metric_columns(unit, noise, standard)]
                + [column("params", p) for p in param_names])
     return {
         "searchFilter": search_filter,
@@ -81,12 +88,14 @@ def _scatter(x: str, y: str) -> dict:
             "yaxis": {"key": y, "type": "METRIC"}}
 
 
-def experiment_tags(param_names: list[str], unit: str = "relative", noise: bool = True) -> dict[str, str]:
-    """The experiment kind and two shared views: every run, and the front trials only (``noise``: see
-    :func:`metric_columns`)."""
+def experiment_tags(param_names: list[str], unit: str = "relative", noise: bool = True,
+                    standard: bool = False) -> dict[str, str]:
+    """The experiment kind and two shared views: every run, and the front trials only (``noise``, ``standard``:
+    see :func:`metric_columns`)."""
     names = sorted(param_names)
-    return {KIND_TAG: KIND, VIEW_PREFIX + VIEW_KEY: json.dumps(view_state(names, unit=unit, noise=noise)),
-            VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER, unit, noise))}
+    return {KIND_TAG: KIND, VIEW_PREFIX + VIEW_KEY: json.dumps(view_state(names, unit=unit, noise=noise,
+                                                                          standard=standard)),
+            VIEW_PREFIX + FRONT_KEY: json.dumps(view_state(names, FRONT_FILTER, unit, noise, standard))}
 
 
 def experiment_url(base_url: str, experiment_id: str, front: bool = False, charts: bool = False) -> str:

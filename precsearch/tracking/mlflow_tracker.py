@@ -241,12 +241,14 @@ class Tracker:
             if changed:  # another run of the study may write the same new tags now
                 _again_if_raced(lambda: self.client.log_batch(run_id, tags=changed))
 
-    def set_view(self, param_names: list[str], unit: str = "relative", noise: bool = True) -> None:
+    def set_view(self, param_names: list[str], unit: str = "relative", noise: bool = True,
+                 standard: bool = False) -> None:
         """The experiment's shared views (:mod:`~precsearch.tracking.experiment_view`) for these params, with
         instability in the study's ``stability_unit`` (``noise``: whether the study has a BF16 seed noise floor,
-        whose column is shown only then)."""
+        ``standard``: whether some trial has a multiple of the standard FP8 recipe's reading; each column is shown
+        only then)."""
         have = self.client.get_experiment(self.experiment_id).tags
-        for key, value in experiment_tags(param_names, unit, noise).items():
+        for key, value in experiment_tags(param_names, unit, noise, standard).items():
             if have.get(key) != value:  # another run of the study may write the same new tag now
                 _again_if_raced(lambda: self.client.set_experiment_tag(self.experiment_id, key, value))
 

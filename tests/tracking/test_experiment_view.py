@@ -21,3 +21,14 @@ def test_the_shared_view_leaves_the_empty_column_out():
     assert "params.`precision.mlp`" in view["selectedColumns"]
     with_noise = json.loads(experiment_tags(["precision.mlp"], "noise")[VIEW_PREFIX + VIEW_KEY])
     assert "metrics.`gap_in_noise`" in with_noise["selectedColumns"]
+
+
+def test_the_multiple_of_the_standard_recipe_sits_beside_the_instability_where_the_study_read_it():
+    from precsearch.tracking.experiment_view import VS_STANDARD
+
+    assert metric_columns("damage", noise=False, standard=True)[:3] == (
+        "memory_saved_pct", "instability_in_unit", VS_STANDARD)
+    assert VS_STANDARD not in metric_columns("damage", noise=False)
+    view = json.loads(experiment_tags(["precision.mlp"], "damage", noise=False, standard=True)[
+        "mlflow.sharedViewState.precsearch"])
+    assert "metrics.`instability_vs_standard`" in view["selectedColumns"]
