@@ -439,6 +439,8 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
     ends = loader.starts[1:] + [time.perf_counter()]
     gaps = [b - a for a, b in zip(ends, ends[1:])][shape.warmup_steps - 1:]
     model_out = namespace["accelerator"].unwrap_model(namespace["model"])
+    # the optimizer the snippet trained with: ours, or the one it built with policy.build_optimizer
+    optimizer = getattr(namespace["optimizer"], "optimizer", namespace["optimizer"])  # Accelerate's wrapper
     result = {"tokens_per_s": shape.mb * shape.seq / statistics.median(gaps),
               "peak_gib": max(loader.step_peaks) / GIB,  # [0]: before the first step, then one per step
               "step_peaks_gib": [b / GIB for b in loader.step_peaks],
@@ -446,7 +448,7 @@ def run_accelerate(spec: dict[str, Any], shape: plan.Shape, policy) -> dict[str,
               # resident at the last step's start (states alive), unlike train()'s start_gib (before step 0)
               "start_gib": loader.resident[-1] / GIB,
               "modules": plan.check_modules(_accelerate_observed(model_out), plan.hf_expected(policy, shape.layers)),
-              "trained": trained(before, model_out, opt), "resident_gib": resident_parts(model_out, opt),
+              "trained": trained(before, model_out, optimizer), "resident_gib": resident_parts(model_out, optimizer),
               "note": note, "versions": _versions("accelerate", "transformers", "torchao", "transformer_engine")}
     return result
 
