@@ -63,7 +63,8 @@ def view_state(param_names: list[str], search_filter: str = "", unit: str = "rel
     """A shared view: feasible trials first by memory saved; front and feasible flags, objectives and params as
     columns; two large scatters, one to a row (MLflow's default, three small ones to a row, listed 3 of 13 runs in
     a legend of two lines)."""
-    columns = ([column("tags", t) for t in TAG_COLUMNS] + [column("metrics", m) for m in metric_columns(unit, noise, standard)]
+    columns = ([column("tags", t) for t in TAG_COLUMNS]
+               + [column("metrics", m) for m in metric_columns(unit, noise, standard)]
                + [column("params", p) for p in param_names])
     return {
         "searchFilter": search_filter,

@@ -326,3 +326,42 @@ def test_a_policy_without_knobs_leaves_the_optimizer_to_the_user(monkeypatch):
     assert "build_optimizer" not in rendered.files[FILE] and POLICY_FILE not in rendered.files
     ns = _run(rendered.files[FILE], monkeypatch, optimizer="mine")
     assert ns["accelerator"].prepared[1] == "mine"
+
+
+def test_the_knob_snippet_trains_with_the_real_accelerate(monkeypatch, tmp_path):
+    """The exact-policy path with optimizer-state knobs, as a user runs it with the real Accelerate (no stand-ins):
+    the snippet builds ``FP8StateAdamW``, ``prepare()`` wraps it without copying its states, one step trains
+    every weight, and the states keep their storage."""
+    pytest.importorskip("accelerate")
+    from precsearch.backends.fp8_state_adam import FP8StateAdamW
+    from precsearch.policy import MemoryKnobs
+
+    policy = Policy(rules=(EDGES, Rule("attn", ("*.self_attn.*",), P.FP8_DELAYED),
+                           Rule("mlp", ("*.mlp.*",), P.FP8_CURRENT)),
+                    memory=MemoryKnobs(master_weights=True, master_dtype="remainders", moment_dtype="fp8_block"))
+    rendered = render("accelerate", policy, N, {})
+    assert choose_path(policy, N)[0] == "precsearch"
+    for name, text in rendered.files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    model = _hf_llama()
+    ids = torch.randint(0, CFG.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    namespace = {"model": model, "dataloader": [{"input_ids": ids, "labels": ids}], "learning_rate": 1e-2,
+                 "weight_decay": 0.0}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # an earlier test's Accelerator fixed another mixed precision
+    try:
+        exec(compile(rendered.files[FILE], FILE, "exec"), namespace)
+    finally:
+        AcceleratorState._reset_state(True)
+    optimizer = namespace["optimizer"].optimizer  # Accelerate's AcceleratedOptimizer wraps the snippet's
+    assert isinstance(optimizer, FP8StateAdamW) and optimizer.master == "remainders"
+    trained = namespace["accelerator"].unwrap_model(namespace["model"])
+    params = dict(trained.named_parameters())
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert sorted(params) == sorted(before) and all(id(p) in held for p in params.values())
+    assert [n for n, p in params.items() if torch.equal(p.detach().float(), before[n].float())] == []
+    state = optimizer.state[params["model.layers.1.mlp.up_proj.weight"]]
+    assert state["exp_avg"].dtype == torch.float8_e4m3fn and state["step"] == 1

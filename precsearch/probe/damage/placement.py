@@ -2,9 +2,10 @@
 
 On a CPU they go to disk (:func:`disk_fits`), where the spill directory's free space takes them and they
 would hold more than :data:`HOST_SMALL_BYTES` in memory; else host memory (a small model's states cost
-nothing to hold, and reading them from disk costs time). Host memory is where a CPU probe computes, so states kept there are held beside every later trial (24
-bytes a unit weight per state, 4x the BF16 model's 2 a parameter for two states alone); on disk nothing is held
-between trials and a reading reads them back a slice at a time (:mod:`.spill`), to the same figures.
+nothing to hold, and reading them from disk costs time). Host memory is where a CPU probe computes, so
+states kept there are held beside every later trial (24 bytes a unit weight per state, 4x the BF16 model's
+2 a parameter for two states alone); on disk nothing is held between trials and a reading reads them back
+a slice at a time (:mod:`.spill`), to the same figures.
 
 On the accelerator a reading copies nothing and the BF16 side needs no page-locked host memory, whose
 allocation is most of its cost on a GPU (on the H200 at the 8B space: the first BF16 side took 30.7 s with
