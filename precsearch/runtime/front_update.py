@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import math
-
 import optuna
 from optuna.trial import TrialState
 
@@ -19,8 +17,7 @@ from precsearch.runtime.target_space import runs_as_is_of_study
 from precsearch.search.front import trial_rows
 from precsearch.search.scoring import objective_names
 from precsearch.search.summary import finished_count, study_metrics
-from precsearch.tracking.experiment_view import VS_STANDARD
-from precsearch.tracking.front_report import write_front
+from precsearch.tracking.front_report import beside_standard, write_front
 
 
 def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
@@ -45,9 +42,8 @@ def update_front(ctx: StudyRun, log_metrics: bool = True) -> dict[str, float]:
     metrics = study_metrics(rows, finished_count(ctx.study), names)
     if log_metrics:
         ctx.tracker.log_study(metrics)
-    standard = any(isinstance(v := r.get(VS_STANDARD), float) and math.isfinite(v) for r in rows)
     ctx.tracker.set_view(sorted({name for r in rows for name in r["params"]}), ctx.space.objectives.instability_unit,
-                         noise=ctx.space.objectives.reference_seeds >= 2, standard=standard)
+                         noise=ctx.space.objectives.reference_seeds >= 2, standard=beside_standard(rows))
     return metrics
 
 

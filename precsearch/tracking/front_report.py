@@ -30,12 +30,13 @@ from typing import Any
 from precsearch.instability import Reading, StudyUnit, number
 from precsearch.readings import own_unit_reading
 from precsearch.recipes import STANDARD_FP8_NAME
+from precsearch.tracking.experiment_view import VS_STANDARD
 
 COLUMNS = ("trial", "fidelity_steps", "pareto", "feasible", "memory_saved", "instability", "instability_in_unit",
            "instability_unit", "instability_band", "loss_gap", "noise_floor", "gap_in_noise", "diverged", "policy")
 """front.csv's columns: what a trial's probes decide, so the same study writes the same file. The measured
 speed (``tokens_per_s``, a clock's reading) joins them only as an objective (``objectives.throughput``)."""
-STANDARD_COLUMNS = ("instability_vs_standard", "instability_standard")
+STANDARD_COLUMNS = (VS_STANDARD, "instability_standard")
 """front.csv's columns where the study read the standard FP8 recipe (``objectives.damage.standard_reference``): each
 trial's instability as a multiple of the standard's, and the standard's own reading at the trial's clip value."""
 KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
@@ -58,7 +59,7 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
     with paths[0].open("w", newline="") as fh:
         columns = COLUMNS[:-2] + ("tokens_per_s",) + COLUMNS[-2:] if throughput else COLUMNS
         columns += tuple(c for c in ("runs_as_is_in", "target_memory_saved") if any(c in r for r in front))
-        if _beside_standard(front):  # the study read the standard FP8 recipe: its reading and each one's multiple
+        if beside_standard(front):  # the study read the standard FP8 recipe: its reading and each one's multiple
             columns += STANDARD_COLUMNS
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
@@ -79,9 +80,9 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
-def _beside_standard(rows: list[dict[str, Any]]) -> bool:
+def beside_standard(rows: list[dict[str, Any]]) -> bool:
     """Whether any row has a multiple of the standard FP8 recipe's reading (none: every output leaves it out)."""
-    return any(isinstance(v := r.get("instability_vs_standard"), (int, float)) and math.isfinite(v) for r in rows)
+    return any(isinstance(v := r.get(VS_STANDARD), (int, float)) and math.isfinite(v) for r in rows)
 
 
 def _multiple_of(shown: Reading, limit: float) -> str:
@@ -91,7 +92,7 @@ def _multiple_of(shown: Reading, limit: float) -> str:
 
 def _standard_note(rows: list[dict[str, Any]], unit: str, limit: float) -> str:
     """The page's line on what the ``vs the standard FP8 recipe`` column is a multiple of."""
-    what = next(reading(r, unit, limit).standard_recipe for r in rows if _beside_standard([r]))
+    what = next(reading(r, unit, limit).standard_recipe for r in rows if beside_standard([r]))
     return (f"<p>vs {html.escape(STANDARD_FP8_NAME)}: the trial's instability as a multiple of that recipe's reading "
             f"at the same states, batches and clip value ({html.escape(what)}).</p>")
 
@@ -266,7 +267,7 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
     # the instability column in the plot's unit: a table in % beside a plot in seed spreads did not match
     measure = damage_measure(rows)
     in_unit = StudyUnit(unit, limit, measure).name
-    standard = _beside_standard(rows)
+    standard = beside_standard(rows)
     head = ("trial", "kind", "memory saved", f"instability ({in_unit})",
             *((f"vs {STANDARD_FP8_NAME}",) if standard else ()), "band", "loss gap vs BF16", "tokens/s", "steps",
             "policy")
