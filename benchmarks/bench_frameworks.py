@@ -474,15 +474,24 @@ def read_study(study_dir: Path, trials: list[int] | None, max_picks: int | None 
                                                                                                     "fp32"),
             "memory_basis": space.get("objectives", {}).get("memory_basis") or "target", "model": model,
             "probe_layers": probe_layers, "probe_seq": space.get("probe", {}).get("seq_len"),
-            "probe_mb": space.get("probe", {}).get("micro_batch"), "model_unreadable": why, "picks": picks}
+            "probe_mb": space.get("probe", {}).get("micro_batch"), "model_unreadable": why, "picks": picks,
+            "space": space}
 
 
 def front_saved(study: dict[str, Any], pick: dict[str, Any], layers: int) -> tuple[float, str]:
-    """The front's memory saved for a bench run at ``layers`` blocks, and which figure it is: the study's
-    saving on the probe (``memory_saved_probe``, measured) when the bench runs the probe's depth, on the
-    target model (``memory_saved_target``, predicted) when it runs the target's full depth, else the front's
+    """The front's memory saved for a bench run at ``layers`` blocks, and which figure it is. A study whose
+    ``target:`` is a framework scores what that framework's run saves, predicted
+    (:func:`~precsearch.runtime.target_memory.target_saving`): that prediction at the bench's depth. Otherwise
+    the study's saving on the probe (``memory_saved_probe``, measured) when the bench runs the probe's depth, on
+    the target model (``memory_saved_target``, predicted) when it runs the target's full depth, else the front's
     own ``memory_saved`` (on the study's ``memory_basis``)."""
-    model = study["model"]
+    from precsearch.policy import Policy
+    from precsearch.runtime.target_memory import target_saving
+
+    model, target = study["model"], study["target"]
+    if target not in (None, "precsearch") and model is not None:
+        saving = target_saving(study["space"], target, Policy.from_dict(pick["policy"]), layers)
+        return saving.saved, f"{target}'s run at {layers} blocks, predicted (what a study for {target} scores)"
     if layers == study["probe_layers"] and pick.get("memory_saved_probe") is not None:
         return pick["memory_saved_probe"], "probe"
     if model is not None and layers == model.n_layers and pick.get("memory_saved_target") is not None:
@@ -616,8 +625,9 @@ def study_table(entries: list[dict[str, Any]]) -> str:
             f"{_verdict(e['speedup_pass']):4}  {e['status'][:70]}")
     if any(e["front_speedup"] is None for e in entries):
         lines.append("  n/m: speed-up not measured by the study (no throughput reference)")
-    lines += [f"  front saved: the study's saving on the {b}" for b in dict.fromkeys(
-        e["front_saved_basis"] for e in entries)]
+    for basis in dict.fromkeys(e["front_saved_basis"] for e in entries):
+        lines.append(f"  front saved: {basis}" if "'s run at " in basis else
+                     f"  front saved: the study's saving on the {basis}")
     lines += [f"  trial {e['trial']} in {e['framework']} (the study's target) runs otherwise: "
               + "; ".join(e["runs_otherwise"]) for e in entries if e["runs_otherwise"]]
     return "\n".join(lines)

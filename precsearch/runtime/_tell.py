@@ -25,6 +25,7 @@ from precsearch.runtime.liveness import WorkerId
 from precsearch.runtime.recorder import RecordJob, Recorder
 from precsearch.runtime.reference import References, uncached_steps
 from precsearch.runtime.study_log import say
+from precsearch.runtime.target_memory import TargetSaving, study_target_saving
 from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, optuna_adapter, promotion
 from precsearch.search.front import policy_summary
@@ -38,7 +39,8 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
            references: References, stressed: ProbeResult | None, rung: int) -> None:
     """Score the trial (the one place it is scored), journal its record, tell Optuna, and hand the MLflow record
     to ``ctx.recorder``, which reads the stored score back."""
-    scored = _score(ctx.space.objectives, result, references, stressed)
+    framework = study_target_saving(ctx.space.model_dump(mode="json"), policy)
+    scored = _score(ctx.space.objectives, result, references, stressed, framework)
     for key, value in (("score", scored.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
                        ("reason", result.reason), ("probe_result", result.to_dict())):
@@ -46,7 +48,8 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     if stressed:
         trial.set_user_attr("stress_result", stressed.to_dict())
     # kept for `precsearch front`, which reads Optuna only; the breakdown's files are the recorder's
-    trial.set_user_attr("memory_sources", _memory_sources(result, references.paired))
+    trial.set_user_attr("memory_sources", _memory_sources(result, references.paired) if framework is None
+                        else saving_sources(framework.trial_parts, framework.baseline_parts))
     trial.set_constraint("stability", scored.constraint)
     job = RecordJob(trial=trial.number, trial_id=optuna_adapter.trial_id(trial), run_id=run_id, rung=rung,
                     references={"seeds": [r.to_dict() for r in references.seeds],
@@ -62,8 +65,9 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
                          budget_s=retry_s)
     job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
+    source = result.memory_source if framework is None else f"in {framework.target}, predicted"
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * scored.score.memory_saved:.2f}% "
-              f"({result.memory_source}), {scored.verdict}  {policy_summary(trial.params)}")
+              f"({source}), {scored.verdict}  {policy_summary(trial.params)}")
     if ctx.status is not None:
         # the references still to run, from the cache on disk: another worker may have run them
         ctx.status.eta.reference_steps = uncached_steps(ctx.space, ctx.references, ctx.device)
@@ -133,9 +137,10 @@ def _replay(ctx: StudyRun) -> int:
 
 
 def _score(objectives: ObjectivesSection, result: ProbeResult, references: References,
-           stressed: ProbeResult | None) -> ScoredTrial:
+           stressed: ProbeResult | None, framework: TargetSaving | None) -> ScoredTrial:
     return score_trial(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
-                       stress=(stressed, references.stress) if stressed else None, standard=references.standard)
+                       stress=(stressed, references.stress) if stressed else None, standard=references.standard,
+                       framework=(framework.target, framework.saved) if framework else None)
 
 
 def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:

@@ -276,8 +276,11 @@ def target_line(space: dict[str, Any]) -> str | None:
         return None
     fmt = TARGETS.get(target.get("name"))
     version = target.get("version") or (FORMATS[fmt].checked if fmt else "")
+    saved = ("" if target.get("name") == "precsearch" else
+             f"; mem saved: what {target.get('name')}'s run of the trial saves, predicted by the memory model with "
+             "its rules")
     return (f"target: {target.get('name')} {version} (the space offered only choices it runs; 'runs as-is in' "
-            "names the targets that run each trial's combination of them)")
+            f"names the targets that run each trial's combination of them{saved})")
 
 
 __all__ = ["Choice", "add_runs_as_is", "check_target", "choices", "recorded_policy", "runs_as_is", "runs_as_is_of_space",

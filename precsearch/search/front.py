@@ -107,10 +107,19 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
         "nonfinite": score.get("nonfinite", ""),
         "memory_source": trial.user_attrs.get("memory_source", ""),
         "memory_sources": trial.user_attrs.get("memory_sources", ""),
+        "memory_framework": score.get("memory_framework", ""),
+        "memory_saved_own": _own_saving(score),
         "policy": policy_summary(trial.params),
         "params": dict(trial.params),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
     } | _beside_standard(reading)
+
+
+def _own_saving(score: dict[str, Any]) -> float:
+    """What precsearch's own probe and optimizer save running the trial: at the target model where the study
+    predicted one, else on the probe."""
+    target = score.get("memory_saved_target", math.nan)
+    return target if isinstance(target, float) and math.isfinite(target) else score.get("memory_saved_probe", math.nan)
 
 
 def _beside_standard(reading: Reading) -> dict[str, Any]:
@@ -128,8 +137,9 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
     Instability is in the study's one unit (named above the table, with the limit) and its band, as the
     terminal's trial lines give them (:mod:`precsearch.instability`). ``target``: a line naming the study's
     target, above the table. A row's ``runs_as_is_in`` (the targets that run its policy as it is, where the
-    caller added them) closes its line, after it what the study's target saves running it
-    (``target_memory_saved``, predicted)."""
+    caller added them) closes its line. A study whose target is a framework scored that framework's saving
+    (``memory_framework``): the row then ends with precsearch's own (``memory_saved_own``); a study stored before
+    that, with what the target saves running it (``target_memory_saved``, predicted)."""
     extra = f"  {'feasible':>8}  {'pareto':>6}" if flags else ""
     width = max([11] + [len(_instability(r)) for r in rows])
     standard = _standard_line(rows)  # a column only where the study read the standard FP8 recipe
@@ -147,7 +157,9 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
         sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
         sources += f"  [runs as-is in: {r['runs_as_is_in']}]" if r.get("runs_as_is_in") else ""
-        if "target_memory_saved" in r:  # the study's target runs it: what that saves, predicted
+        if r.get("memory_framework"):  # mem saved is the framework's: precsearch's own figure beside it
+            sources += f"  [precsearch itself: memory saved {100 * r['memory_saved_own']:.2f}%]"
+        elif "target_memory_saved" in r:  # a study that scored precsearch's figure: what its target saves, predicted
             sources += f"  [target: memory saved {100 * r['target_memory_saved']:.2f}% predicted]"
         multiple = f"  {_multiple(r):>11}" if standard else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}{multiple}  "

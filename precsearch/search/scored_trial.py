@@ -68,8 +68,10 @@ class ScoredTrial:
 
 def score_trial(result: ProbeResult, paired: ProbeResult, objectives: ObjectivesSection, *,
                 noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None,
-                standard: Mapping[str, Any] | None = None) -> ScoredTrial:
-    """Score ``result`` against its paired BF16 reference, and beside the standard FP8 recipe's reading where there
-    is one (see :func:`~precsearch.search.scoring.score`)."""
+                standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None
+                ) -> ScoredTrial:
+    """Score ``result`` against its paired BF16 reference, beside the standard FP8 recipe's reading where there
+    is one, with the memory the study's framework target saves where it has one (see
+    :func:`~precsearch.search.scoring.score`)."""
     return ScoredTrial.of(score(result, paired, objectives, noise_floor=noise_floor, stress=stress,
-                                standard=standard), objectives)
+                                standard=standard, framework=framework), objectives)

@@ -2,7 +2,11 @@
 
 * memory saved = 1 - peak(policy) / peak(BF16 reference), on the probe (measured
   on a GPU) and on the target model (predicted, calibrated by the probe on a
-  GPU); ``objectives.memory_basis`` picks the one optimised;
+  GPU); ``objectives.memory_basis`` picks the one optimised. A space whose
+  ``target:`` is a framework optimises what that framework's run of the policy
+  saves instead (predicted by the memory model with the framework's rules, on
+  the same basis: :mod:`precsearch.runtime.target_memory`), the figure its
+  user gets; precsearch's own figures are kept beside it;
 * loss gap = (eval loss(policy) - eval loss(reference)) / eval loss(reference),
   on the fixed held-out batches, not the noisy training batches; the reference
   is the BF16 probe of the same seed (paired);
@@ -78,7 +82,8 @@ class Score:
     ``stress_*`` and ``stable_under_stress`` are None when no stress probe ran.
     ``constraint`` is Optuna's constraint value: <= 0 exactly when ``feasible``.
     ``memory_saved`` is ``memory_saved_target`` or ``memory_saved_probe``, as
-    ``objectives.memory_basis`` says. ``loss_gap`` is always the held-out gap and
+    ``objectives.memory_basis`` says, or, for a study whose ``target:`` is a framework (named in
+    ``memory_framework``), ``memory_saved_framework``: what that framework's run of the policy saves, predicted. ``loss_gap`` is always the held-out gap and
     ``tail_gap`` the paired training-loss gap over the tail; ``instability_gap`` is
     the one of them ``reading`` names, the signed figure instability is read from.
     """
@@ -116,6 +121,9 @@ class Score:
     instability_standard: float = math.nan
     standard_recipe: str = ""
     instability_vs_standard: float = math.nan
+    # what the study's framework target saves running the policy (predicted), and which framework; NaN, "" without one
+    memory_saved_framework: float = math.nan
+    memory_framework: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -178,7 +186,7 @@ def in_noise_units(value: float, floor: float) -> float:
 
 def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection, *,
           noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None,
-          standard: Mapping[str, Any] | None = None) -> Score:
+          standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None) -> Score:
     """Score ``result`` against the BF16 ``reference`` run on the same data, seed and steps.
 
     Args:
@@ -189,6 +197,9 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         stress: ``(policy probe, BF16 probe)`` at the stress learning rate, if one ran.
         standard: The standard FP8 recipe's fixed-state reading at the same clip value (``value``, ``recipe``;
             :mod:`precsearch.probe.damage.standard`), or None: the score then carries no multiple of it.
+        framework: ``(name, saved)``: the study's framework target and what its run of the policy saves
+            (:func:`~precsearch.runtime.target_memory.study_target_saving`), the memory objective then; None: the
+            probe's figure on ``objectives.memory_basis``.
     """
     base = _pair(result, reference, objectives, noise_floor)
     pressed = _pair(*stress, objectives, noise_floor) if stress else None
@@ -206,7 +217,10 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         damage=base.damage,
         damage_se=base.damage_se,
         damage_measure=get_reading(objectives.reading).measure(objectives.model_dump()),
-        memory_saved=saved_target if objectives.memory_basis == "target" else saved_probe,
+        memory_saved=framework[1] if framework else saved_target if objectives.memory_basis == "target"
+        else saved_probe,
+        memory_saved_framework=framework[1] if framework else math.nan,
+        memory_framework=framework[0] if framework else "",
         memory_saved_probe=saved_probe,
         memory_saved_target=saved_target,
         loss_gap=base.loss_gap,
