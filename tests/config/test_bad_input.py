@@ -152,10 +152,9 @@ def test_commands_on_a_directory_without_a_study(tmp_path, capsys, command):
 
 def test_memory_knobs_need_the_te_backend(tmp_path, capsys):
     data = tiny_space_dict()
-    data["search"]["memory"] = {"fp8_weights": {"choices": [False, True]}}
-    data["search"]["allow_unsoaked"] = True  # no long run has passed FP8 weights: else the soak check refuses first
+    data["search"]["memory"] = {"moment_dtype": {"choices": ["fp32", "bf16"]}}  # both passed the soak
     path = write_space(tmp_path, data)
-    _assert_user_error(*_run(capsys, "validate", path), "search.memory.fp8_weights", "backend 'te'")
+    _assert_user_error(*_run(capsys, "validate", path), "search.memory.moment_dtype", "backend 'te'")
 
 
 def test_group_splitting_a_fused_unit_names_the_unit_and_the_group(tmp_path, capsys):

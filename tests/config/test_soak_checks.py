@@ -19,6 +19,7 @@ from precsearch.errors import UserError, UserErrors
 
 BF16 = {"probe.param_dtype": "bf16", "search.memory.master_weights": True}
 REMAINDERS = {**BF16, "search.memory.master_dtype": "remainders"}
+FP16_MASTER = {**BF16, "search.memory.master_dtype": "fp16"}
 MXFP8 = {"search.groups": [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": ["bf16", "mxfp8"]}}]}
 
 
@@ -66,18 +67,16 @@ def test_what_the_soak_passed_is_accepted(overrides):
 
 
 @pytest.mark.parametrize("overrides, named, row", [
-    # a whole FP32 master with BF16 moments: remainders + BF16 passed, this has not run
-    ({**BF16, "search.memory.moment_dtype": "bf16"}, "search.memory.moment_dtype: 'bf16'", "std_fp32_bf16"),
+    # an FP16 master with BF16 moments: each half passed beside the other kind (std_fp16_fp32, std_fp32_bf16)
+    ({**FP16_MASTER, "search.memory.moment_dtype": "bf16"}, "search.memory.master_dtype: 'fp16'",
+     "no bench_soak row runs it"),
     # the searched field is named, not the one fixed beside it
-    ({**BF16, "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}}, "search.memory.moment_dtype: 'bf16'",
-     "std_fp32_bf16"),
-    ({**BF16, "search.memory.master_dtype": "fp16", "search.memory.moment_dtype": "fp32"},
-     "search.memory.master_dtype: 'fp16'", "std_fp16_fp32"),
-    ({**BF16, "search.memory.fp8_weights": {"choices": [False, True]}}, "search.memory.fp8_weights: True",
-     "std_fp32_fp32_fp8w"),
+    ({**FP16_MASTER, "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}},
+     "search.memory.moment_dtype: 'bf16'", "no bench_soak row runs it"),
     ({**REMAINDERS, "search.memory.moment_dtype": "fp8_block", "search.memory.exp_avg_dtype": "bf16"},
      "search.memory.exp_avg_dtype: 'bf16'", "no bench_soak row runs it"),  # a mixed pair is a state of its own
-    ({"search.memory.moment_dtype": "bf16"}, "search.memory.moment_dtype: 'bf16'", "std_fp32_bf16"),  # FP32 params
+    ({"search.memory.exp_avg_dtype": "bf16"}, "search.memory.exp_avg_dtype: 'bf16'",
+     "no bench_soak row runs it"),  # FP32 params, their own master: BF16 first moment, FP32 second
     (MXFP8, "search.groups[0].precision: 'mxfp8'", "no bench_soak row runs it"),
 ])
 def test_an_unsoaked_choice_is_refused_naming_the_field_its_value_and_what_passed(overrides, named, row):
@@ -87,11 +86,17 @@ def test_an_unsoaked_choice_is_refused_naming_the_field_its_value_and_what_passe
 
 
 def test_the_nearest_passed_states_are_the_ones_named():
-    """FP32 master + BF16 moments is one part from three passed states; each is named with its row."""
-    message = _refusal(**BF16, **{"search.memory.moment_dtype": "bf16"})
-    for row in ("bf16_std", "std_fp32_fp8block", "std_rem_bf16"):
+    """FP16 master + BF16 moments is one part from three passed states; each is named with its row."""
+    message = _refusal(**FP16_MASTER, **{"search.memory.moment_dtype": "bf16"})
+    for row in ("std_fp32_bf16", "std_rem_bf16", "std_fp16_fp32"):
         assert f"row {row}:" in message, message
     assert "std_rem_fp8block" not in message  # two parts away
+
+
+def test_fp8_only_weights_are_refused_naming_the_soak():
+    message = _refusal(**BF16, **{"search.memory.fp8_weights": {"choices": [False, True]}})
+    assert "search.memory.fp8_weights: True" in message and "+39.9%" in message, message
+    assert "std_fp32_fp32_fp8w" in message and "fp8_weights: false" in message
 
 
 def test_every_problem_is_reported_at_once():
@@ -99,17 +104,17 @@ def test_every_problem_is_reported_at_once():
         _check(**REMAINDERS, **MXFP8, **{"search.memory.moment_dtype": {"choices": ["bf16", "fp8"]},
                                          "search.memory.fp8_weights": {"choices": [False, True]}})
     fields = [p.field for p in e.value.problems]
-    assert fields == ["search.memory.moment_dtype", "search.memory.fp8_weights", "search.groups[0].precision"], fields
+    assert fields == ["search.memory.fp8_weights", "search.memory.moment_dtype", "search.groups[0].precision"], fields
     assert str(e.value).count("\n") == 2  # one line each
 
 
 def test_the_opt_in_accepts_an_unsoaked_choice_and_warns_once_for_each():
-    space = parse_space(tiny_space_dict(**BF16, **MXFP8, **{"search.memory.moment_dtype": {"choices": ["fp32", "bf16"]},
-                                                            "search.allow_unsoaked": True}))
+    space = parse_space(tiny_space_dict(**FP16_MASTER, **MXFP8, **{
+        "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}, "search.allow_unsoaked": True}))
     check_soak(space)
     warnings = soak_warnings(space)
     assert len(warnings) == 2, warnings
-    assert warnings[0].startswith("search.memory.moment_dtype: 'bf16' offers master fp32, moments bf16/bf16")
+    assert warnings[0].startswith("search.memory.moment_dtype: 'bf16' offers master fp16, moments bf16/bf16")
     assert warnings[1].startswith("search.groups[0].precision: 'mxfp8' offers MXFP8 GEMMs")
     assert all("search.allow_unsoaked is true" in w for w in warnings)
 
