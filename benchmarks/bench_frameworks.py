@@ -488,7 +488,7 @@ def front_saved(study: dict[str, Any], pick: dict[str, Any], layers: int) -> tup
     from precsearch.policy import Policy
     from precsearch.runtime.target_memory import target_saving
 
-    model, target = study["model"], study["target"]
+    model, target = study["model"], study.get("target")
     if target not in (None, "precsearch") and model is not None:
         saving = target_saving(study["space"], target, Policy.from_dict(pick["policy"]), layers)
         return saving.saved, f"{target}'s run at {layers} blocks, predicted (what a study for {target} scores)"

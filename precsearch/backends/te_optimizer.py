@@ -20,6 +20,15 @@ Hopper every FP8 moment also allocates its transpose: 2 bytes per element, what 
 moment costs. The optimizer only ever reads the row-wise data (``.float()``) and writes it
 back (``copy_``), so the states are initialised eagerly here and each FP8 one replaced by a
 row-wise-only tensor: 1 byte per element.
+
+Why FP8 weights get a hook after each step (:func:`refresh_fp8_weight_transposes`): with
+``fp8_weights`` (``te.quantized_model_init``) a delayed-scaling weight is a ``Float8Tensor``
+that ``FusedAdam``'s FP8 kernel updates in place, writing its row-wise data and ``scale_inv``
+only. Its transpose, made at init, stays marked valid, and on Hopper the backward's data
+gradient reads it: every step's dgrad GEMMs then used the initial weights. In the 2,000-step
+soak that cost +39.9% held-out loss (bench_soak row ``std_fp32_fp32_fp8w``, H200, 2026-12-06).
+The hook marks each such weight's caches stale, so the next forward quantizes its transpose
+from the updated data, as TE's own Megatron path does after it casts master weights to FP8.
 """
 
 from __future__ import annotations
@@ -119,7 +128,26 @@ def build_optimizer(
     )
     if compact_states:
         compact_fp8_states(opt)
+    if any(is_delayed_fp8_weight(p) for group in opt.param_groups for p in group["params"]):
+        opt.register_step_post_hook(refresh_fp8_weight_transposes)
     return opt
+
+
+def is_delayed_fp8_weight(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a delayed-scaling ``Float8Tensor`` parameter (``te.quantized_model_init``): the kind
+    ``FusedAdam`` updates in place with its FP8 kernel."""
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer, Float8Tensor
+
+    return isinstance(p, Float8Tensor) and isinstance(p._quantizer, Float8Quantizer)
+
+
+def refresh_fp8_weight_transposes(optimizer: torch.optim.Optimizer, *_: object) -> None:
+    """A step post-hook: mark every FP8 weight's cached transpose stale (see the module docstring), so the next
+    forward re-quantizes it from the row-wise data the step wrote."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if is_delayed_fp8_weight(p):
+                p._reset_caches()
 
 
 def compact_fp8_states(optimizer: torch.optim.Optimizer) -> int:

@@ -83,7 +83,8 @@ REFUSED: tuple[Refused, ...] = (
             "FP8-only weights (te.quantized_model_init) with an FP32 master diverged in the soak (8 of 8 seeds): "
             "paired held-out loss +39.9% ± 1.7% after 2,000 annealed steps under FP8 delayed GEMMs, where the "
             "same GEMMs with BF16 weights gave -1.5% ± 1.3% (8 seeds; H200, 2026-12-06, bench_soak row "
-            "std_fp32_fp32_fp8w; the cause is not yet found)",
+            "std_fp32_fp32_fp8w; a stale FP8 transpose in the backward, fixed since, is the likely cause: "
+            "refused until the row runs again)",
             "valid: fp8_weights: false (the FP8 layers keep BF16 weights; master_dtype: remainders saves the "
             "master's 2 bytes per parameter instead)"),
 )

@@ -119,8 +119,14 @@ def test_a_study_with_a_target_runs_there_alone(tmp_path, monkeypatch):
     assert {s["framework"]: s["why"] for s in pick["skipped"]} == {
         "torchtitan": "the study's target is megatron", "accelerate": "the study's target is megatron"}
     (entry,) = data["from_study"]
-    assert entry["framework"] == "megatron" and entry["front_saved_pts"] == pytest.approx(10.0)
-    assert entry["front_saved_basis"] == "memory_saved (target)"  # the score records no probe/target split
+    # a study for megatron scores megatron's run: the front's figure at the bench's depth is that prediction
+    from precsearch.runtime.target_memory import target_saving
+
+    layers = space.model.target().n_layers  # the bench runs at most the study model's blocks
+    expected = 100 * target_saving(space.model_dump(mode="json"), "megatron", policy, layers).saved
+    assert entry["framework"] == "megatron" and entry["front_saved_pts"] == pytest.approx(expected)
+    assert entry["front_saved_basis"].startswith(f"megatron's run at {layers} blocks, predicted")
+    assert entry["front_memory_saved_pts"] == pytest.approx(10.0)  # the front's own figure, kept
     assert entry["front_speedup"] is None and entry["speedup_note"] == "not measured by the study"
 
 

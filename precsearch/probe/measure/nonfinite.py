@@ -27,7 +27,11 @@ moments, kept as ``uint8``, do not say which FP8 format their bytes are (their F
 
 Cost: the state and weight check took 1.4 ms a step on the CPU quickstart probe (4 layers, 128 wide, FP32
 moments, one thread), 0.8% of a BF16 step and 0.35% of an emulated-FP8 one (``bench_nonfinite.py@c3cc446``), so
-it runs every step. It is inside the timed step, the BF16 reference's as the policy's.
+it runs every step. It is inside the timed step, the BF16 reference's as the policy's. It reads every tensor with
+one host sync in all: the FP8 bits are tested slice by slice into a flag on the device. (Until 2026-12-06 each
+slice of each FP8 moment synced the host, a round trip per 16M elements every step, which an 8B-width probe with
+FP8 moments paid and its BF16 reference did not; its GPU cost before and after is not measured yet:
+``benchmarks/bench_nonfinite.py``.)
 """
 
 from __future__ import annotations
@@ -89,26 +93,43 @@ def _local(t: Tensor) -> Tensor:
 def is_nonfinite(t: Tensor) -> bool:
     """Whether ``t`` holds a NaN or an inf (an FP8 tensor by its bits, an FP8 weight of TE or torchao
     dequantized; integer tensors never)."""
+    flag = _nonfinite_flag(t)
+    return flag is not None and bool(flag)
+
+
+def _nonfinite_flag(t: Tensor) -> Tensor | None:
+    """A one-element bool tensor on ``t``'s device, True when ``t`` holds a NaN or an inf, read without a host
+    sync (None for a tensor that cannot hold one: integers). An FP8 tensor is tested on its bits in slices, so the
+    test's temporaries stay small beside a large moment; a sync per slice cost an 8B-width probe a host round trip
+    for every 16M elements of every FP8 moment, each step."""
     t = _local(t).detach()
     if type(t) is not Tensor and hasattr(t, "dequantize"):  # one weight's copy at a time
         t = t.dequantize()
-    if t.dtype in _FP8_NONFINITE:  # in slices: the test's temporaries stay small beside a large moment
+    if t.dtype in _FP8_NONFINITE:
         mask, value = _FP8_NONFINITE[t.dtype]
         flat = t.reshape(-1).view(torch.uint8)
-        return any(bool(((flat[i:i + _SLICE] & mask) == value).any()) for i in range(0, flat.numel(), _SLICE))
+        flag = torch.zeros((), dtype=torch.bool, device=t.device)
+        for i in range(0, flat.numel(), _SLICE):
+            flag |= ((flat[i:i + _SLICE] & mask) == value).any()
+        return flag
     if not (t.is_floating_point() or t.is_complex()):
-        return False
-    return not bool(torch.isfinite(t).all())
+        return None
+    return ~torch.isfinite(t).all()
 
 
 def _all_finite(tensors: list[Tensor]) -> bool:
-    """True when none of ``tensors`` is non-finite, read in one fused pass; False may also be an overflow of the
-    norm (huge finite values), which the naming scan then rules out."""
+    """True when none of ``tensors`` is non-finite, read in one fused pass and one host sync; False may also be an
+    overflow of the norm (huge finite values), which the naming scan then rules out."""
     plain = [t for t in tensors if type(t) is Tensor and t.dtype not in _FP8_NONFINITE]
     floats = [t for t in plain if t.is_floating_point() and t.numel()]
-    if any(is_nonfinite(t) for t in tensors if type(t) is not Tensor or t.dtype in _FP8_NONFINITE):
-        return False
-    return not floats or bool(torch.isfinite(torch.nn.utils.get_total_norm(floats)))
+    flags = [f for t in tensors if type(t) is not Tensor or t.dtype in _FP8_NONFINITE
+             if (f := _nonfinite_flag(t)) is not None]
+    if floats:
+        flags.append(~torch.isfinite(torch.nn.utils.get_total_norm(floats)))
+    if not flags:
+        return True
+    devices = {f.device for f in flags}
+    return not bool(torch.stack([f.to(next(iter(devices))) for f in flags]).any())
 
 
 def named_grads(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
