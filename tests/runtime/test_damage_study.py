@@ -124,6 +124,12 @@ def test_each_trial_reads_as_a_multiple_of_the_standard_fp8_recipe_read_once(stu
         assert score["instability_standard"] == standard["value"] and score["standard_recipe"] == standard["recipe"]
         assert score["instability_vs_standard"] == pytest.approx(score["damage"] / standard["value"], rel=1e-12)
     assert len(re.findall(r"\) = \S+x the standard FP8 recipe's \S+ \(FP8 delayed scaling", log)) == len(trials)
+    # the front's line above the table restates the limit as a multiple of the standard recipe's reading
+    from precsearch.search.front import trial_rows
+
+    limit = trial_rows(optuna.load_study(study_name=ws.study_name, storage=ws.storage_url),
+                       ["memory_saved", "instability"])[0]["instability_limit"]
+    assert f"(the limit is {limit / standard['value']:.2g}x it)" in log, log[-3000:]
     client = MlflowClient(ws.tracking_uri)
     parent = next(r for r in client.search_runs([client.get_experiment_by_name(ws.experiment).experiment_id])
                   if r.data.tags.get("precsearch.role") == "study")
