@@ -94,6 +94,7 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
              "reference_eval_loss": paired.eval_loss, "wall_s": result.wall_s,
              "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
              "reference_seeds": n_seeds, "fidelity_steps": rung, "start_step": result.start_step}
+            | ({"memory_saved_framework": s.memory_saved_framework} if s.memory_framework else {})
             | reading.stability | diagnostics_metrics(result) | damage_metrics(result)
             | _in_unit(reading.instability))
 
@@ -111,7 +112,8 @@ def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[
     """The run's tags: state, verdicts, where the memory figure came from, the trial's lineage, diagnostics."""
     s, rung = reading.score, reading.rung
     return ({"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
-             "memory_source": result.memory_source, "divergence_reason": result.reason or "-",
+             "memory_source": f"{s.memory_framework}'s run, predicted" if s.memory_framework
+             else result.memory_source, "divergence_reason": result.reason or "-",
              "nonfinite": s.nonfinite or "-",
              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
              "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),

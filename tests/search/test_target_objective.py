@@ -51,6 +51,14 @@ def test_an_accelerate_study_scores_accelerates_saving(tmp_path, monkeypatch, ca
         differs += not math.isclose(expected, score["memory_saved_target"], abs_tol=1e-4)
         assert f"trial {t.number}: memory saved {100 * expected:.2f}% (in accelerate, predicted)" in printed
     assert differs, "Accelerate's figure equals precsearch's for every trial: the test cannot tell them apart"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(ws.tracking_uri)
+    for t in trials:  # MLflow's runs show the figure the study scored, and say whose it is
+        run = client.get_run(t.user_attrs["mlflow_run_id"])
+        assert run.data.metrics["memory_saved"] == run.data.metrics["memory_saved_framework"] \
+            == t.user_attrs["score"]["memory_saved"]
+        assert run.data.tags["memory_source"] == "accelerate's run, predicted"
     assert main(["front", "--all", "--output-dir", str(ws.output_dir)]) == 0
     front = capsys.readouterr().out
     assert "mem saved: what accelerate's run of the trial saves, predicted" in front
