@@ -25,9 +25,9 @@ rank order (``Parallel.first``), so every process stops at the same step. Intege
 the remainder bits of a master kept as remainders hold no value of their own, and TE ``FusedAdam``'s FP8
 moments, kept as ``uint8``, do not say which FP8 format their bytes are (their FP32 scales are read).
 
-Cost: the state and weight check took 1.4 ms a step on the CPU quickstart probe (4 layers, 128 wide, FP32
-moments, one thread), 0.8% of a BF16 step and 0.35% of an emulated-FP8 one (``bench_nonfinite.py@c3cc446``), so
-it runs every step. It is inside the timed step, the BF16 reference's as the policy's. It reads every tensor with
+Cost: the state and weight check takes 1.8 ms a step on the CPU quickstart probe (4 layers, 128 wide, FP32
+moments, one thread), 2.0% of a BF16 step and 1.1% of an emulated-FP8 one
+(``benchmarks/results/2026-12-07_cpu_bench_nonfinite.json``), so it runs every step. It is inside the timed step, the BF16 reference's as the policy's. It reads every tensor with
 one host sync in all: the FP8 bits are tested slice by slice into a flag on the device. (Until 2026-12-06 each
 slice of each FP8 moment synced the host, a round trip per 16M elements every step, which an 8B-width probe with
 FP8 moments paid and its BF16 reference did not; its GPU cost before and after is not measured yet:
