@@ -9,6 +9,7 @@ trial (:func:`replay_pending`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import replace
 
@@ -166,5 +167,7 @@ def write_record(ctx: StudyRun, job: RecordJob) -> None:
     reading = SearchReading(scored.score, scored.verdict, dict(scored.stability),
                             guided.predicted_metrics(ctx.sensitivity, trial.params), objectives.instability_unit, rung,
                             str(trial.user_attrs.get(promotion.PROMOTED_FROM, "-")), scored.instability)
+    framework = study_target_saving(ctx.space.model_dump(mode="json"), policy)
     log_trial(ctx.tracker, run_id, trial, policy, ctx.space.model.probe().n_layers, result, stressed, references.paired,
-              references.seeds, reading, after_steps=lambda: journal.fault("after_steps"))
+              references.seeds, reading, after_steps=lambda: journal.fault("after_steps"),
+              framework_memory=dataclasses.asdict(framework) if framework is not None else None)

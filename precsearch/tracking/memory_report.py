@@ -98,11 +98,29 @@ def breakdown_png(data: dict[str, Any], title: str = "") -> bytes | None:
     return png_bytes(fig)
 
 
-def log_memory_breakdown(tracker: Any, run_id: str, trial: Any, result: ProbeResult, reference: ProbeResult) -> None:
-    """Log ``memory/breakdown.json`` and ``.png`` on the trial's run; keep the summary for ``precsearch front``."""
+def framework_breakdown(data: dict[str, Any], framework: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (:func:`breakdown`) with its target part replaced by a framework's run, predicted: ``framework``
+    holds ``target`` (its name), ``n_layers``, ``trial_parts``, ``baseline_parts``, ``peak_bytes`` and
+    ``baseline_bytes`` (:class:`~precsearch.runtime.target_memory.TargetSaving` as data). The probe's measured
+    phases stay: they are what the probe measured."""
+    mine, base = framework["trial_parts"], framework["baseline_parts"]
+    return data | {"target_layers": framework["n_layers"],
+                   "target": {"trial": mine, "baseline": base,
+                              "saved": {k: base.get(k, 0) - mine.get(k, 0) for k in mine}},
+                   "target_peak": {"trial": framework["peak_bytes"], "baseline": framework["baseline_bytes"],
+                                   "source": f"{framework['target']}'s run, predicted with its rules"}}
+
+
+def log_memory_breakdown(tracker: Any, run_id: str, trial: Any, result: ProbeResult, reference: ProbeResult,
+                         framework: dict[str, Any] | None = None) -> None:
+    """Log ``memory/breakdown.json`` and ``.png`` on the trial's run; keep the summary for ``precsearch front``.
+    ``framework``: the study's framework target's run (:func:`framework_breakdown`), shown instead of precsearch's
+    own at the target model."""
     import json
 
     data = breakdown(result, reference)
+    if framework is not None:
+        data = framework_breakdown(data, framework)
     if "memory_sources" not in trial.user_attrs:  # a framework target's study has set its framework's
         trial.set_user_attr("memory_sources", saving_sources(data["target"]["trial"], data["target"]["baseline"]))
     tracker.log_bytes(run_id, json.dumps(data, indent=1).encode(), "memory/breakdown.json")

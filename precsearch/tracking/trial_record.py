@@ -59,10 +59,12 @@ class SearchReading:
 
 def log_trial(tracker: Any, run_id: str, trial: Any, policy: Policy, n_layers: int, result: ProbeResult,
               stressed: ProbeResult | None, paired: ProbeResult, seeds: list[ProbeResult],
-              reading: SearchReading, after_steps: Callable[[], None] = lambda: None) -> None:
+              reading: SearchReading, after_steps: Callable[[], None] = lambda: None,
+              framework_memory: dict[str, Any] | None = None) -> None:
     """Log the trial's steps, plots and memory breakdown on ``run_id``, then finish the run with its
     metrics, tags and artifacts. ``after_steps`` is called once the per-step metrics are logged (the
-    fault tests stop a record there)."""
+    fault tests stop a record there). ``framework_memory``: the study's framework target's run of the policy
+    (:func:`~precsearch.tracking.memory_report.framework_breakdown`), which the memory breakdown then shows."""
     tracker.log_steps(run_id, {"train_loss": result.losses, "grad_norm": result.grad_norms}
                       | ({"stress_train_loss": stressed.losses} if stressed else {}))
     after_steps()
@@ -70,7 +72,7 @@ def log_trial(tracker: Any, run_id: str, trial: Any, policy: Policy, n_layers: i
         tracker.log_bytes(run_id, heatmap, "diagnostics/heatmap.png")
     tracker.log_bytes(run_id, loss_curves(result, paired, f"trial {trial.number}:"), "loss_curves.png")
     memory = memory_table(result, paired)
-    log_memory_breakdown(tracker, run_id, trial, result, paired)
+    log_memory_breakdown(tracker, run_id, trial, result, paired, framework_memory)
     sig_metrics, sig_tags, sig_files, sig_plot = trial_signals(result.signals, paired.signals,
                                                                [r.signals for r in seeds])
     if sig_plot is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -59,6 +60,15 @@ def test_an_accelerate_study_scores_accelerates_saving(tmp_path, monkeypatch, ca
         assert run.data.metrics["memory_saved"] == run.data.metrics["memory_saved_framework"] \
             == t.user_attrs["score"]["memory_saved"]
         assert run.data.tags["memory_source"] == "accelerate's run, predicted"
+        # its memory breakdown is Accelerate's run too, the parts the front's "saved from" names
+        import json
+
+        saving = study_target_saving(space, Policy.from_dict(t.user_attrs["policy"]))
+        path = client.download_artifacts(run.info.run_id, "memory/breakdown.json", str(tmp_path))
+        data = json.loads(Path(path).read_text())
+        assert data["target"]["trial"] == saving.trial_parts and data["target"]["baseline"] == saving.baseline_parts
+        assert data["target_peak"]["trial"] == saving.peak_bytes
+        assert data["target_peak"]["source"] == "accelerate's run, predicted with its rules"
     assert main(["front", "--all", "--output-dir", str(ws.output_dir)]) == 0
     front = capsys.readouterr().out
     assert "mem saved: what accelerate's run of the trial saves, predicted" in front
