@@ -31,7 +31,7 @@ from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, optuna_adapter, promotion
 from precsearch.search.front import policy_summary
 from precsearch.search.scored_trial import ScoredTrial, score_trial
-from precsearch.tracking.memory_report import breakdown, saving_sources
+from precsearch.tracking.memory_report import breakdown, framework_breakdown, saving_sources
 from precsearch.tracking.trial_record import SearchReading, log_trial
 from precsearch.utils.retry import with_retry
 
@@ -49,8 +49,7 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     if stressed:
         trial.set_user_attr("stress_result", stressed.to_dict())
     # kept for `precsearch front`, which reads Optuna only; the breakdown's files are the recorder's
-    trial.set_user_attr("memory_sources", _memory_sources(result, references.paired) if framework is None
-                        else saving_sources(framework.trial_parts, framework.baseline_parts))
+    trial.set_user_attr("memory_sources", _memory_sources(result, references.paired, framework))
     trial.set_constraint("stability", scored.constraint)
     job = RecordJob(trial=trial.number, trial_id=optuna_adapter.trial_id(trial), run_id=run_id, rung=rung,
                     references={"seeds": [r.to_dict() for r in references.seeds],
@@ -144,8 +143,10 @@ def _score(objectives: ObjectivesSection, result: ProbeResult, references: Refer
                        framework=(framework.target, framework.saved) if framework else None)
 
 
-def _memory_sources(result: ProbeResult, reference: ProbeResult) -> object:
+def _memory_sources(result: ProbeResult, reference: ProbeResult, framework: TargetSaving | None) -> object:
     data = breakdown(result, reference)
+    if framework is not None:  # the study scores its framework target's run: its parts, as its MLflow run shows
+        data = framework_breakdown(data, dataclasses.asdict(framework))
     return saving_sources(data["target"]["trial"], data["target"]["baseline"])
 
 

@@ -121,8 +121,7 @@ def log_memory_breakdown(tracker: Any, run_id: str, trial: Any, result: ProbeRes
     data = breakdown(result, reference)
     if framework is not None:
         data = framework_breakdown(data, framework)
-    if "memory_sources" not in trial.user_attrs:  # a framework target's study has set its framework's
-        trial.set_user_attr("memory_sources", saving_sources(data["target"]["trial"], data["target"]["baseline"]))
+    trial.set_user_attr("memory_sources", saving_sources(data["target"]["trial"], data["target"]["baseline"]))
     tracker.log_bytes(run_id, json.dumps(data, indent=1).encode(), "memory/breakdown.json")
     if (png := breakdown_png(data, f"trial {trial.number}:")) is not None:
         tracker.log_bytes(run_id, png, "memory/breakdown.png")

@@ -69,6 +69,9 @@ def test_an_accelerate_study_scores_accelerates_saving(tmp_path, monkeypatch, ca
         assert data["target"]["trial"] == saving.trial_parts and data["target"]["baseline"] == saving.baseline_parts
         assert data["target_peak"]["trial"] == saving.peak_bytes
         assert data["target_peak"]["source"] == "accelerate's run, predicted with its rules"
+        from precsearch.tracking.memory_report import saving_sources
+
+        assert t.user_attrs["memory_sources"] == saving_sources(saving.trial_parts, saving.baseline_parts)
     assert main(["front", "--all", "--output-dir", str(ws.output_dir)]) == 0
     front = capsys.readouterr().out
     assert "mem saved: what accelerate's run of the trial saves, predicted" in front
