@@ -75,7 +75,7 @@ BLOCKS = "decoder.layers.*"
 CLIP = 1.0  # the soak clips every run's gradients to 1.0
 #: The soak's pair: BF16 compute, FP32 master weights and moments; every case is read against it.
 STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
-RECIPES = {"fp8_delayed": Precision.FP8_DELAYED, "fp8_current": Precision.FP8_CURRENT, "fp8_block": Precision.FP8_BLOCK}
+RECIPES = {p.value: p for p in Precision if p.is_fp8}
 PRE_FIX = "std_fp32_fp8block, pre-fix arithmetic"
 #: The pre-fix NaN's truth: the soak's first call of std_fp32_fp8block, before the tiny-moment fix (docs/memory.md).
 PRE_FIX_TRUTH = {"call": "non-finite", "non_finite_runs": 4, "runs": 8, "gap_pct": math.nan, "se_pct": math.nan,
@@ -139,7 +139,7 @@ def soak_truth(path: Path, steps: int) -> dict:
     cases = {}
     for name in soak.COMBOS:
         row = report["rows"].get(name)
-        if name == soak.BASE:
+        if name in soak.BASES:
             continue
         if row is None:
             cases[name] = {"at_limit": "not run", "at_tolerance": "not run", "gap_pct": math.nan, "se_pct": math.nan,
@@ -180,7 +180,8 @@ def policy_of(combo: soak.Combo) -> Policy:
 
 def judge_cases(planted_bits: list[int]) -> dict[str, Case]:
     """Every soak combination but the pair, the pre-fix case, the graded planted series."""
-    out = {name: Case(policy_of(c), truth=name) for name, c in soak.COMBOS.items() if name != soak.BASE}
+    out = {name: Case(policy_of(c), backend="emulated" if c.model == "emulated" else None, truth=name)
+           for name, c in soak.COMBOS.items() if name not in soak.BASES}
     out[PRE_FIX] = Case(policy_of(soak.COMBOS["std_fp32_fp8block"]), truth=PRE_FIX, pre_fix=True)
     for bits in planted_bits:
         out[PLANTED.format(bits)] = Case(Policy(rules=(Rule("fp8", (BLOCKS,), Precision.FP8_CURRENT),), clip_grad=CLIP),

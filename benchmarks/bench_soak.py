@@ -51,6 +51,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BASE = "bf16_std"
+EMULATED_BASE = "bf16_std_emulated"
 TOLERANCE = 0.25  # % of the pair's held-out loss
 BETAS, WEIGHT_DECAY = (0.9, 0.95), 0.1  # AdamW's, every combination
 DIVERGED = 20.0  # % gap: a run this far above its pair diverged
@@ -66,6 +67,12 @@ class Combo:
     exp_avg: str = "fp32"  # fp32 | bf16 | fp8 (per-tensor, TE's) | fp8_block
     exp_avg_sq: str = "fp32"
     fp8_weights: bool = False  # TE FusedAdam over te.quantized_model_init weights
+    model: str = "te"  # te: bench_stack.Reference | emulated: precsearch's Llama3, block Linears emulated
+
+    @property
+    def pair(self) -> str:
+        """The BF16 standard row this one is paired with: the same model, BF16 compute, the standard optimizer."""
+        return EMULATED_BASE if self.model == "emulated" else BASE
 
     @property
     def optimizer(self) -> str:
@@ -98,7 +105,15 @@ COMBOS: dict[str, Combo] = {
     "fp8_block_rem_fp8block": _state("remainders", "fp8_block", "fp8_block"),
     "fp8_current_rem_bf16": _state("remainders", "bf16", "fp8_current"),
     "fp8_current_fp32_fp8block": _state("fp32", "fp8_block", "fp8_current"),
+    # the recipes TE runs only from sm_100, or not at all, emulated (precsearch's quantizers) on any GPU, each
+    # paired with the same model in BF16; the TE delayed row's emulated twin checks the emulation against TE
+    EMULATED_BASE: Combo(model="emulated"),
+    "mxfp8_emulated": Combo(recipe="mxfp8", model="emulated"),
+    "nvfp4_emulated": Combo(recipe="nvfp4", model="emulated"),
+    "fp8_rowwise_emulated": Combo(recipe="fp8_rowwise", model="emulated"),
+    "fp8_delayed_emulated": Combo(recipe="fp8_delayed", model="emulated"),
 }
+BASES = (BASE, EMULATED_BASE)
 
 
 @dataclass(frozen=True)
@@ -175,10 +190,8 @@ def build(combo: Combo, s: Setup, seed: int):
 
     cfg = model_config(s)
     torch.manual_seed(seed)
-    if s.smoke:
-        from precsearch.probe.model.llama3 import Llama3
-
-        model = Llama3(cfg).to(torch.bfloat16)
+    if s.smoke or combo.model == "emulated":
+        model = emulated_model(combo, cfg, seed, "cpu" if s.smoke else "cuda")
     elif combo.fp8_weights:
         import transformer_engine.pytorch as te
         from bench_stack import Reference
@@ -205,6 +218,22 @@ def build(combo: Combo, s: Setup, seed: int):
     return model, opt
 
 
+def emulated_model(combo: Combo, cfg, seed: int, device: str):
+    """precsearch's Llama3 in BF16 (its own seeded init), every block Linear emulating ``combo.recipe`` with
+    precsearch's default settings of it (:class:`~precsearch.precision.LayerRecipe`); the output layer BF16."""
+    from precsearch.backends.emulated import EmulatedBackend
+    from precsearch.precision import LayerRecipe, Precision
+    from precsearch.probe.model.llama3 import build_model
+
+    model = build_model(cfg, seed, device).to(torch.bfloat16)
+    if combo.recipe != "bf16":
+        recipe = LayerRecipe(precision=Precision(combo.recipe))
+        blocks = [name for name, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and name.startswith("decoder.")]
+        EmulatedBackend().convert(model, {name: recipe for name in blocks})
+    return model
+
+
 def te_recipe(recipe: str):
     """Transformer Engine's recipe object for a GEMM recipe name (precsearch's defaults: HYBRID, history 1024)."""
     from transformer_engine.common import recipe as r
@@ -220,7 +249,7 @@ def te_recipe(recipe: str):
 
 def forward(model, ids, targets, combo: Combo, s: Setup):
     """The mean next-byte cross-entropy, under the combination's autocast."""
-    if s.smoke:
+    if s.smoke or combo.model == "emulated":  # the emulated layers quantize in their own forward
         return F.cross_entropy(model(ids).float().flatten(0, 1), targets.flatten())
     import transformer_engine.pytorch as te
 
@@ -341,16 +370,17 @@ def summarise(runs: dict[tuple[str, int], dict]) -> dict:
             continue
         bad = [{"seed": seed, "step": r["non_finite_step"], "tensor": r["non_finite_tensor"]}
                for seed, r in sorted(mine.items()) if "non_finite_step" in r]
-        gaps = [100 * (r["held_out_loss"] / runs[(BASE, seed)]["held_out_loss"] - 1)
+        pair = COMBOS[name].pair
+        gaps = [100 * (r["held_out_loss"] / runs[(pair, seed)]["held_out_loss"] - 1)
                 for seed, r in sorted(mine.items())
-                if "held_out_loss" in r and "held_out_loss" in runs.get((BASE, seed), {})]
+                if "held_out_loss" in r and "held_out_loss" in runs.get((pair, seed), {})]
         finite_gaps = [g for g in gaps if math.isfinite(g)]
         mean = statistics.fmean(finite_gaps) if finite_gaps else math.nan
         se = statistics.stdev(finite_gaps) / math.sqrt(len(finite_gaps)) if len(finite_gaps) > 1 else math.nan
         rows[name] = {"combo": asdict(COMBOS[name]), "runs": len(mine), "paired": len(finite_gaps),
                       "non_finite": bad, "diverged": sum(g > DIVERGED for g in finite_gaps),
                       "gap_pct": mean, "se_pct": se, "at_tolerance": verdict(mean, se, TOLERANCE)}
-    ses = [r["se_pct"] for n, r in rows.items() if n != BASE and r["paired"] >= 4 and not r["diverged"]
+    ses = [r["se_pct"] for n, r in rows.items() if n not in BASES and r["paired"] >= 4 and not r["diverged"]
            and math.isfinite(r["se_pct"])]
     limit = 2 * statistics.median(ses) if ses else math.nan
     for name, r in rows.items():
@@ -368,10 +398,12 @@ def table(report: dict) -> str:
     for name, r in report["rows"].items():
         c = r["combo"]
         bad = "; ".join(f"{b['seed']}: {b['step']}, {b['tensor']}" for b in r["non_finite"]) or "0"
-        gap = "—" if name == BASE else f"{r['gap_pct']:+.2f} ± {r['se_pct']:.2f}"
+        base = name in BASES
+        gap = "—" if base else f"{r['gap_pct']:+.2f} ± {r['se_pct']:.2f}"
         moments = f"{c['exp_avg']}, {c['exp_avg_sq']}" + (", FP8 weights" if c["fp8_weights"] else "")
-        lines.append(f"| {name} | {c['recipe']} | {c['master']} | {moments} | {r['runs']} | {bad} | {gap} | "
-                     f"{'' if name == BASE else r['at_tolerance']} | {'' if name == BASE else r['at_detection_limit']} |")
+        recipe = c["recipe"] + (" (emulated)" if c.get("model") == "emulated" else "")
+        lines.append(f"| {name} | {recipe} | {c['master']} | {moments} | {r['runs']} | {bad} | {gap} | "
+                     f"{'' if base else r['at_tolerance']} | {'' if base else r['at_detection_limit']} |")
     return "\n".join(lines)
 
 
@@ -389,9 +421,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.seeds < 2 or args.steps < CHECK_EVERY or args.procs < 1:
         ap.error("need --seeds >= 2, --steps >= 50, --procs >= 1")
-    if args.smoke and any(COMBOS[c].recipe != "bf16" or COMBOS[c].optimizer != "fp8_state" for c in args.combos):
-        ap.error("--smoke runs BF16 compute with FP8StateAdamW only: " + ", ".join(
-            c for c in args.combos if COMBOS[c].recipe != "bf16" or COMBOS[c].optimizer != "fp8_state"))
+    te_only = [c for c in args.combos if COMBOS[c].optimizer != "fp8_state"
+               or (COMBOS[c].recipe != "bf16" and COMBOS[c].model != "emulated")]
+    if args.smoke and te_only:
+        ap.error("--smoke runs FP8StateAdamW with BF16 or emulated compute only: " + ", ".join(te_only))
     return args
 
 
@@ -399,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     s = setup(args.steps, args.smoke)
     done = load_cache(args.cache, s)
-    wanted = [BASE] + [c for c in args.combos if c != BASE]
+    pairs = list(dict.fromkeys(COMBOS[c].pair for c in args.combos))  # only the bases the rows are paired with
+    wanted = pairs + [c for c in args.combos if c not in pairs]
     jobs = [(c, seed) for seed in range(args.seeds) for c in wanted if (c, seed) not in done]
     if jobs and not args.report_only:
         print(f"{len(jobs)} runs to do ({len(done)} cached), {args.procs} at a time", flush=True)

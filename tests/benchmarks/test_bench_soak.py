@@ -84,3 +84,29 @@ def test_a_cpu_smoke_soak_pairs_its_runs_and_its_cache_runs_nothing_twice(tmp_pa
     capsys.readouterr()
     assert bench_soak.main(args) == 0
     assert "runs to do" not in capsys.readouterr().out and len(cache.read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+def test_an_emulated_recipe_row_is_paired_with_the_same_model_in_bf16(tmp_path):
+    """MXFP8 runs on no Hopper TE: its row trains precsearch's Llama3 with emulated block Linears, and its gap is
+    against that model's BF16 run, not against TE's reference model (a different model: a meaningless gap)."""
+    cache, out = tmp_path / "runs.jsonl", tmp_path / "soak.json"
+    assert bench_soak.main(["--smoke", "--steps", "50", "--seeds", "2", "--combos", "mxfp8_emulated",
+                            "--cache", str(cache), "--json", str(out)]) == 0
+    runs = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert sorted({r["combo"] for r in runs}) == ["bf16_std_emulated", "mxfp8_emulated"]  # no TE pair was run
+    report = json.loads(out.read_text())
+    row, pair = report["rows"]["mxfp8_emulated"], report["rows"]["bf16_std_emulated"]
+    assert row["paired"] == 2 and math.isfinite(row["gap_pct"]) and row["gap_pct"] != 0.0
+    held = {(r["combo"], r["seed"]): r["held_out_loss"] for r in runs}
+    expected = [100 * (held[("mxfp8_emulated", s)] / held[("bf16_std_emulated", s)] - 1) for s in (0, 1)]
+    assert row["gap_pct"] == pytest.approx(sum(expected) / 2)
+    model, _ = bench_soak.build(bench_soak.COMBOS["mxfp8_emulated"], bench_soak.setup(50, smoke=True), 0)
+    converted = {type(m).__name__ for n, m in model.named_modules() if n.startswith("decoder.")}
+    assert "EmulatedFP8Linear" in converted and type(model.output_layer).__name__ != "EmulatedFP8Linear"
+
+
+def test_te_rows_are_refused_by_the_cpu_smoke_but_emulated_recipes_are_not():
+    with pytest.raises(SystemExit):
+        bench_soak.parse_args(["--smoke", "--combos", "fp8_delayed", "--cache", "x.jsonl"])
+    assert bench_soak.parse_args(["--smoke", "--combos", "nvfp4_emulated", "--cache", "x.jsonl"]).smoke
