@@ -461,6 +461,7 @@ def read_study(study_dir: Path, trials: list[int] | None, max_picks: int | None 
                       "memory_saved_probe": score.get("memory_saved_probe"),
                       "memory_saved_target": score.get("memory_saved_target"),
                       "tokens_per_s": r.get("tokens_per_s"), "speedup": speedup if measured else None,
+                      "speedup_se": score.get("speedup_se") if measured else None,  # its steps' noise, both runs
                       "instability_band": r.get("instability_band")})
     try:
         section = ModelSection(**space.get("model", {}))
@@ -586,7 +587,7 @@ def study_report(study: dict[str, Any], rows: list[dict[str, Any]], layers: int)
                                  "baseline": base.get("policy", plan.baseline_of(fw, pick["name"])),
                                  "front_saved_pts": 100 * saved, "front_saved_basis": basis,
                                  "front_memory_saved_pts": 100 * pick["memory_saved"],
-                                 "front_speedup": pick["speedup"],
+                                 "front_speedup": pick["speedup"], "front_speedup_se": pick.get("speedup_se"),
                                  "framework_saved_pts": -100 * r["peak_vs_bf16"] if "peak_vs_bf16" in r else None,
                                  "framework_speedup": r.get("speedup_vs_bf16"),
                                  "model_saved_pts": None, "runs_otherwise": pick["runs_otherwise"].get(fw, [])}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ class ProbeResult:
         nonfinite: The first non-finite value, as ``{step, tensor, state}``
             (:class:`~precsearch.probe.measure.nonfinite.NonFinite`), or None: none was found.
         tokens_per_s: Training throughput over the FP8 steps (median step time).
+        tokens_per_s_rel_se: Its relative standard error over those steps
+            (:func:`~precsearch.probe.measure.step_rate.step_rate`; NaN with too few steps, or stored before).
         peak_memory_bytes: Peak training memory (of the busiest process when the probe spans several).
         per_rank_peak_bytes: Peak memory of each process of a probe that spans several (FSDP2),
             in rank order, measured or predicted as ``memory_source`` says; empty for one process.
@@ -68,6 +71,7 @@ class ProbeResult:
     reason: str = ""
     nonfinite: dict[str, Any] | None = None
     tokens_per_s: float = 0.0
+    tokens_per_s_rel_se: float = math.nan
     peak_memory_bytes: int = 0
     per_rank_peak_bytes: list[int] = field(default_factory=list)
     memory_source: str = "predicted"

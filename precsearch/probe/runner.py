@@ -11,7 +11,6 @@ whose loss blows up, stops early and says so; it never raises for that.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from precsearch.probe.model.llama3 import Llama3, ModelConfig, build_model
 from precsearch.probe.model.reuse import BuildKey, Built, ModelCache, named_plan
 from precsearch.probe.result import ProbeResult
 from precsearch.probe.measure.signal_recorder import SignalRecorder
+from precsearch.probe.measure.step_rate import step_rate
 
 StepCallback = Callable[[int, float, float], None]
 
@@ -424,7 +424,7 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
              phases: PhaseMemory | None = None, held_bytes: int = 0, fp8_linear: str = "te") -> None:
     tokens = probe.seq_len * probe.micro_batch * probe.grad_accum  # every micro-batch's tokens, each step
     if step_times:
-        result.tokens_per_s = tokens / statistics.median(step_times)
+        result.tokens_per_s, result.tokens_per_s_rel_se = step_rate(step_times, tokens)
     precisions = backend_precisions(policy, cfg)
     predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
                              param_dtype=probe.param_dtype, memory=policy.memory, grad_accum=probe.grad_accum,

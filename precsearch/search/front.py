@@ -17,6 +17,7 @@ from precsearch.instability import BANDS, MARGIN, Reading, StudyUnit, number
 from precsearch.readings import DEFAULT_READING, get_reading
 from precsearch.recipes import STANDARD_FP8_NAME
 from precsearch.search.pareto import INTERVAL_SE, pareto_indices
+from precsearch.tracking.front_report import rate_text
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
 
@@ -33,7 +34,8 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     Trials in the ``stable`` band count as equally safe, and so do others whose instability intervals
     (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the reading has one) overlap in the
     same band, so the front is the memory and speed trade-off among trials equally safe, plus the riskier
-    trials (near the limit) that buy more of either. A trial
+    trials (near the limit) that buy more of either. Speeds whose intervals overlap (± ``INTERVAL_SE`` standard
+    errors of each run's own step times, :mod:`precsearch.probe.measure.step_rate`) count as equal too. A trial
     superseded by a higher rung of the same policy has no row. Each row also gives its instability in the study's
     one unit (:mod:`precsearch.instability`): ``instability_in_unit``, ``instability_unit`` (its name),
     ``instability_limit`` and ``instability_band``; where the study read the standard FP8 recipe, also
@@ -62,9 +64,9 @@ def _pareto_coordinates(row: dict[str, Any], objectives: list[str]) -> tuple[lis
     point: list[float] = []
     spread: list[float] = []
     for name in objectives:
-        if name != "instability":
+        if name != "instability":  # speed has its interval where the probe timed enough steps; memory is exact
             point.append(row[name])
-            spread.append(0.0)
+            spread.append(INTERVAL_SE * row.get(f"{name}_se", math.nan))
             continue
         stable = row["instability_band"] == "stable"
         point += [float(BANDS.index(row["instability_band"])), 0.0 if stable else row["instability"]]
@@ -102,6 +104,7 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
         "reading": score.get("reading", DEFAULT_READING),
         "damage_measure": score.get("damage_measure", ""),
         "tokens_per_s": score["tokens_per_s"],
+        "tokens_per_s_se": score.get("tokens_per_s_se", math.nan),  # its own steps' noise (probe.measure.step_rate)
         "feasible": score["feasible"],
         "diverged": score["diverged"],
         "nonfinite": score.get("nonfinite", ""),
@@ -145,7 +148,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
     standard = _standard_line(rows)  # a column only where the study read the standard FP8 recipe
     beside = f"  {'vs standard':>11}" if standard else ""
     header = (f"{'trial':>5}  {'mem saved':>9}  {'instability':>{width}}{beside}  {'band':<14}  {'loss gap':>8}  "
-              f"{'BF16 seed noise':>16}  {'tok/s':>8}  {'steps':>6}{extra}  policy")
+              f"{'BF16 seed noise':>16}  {'tok/s':>14}  {'steps':>6}{extra}  policy")
     lines = ([target] if target else []) + [_unit_line(rows)] + ([standard] if standard else []) \
         + [header, "-" * len(header)]
     for r in sorted(rows, key=lambda r: -r["memory_saved"]):
@@ -163,7 +166,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
             sources += f"  [target: memory saved {100 * r['target_memory_saved']:.2f}% predicted]"
         multiple = f"  {_multiple(r):>11}" if standard else ""
         lines.append(f"{r['trial']:>5}  {100 * r['memory_saved']:8.2f}%  {_instability(r):>{width}}{multiple}  "
-                     f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {r['tokens_per_s']:8.0f}  "
+                     f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {rate_text(r):>14}  "
                      f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
     return "\n".join(lines)

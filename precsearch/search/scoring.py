@@ -124,6 +124,10 @@ class Score:
     # what the study's framework target saves running the policy (predicted), and which framework; NaN, "" without one
     memory_saved_framework: float = math.nan
     memory_framework: str = ""
+    # standard errors of tokens_per_s (its own steps) and of speedup (the trial's and its reference's steps); NaN
+    # where a run timed too few steps or was stored before (precsearch.probe.measure.step_rate says what they cover)
+    tokens_per_s_se: float = math.nan
+    speedup_se: float = math.nan
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -230,6 +234,7 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         diverged=base.diverged,
         tokens_per_s=result.tokens_per_s,
         speedup=result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0,
+        **_speed_errors(result, reference),
         noise_floor=noise_floor,
         gap_in_noise=in_noise_units(base.read_gap, noise_floor),
         stable=base.constraint <= 0,
@@ -243,6 +248,16 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         stress_nonfinite=nonfinite_text(stress[0]) if stress else "",
         **_beside_standard(base, result, standard),
     )
+
+
+def _speed_errors(result: ProbeResult, reference: ProbeResult) -> dict[str, float]:
+    """The standard errors of ``tokens_per_s`` and ``speedup`` from each run's relative one (independent runs:
+    the relative errors of a ratio add in quadrature); NaN where either run has none."""
+    mine, theirs = result.tokens_per_s_rel_se, reference.tokens_per_s_rel_se
+    speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else math.nan
+    rate, ratio = result.tokens_per_s * mine, speedup * math.hypot(mine, theirs)
+    return {"tokens_per_s_se": rate if math.isfinite(rate) else math.nan,  # one NaN: stored scores compare equal
+            "speedup_se": ratio if math.isfinite(ratio) else math.nan}
 
 
 def _beside_standard(base: _Pair, result: ProbeResult, standard: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from precsearch.instability import Reading, StudyUnit, number
+from precsearch.instability import INTERVAL_SE, Reading, StudyUnit, number
 from precsearch.readings import own_unit_reading
 from precsearch.recipes import STANDARD_FP8_NAME
 from precsearch.tracking.experiment_view import VS_STANDARD
@@ -45,11 +45,19 @@ KINDS = {"Pareto front": ("tab:red", "*", 11), "feasible": ("tab:blue", "o", 6),
 """Legend label: colour, marker, marker size."""
 
 
+def rate_text(row: dict[str, Any]) -> str:
+    """The row's tokens/s with its interval where it has one: ``44415 ± 96`` (± 2 SE, as the front compares them),
+    else ``44415``."""
+    half = INTERVAL_SE * row.get("tokens_per_s_se", math.nan)
+    return f"{row['tokens_per_s']:.0f}" + (f" ± {half:.0f}" if math.isfinite(half) else "")
+
+
 def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: float,
                 unit: str = "relative", throughput: bool = False) -> list[Path]:
     """Write front.csv/.json (front rows) and front.png/.html (all trials); return the paths.
 
-    front.csv has :data:`COLUMNS`, ``tokens_per_s`` when ``throughput`` is an objective, and
+    front.csv has :data:`COLUMNS`, ``tokens_per_s`` and its standard error ``tokens_per_s_se`` when ``throughput``
+    is an objective, and
     ``runs_as_is_in`` (the targets that run the trial's policy as it is) and ``target_memory_saved`` (what the
     study's target saves running it, predicted) where the rows have them.
     """
@@ -57,7 +65,7 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
     front = [r for r in rows if r["pareto"]]
     paths = [directory / f"front.{ext}" for ext in ("csv", "json", "png", "html")]
     with paths[0].open("w", newline="") as fh:
-        columns = COLUMNS[:-2] + ("tokens_per_s",) + COLUMNS[-2:] if throughput else COLUMNS
+        columns = COLUMNS[:-2] + ("tokens_per_s", "tokens_per_s_se") + COLUMNS[-2:] if throughput else COLUMNS
         columns += tuple(c for c in ("runs_as_is_in", "target_memory_saved") if any(c in r for r in front))
         if beside_standard(front):  # the study read the standard FP8 recipe: its reading and each one's multiple
             columns += STANDARD_COLUMNS
@@ -277,7 +285,7 @@ def front_html(rows: list[dict[str, Any]], png: bytes, areas: list[tuple[int, in
         shown = reading(r, unit, limit)
         multiple = (_multiple_of(shown, limit),) if standard else ()
         cells = (r["trial"], kind(r), f"{100 * r['memory_saved']:.2f}%", shown.figure, *multiple, shown.band, gap,
-                 f"{r['tokens_per_s']:.0f}", r["fidelity_steps"], r["policy"])
+                 rate_text(r), r["fidelity_steps"], r["policy"])
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png).decode()
     spots = "".join(f'<area shape="circle" coords="{x},{y},7" title="{html.escape(t)}" alt="{html.escape(t)}">'

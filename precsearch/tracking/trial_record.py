@@ -8,6 +8,8 @@ attribute.
 
 from __future__ import annotations
 
+import math
+
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +99,8 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
              "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
              "reference_seeds": n_seeds, "fidelity_steps": rung, "start_step": result.start_step}
             | ({"memory_saved_framework": s.memory_saved_framework} if s.memory_framework else {})
+            | {k: v for k, v in (("tokens_per_s_se", s.tokens_per_s_se), ("speedup_se", s.speedup_se))
+               if math.isfinite(v)}
             | reading.stability | diagnostics_metrics(result) | damage_metrics(result)
             | _in_unit(reading.instability))
 

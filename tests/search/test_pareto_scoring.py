@@ -3,6 +3,7 @@
 import math
 
 import optuna
+import pytest
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.probe.result import ProbeResult
@@ -119,3 +120,38 @@ def test_the_front_counts_every_stable_trial_as_equally_safe_and_keeps_the_riski
     # a stable trial is never dominated by a riskier one, however much more it saves
     rows = trial_rows(_damage_study([(0.01, 0.001, 0.0001), (0.5, 0.0095, 0.001)]), ["memory_saved", "instability"])
     assert [r["pareto"] for r in rows] == [True, True]
+
+
+def _speed_study(trials: list[tuple[float, float, float]]) -> optuna.Study:
+    """A memory-and-speed study: one trial per (memory saved, tokens/s, its standard error)."""
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    study.set_user_attr("space", {"probe": {"steps": 40}, "objectives": {}})
+    for k, (memory, rate, se) in enumerate(trials):
+        score = {"memory_saved": memory, "instability": 0.0, "loss_gap": 0.0, "tokens_per_s": rate,
+                 "tokens_per_s_se": se, "feasible": True, "diverged": False}
+        study.add_trial(optuna.trial.create_trial(
+            values=[memory, rate], params={"k": k},
+            distributions={"k": optuna.distributions.IntDistribution(0, 99)}, user_attrs={"score": score}))
+    return study
+
+
+def test_speeds_within_each_others_intervals_are_one_speed_on_the_front():
+    """Issue 53: a trial saving less memory stayed on the front for 0.3% more tokens/s, inside its steps' noise."""
+    trials = [(0.40, 1000.0, 2.0),   # 0: saves the most
+              (0.39, 1003.0, 2.0),   # 1: 3 tok/s faster, intervals (± 2 SE) overlap: no faster, and saves less
+              (0.38, 1100.0, 2.0)]   # 2: faster beyond both intervals: a real trade-off
+    assert [r["pareto"] for r in trial_rows(_speed_study(trials), ["memory_saved", "tokens_per_s"])] == \
+        [True, False, True]
+    untimed = [(m, rate, math.nan) for m, rate, _ in trials]  # no error (too few steps, stored before): as before
+    assert [r["pareto"] for r in trial_rows(_speed_study(untimed), ["memory_saved", "tokens_per_s"])] == \
+        [True, True, True]
+
+
+def test_the_speedups_error_adds_both_runs_relative_errors():
+    trial, reference = _result(2.0, 900, tps=200.0), _result(2.0, 1000, tps=100.0)
+    trial.tokens_per_s_rel_se, reference.tokens_per_s_rel_se = 0.003, 0.004
+    s = score(trial, reference, ObjectivesSection())
+    assert s.speedup == 2.0 and s.speedup_se == pytest.approx(2.0 * 0.005)
+    assert s.tokens_per_s_se == pytest.approx(0.6)
+    reference.tokens_per_s_rel_se = math.nan  # a reference stored before the error was kept
+    assert math.isnan(score(trial, reference, ObjectivesSection()).speedup_se)

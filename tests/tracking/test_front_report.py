@@ -143,8 +143,10 @@ def test_front_csv_holds_what_the_probes_decide_and_speed_only_as_an_objective(t
     first = write_front(ROWS, tmp_path / "a", 0.01)[0].read_text()
     assert write_front(fast, tmp_path / "b", 0.01)[0].read_text() == first
     assert "tokens_per_s" not in first.splitlines()[0]
-    searched = write_front(ROWS, tmp_path / "c", 0.01, throughput=True)[0].read_text().splitlines()
-    assert "tokens_per_s" in searched[0].split(",") and searched[1].split(",")[-3] == "100.0"
+    timed = [r | {"tokens_per_s_se": 1.5} for r in ROWS]
+    searched = write_front(timed, tmp_path / "c", 0.01, throughput=True)[0].read_text().splitlines()
+    header, first_row = searched[0].split(","), searched[1].split(",")
+    assert first_row[header.index("tokens_per_s")] == "100.0" and first_row[header.index("tokens_per_s_se")] == "1.5"
 
 
 def test_a_feasible_trial_near_the_limit_is_drawn_apart_from_the_stable_ones(figure):
