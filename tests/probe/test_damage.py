@@ -236,3 +236,19 @@ def test_the_reader_writes_its_parts_into_the_run_trace(data, tmp_path, monkeypa
     inner = [s for s in spans if s["name"] in ("reading: BF16 run", "reading: BF16 gradients", "reading: BF16 grams")]
     assert all(first_bf16["t0"] <= s["t0"] <= s["t1"] <= first_bf16["t1"] for s in inner)
     assert all(t0 <= s["t0"] <= s["t1"] for s in spans)
+
+
+def test_the_reading_computes_no_fp8_statistics_and_reads_the_same_without_them(data, monkeypatch):
+    """The reading reads no FP8 statistics; computing them cost a third of an emulated pass on a CPU. Turning
+    them off changes no value: the same policy reads the same with the statistics forced on."""
+    from precsearch.fp8 import scaling
+
+    policy = everywhere(Precision.FP8_DELAYED)
+    calls = []
+    real = scaling.quantization_stats
+    monkeypatch.setattr(scaling, "quantization_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    quiet = _reader(data).read(policy)
+    assert calls == []
+    monkeypatch.setattr(EmulatedBackend, "track_stats", lambda self, model, enabled: None)  # stays on
+    loud = _reader(data).read(policy)
+    assert calls and loud["value"] == quiet["value"] and loud["states"] == quiet["states"]

@@ -155,7 +155,10 @@ def state_model(cfg: ModelConfig, state: State, policy: Policy, backend: Backend
     ``models``'s kept model with the weights copied in where it was built for the same policy (the trial's
     probe, the previous state's), else a fresh build."""
     backend = backend.for_memory(policy.memory)
-    return _probe_model(cfg, probe, policy, backend, device, ONE_PROCESS, None, models, weights=state.weights)
+    model = _probe_model(cfg, probe, policy, backend, device, ONE_PROCESS, None, models, weights=state.weights)
+    # no FP8 statistics: the reading reads none, and an emulated layer's cost a third of its pass on a CPU
+    backend.track_stats(model, False)
+    return model
 
 
 def reading_batch(data: TokenBatches, k: int) -> tuple[Tensor, Tensor]:
