@@ -3,8 +3,9 @@
 The loss and gradient checks cost nothing (they read the loss and the clip's gradient norm, which the probe reads
 anyway); what costs is :meth:`~precsearch.probe.measure.nonfinite.NonFiniteWatch.after_update`, one fused norm
 over every state tensor and weight after each optimizer step, FP8 moments tested on their bits
-(:mod:`precsearch.probe.measure.nonfinite`). It runs inside the timed step, so it lowers every trial's tokens/s
-and, where a policy's states cost more to check than the BF16 reference's, its speed-up.
+(:mod:`precsearch.probe.measure.nonfinite`). It runs after the probe's clock stops for the step, so it costs wall
+time and not tokens/s: "x on" and "x off" below should agree within the steps' noise (until 2026-12-07 it ran
+inside the timed step, and on an H100 it took an FP8 policy's speed-up from 1.18x to 1.04x).
 
 This runs a space's probe under two policies: the BF16 reference with the space's baseline memory knobs
 (``objectives.baseline_memory``), and FP8 current scaling on every block Linear with the space's most

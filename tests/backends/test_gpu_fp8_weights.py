@@ -34,16 +34,18 @@ def _fp8_linear_and_optimizer():
 
 def _steps(te, recipe, layer, opt, n: int) -> torch.Tensor:
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    for _ in range(n):
-        with te.autocast(enabled=True, recipe=recipe):
-            y = layer(x)
-        y.float().square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    # every step's output gradient is all ones (the loss is the sum), so delayed scaling's amax history of it is
+    # exact at the last backward too: with a mean-square loss in the loop (output gradients ~1e-4) the last
+    # backward's ones saturated E5M2 at the history's scale, and its data gradient came out 1.8e-4 of the true
+    # one (H100, 2026-12-07), a fault of the test, not of the weights
+    for k in range(n + 1):
         x.grad = None
-    with te.autocast(enabled=True, recipe=recipe):  # the next forward: it makes what the backward reads
-        y = layer(x)
-    y.float().sum().backward()
+        with te.autocast(enabled=True, recipe=recipe):  # the last forward makes what the last backward reads
+            y = layer(x)
+        y.float().sum().backward()
+        if k < n:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     return x.grad.float()
 
 
