@@ -70,7 +70,7 @@ from precsearch.probe.damage.reading import side_grams  # noqa: E402
 from precsearch.probe.damage.states import State  # noqa: E402
 from precsearch.probe.data import TokenBatches  # noqa: E402
 
-TRUTH = Path(__file__).resolve().parent / "results" / "2026-12-06_bench_soak.json"
+TRUTH = Path(__file__).resolve().parent / "results" / "2026-12-07_bench_soak.json"
 BLOCKS = "decoder.layers.*"
 CLIP = 1.0  # the soak clips every run's gradients to 1.0
 #: The soak's pair: BF16 compute, FP32 master weights and moments; every case is read against it.

@@ -61,10 +61,6 @@ def _drops_the_master(knobs: MemoryKnobs, space: Space) -> bool:
             and space.baseline_knobs().uses_master_weights)
 
 
-def _fp8_only_weights(knobs: MemoryKnobs, space: Space) -> bool:
-    return knobs.fp8_weights
-
-
 REFUSED: tuple[Refused, ...] = (
     Refused(("moment_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"), ("fp8",), _per_tensor_fp8,
             "per-tensor FP8 moments (one scale per tensor, TE's) diverged in the soak: paired held-out loss "
@@ -79,14 +75,6 @@ REFUSED: tuple[Refused, ...] = (
             "H200, 2026-12-06, std_none_fp8block)",
             "valid: master_weights: true (master_dtype: remainders keeps the same FP32 values in 2 bytes), or a "
             "baseline without master weights (objectives.baseline_memory) if your training has none"),
-    Refused(("fp8_weights",), (True,), _fp8_only_weights,
-            "FP8-only weights (te.quantized_model_init) with an FP32 master diverged in the soak (8 of 8 seeds): "
-            "paired held-out loss +39.9% ± 1.7% after 2,000 annealed steps under FP8 delayed GEMMs, where the "
-            "same GEMMs with BF16 weights gave -1.5% ± 1.3% (8 seeds; H200, 2026-12-06, bench_soak row "
-            "std_fp32_fp32_fp8w; a stale FP8 transpose in the backward, fixed since, is the likely cause: "
-            "refused until the row runs again)",
-            "valid: fp8_weights: false (the FP8 layers keep BF16 weights; master_dtype: remainders saves the "
-            "master's 2 bytes per parameter instead)"),
 )
 
 

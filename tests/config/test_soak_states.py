@@ -16,7 +16,8 @@ import pytest
 
 from precsearch.config.soak_states import NOT_RUN, PASSED, STANDARD, OptimizerState, nearest_passed, state_of
 from precsearch.policy.rules import MemoryKnobs
-from precsearch.recipes import all_recipes
+from precsearch.precision import Precision
+from precsearch.recipes import all_recipes, recipe_for
 from precsearch.soak import REFERENCE_ROW
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -37,8 +38,9 @@ def test_each_passed_state_is_what_its_rows_ran(state):
 
 
 def test_the_first_finding_of_a_state_ran_bf16_gemms():
-    """Messages cite the first finding as the state's own figure: it must not mix in a GEMM recipe's effect."""
-    assert all(bench_soak.COMBOS[f[0].row].recipe == "bf16" for f in PASSED.values())
+    """Messages cite the first finding as the state's own figure: it must not mix in a GEMM recipe's effect (FP8-only
+    weights aside: they exist only under FP8 GEMMs)."""
+    assert all(bench_soak.COMBOS[f[0].row].recipe == "bf16" for state, f in PASSED.items() if not state.fp8_weights)
 
 
 def test_each_recipe_finding_ran_its_gemms_with_the_standard_state():
@@ -54,9 +56,13 @@ def test_the_rows_not_run_are_in_the_bench_and_not_passed():
     for state, row in NOT_RUN.items():
         assert _row_state(row) == state, row
     cited = {f.row for findings in PASSED.values() for f in findings} | set(NOT_RUN.values())
-    refused = {"std_rem_fp8", "std_fp32_fp8", "std_none_fp32", "std_none_fp8block",
-               "std_fp32_fp32_fp8w"}  # soak_checks.REFUSED's states
-    assert set(bench_soak.COMBOS) == cited | refused
+    refused = {"std_rem_fp8", "std_fp32_fp8", "std_none_fp32", "std_none_fp8block"}  # soak_checks.REFUSED's states
+    # the emulated recipe rows a recipe cites once they pass, and their BF16 pair
+    emulated = {name for name, c in bench_soak.COMBOS.items() if c.model == "emulated"}
+    assert set(bench_soak.COMBOS) == cited | refused | emulated
+    for name in emulated - cited - {bench_soak.EMULATED_BASE}:
+        assert recipe_for(Precision(bench_soak.COMBOS[name].recipe)).soak is None or \
+            bench_soak.COMBOS[name].recipe == "fp8_delayed", name  # not run: the recipe cites no row
 
 
 @pytest.mark.parametrize("knobs, param_dtype, state", [
