@@ -5,8 +5,11 @@ master went NaN after 1,100-1,700 steps on an H100 (the cause and fix: ``fp8_sta
 This bench trains each combination long enough to see it, paired with the standard set-up:
 
 * model: ``bench_stack.Reference`` (``te.TransformerLayer`` blocks, untied BF16 head, written apart from
-  precsearch's probe), 4 blocks of width 512, FFN 1536, 8 / 2 heads, byte vocabulary; on a CPU (``--smoke``)
-  precsearch's own Llama at a toy size, BF16 compute only, to check the bench itself;
+  precsearch's probe), 4 blocks of width 512, FFN 1536, 8 / 2 heads, byte vocabulary. The ``*_emulated`` rows
+  (recipes TE cannot run on Hopper, or at all: MXFP8, NVFP4, FP8 rowwise; and FP8 delayed, to check the
+  emulation against TE's row) train precsearch's own Llama3 at the same shape with its block Linears emulated
+  (:mod:`precsearch.backends.emulated`), each paired with the same model in BF16 (``bf16_std_emulated``). On a CPU
+  (``--smoke``) precsearch's Llama at a toy size, BF16 or emulated compute, to check the bench itself;
 * data: the bytes of the Python standard library's source, the last 1% held out; step ``t`` of seed ``s``
   reads the same random windows in every combination;
 * training: BF16 parameters, micro-batch 16 x 512, AdamW betas (0.9, 0.95), weight decay 0.1, lr 2e-3 with
