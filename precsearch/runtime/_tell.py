@@ -31,6 +31,7 @@ from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, optuna_adapter, promotion
 from precsearch.search.front import policy_summary
 from precsearch.search.scored_trial import ScoredTrial, score_trial
+from precsearch.search.scoring import speed_text
 from precsearch.tracking.memory_report import breakdown, framework_breakdown, saving_sources
 from precsearch.tracking.trial_record import SearchReading, log_trial
 from precsearch.utils.retry import with_retry
@@ -66,8 +67,9 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
     job = replace(job, study_metrics=summary)  # in memory only: a replay need not re-log them
     at = f" at {rung} steps" if ctx.space.study.fidelity else ""
     source = result.memory_source if framework is None else f"in {framework.target}, predicted"
+    speed = f", {speed_text(scored.score)}" if ctx.space.objectives.throughput else ""  # searched: shown
     say(ctx, f"trial {trial.number}{at}: memory saved {100 * scored.score.memory_saved:.2f}% "
-              f"({source}), {scored.verdict}  {policy_summary(trial.params)}")
+              f"({source}){speed}, {scored.verdict}  {policy_summary(trial.params)}")
     if ctx.status is not None:
         # the references still to run, from the cache on disk: another worker may have run them
         ctx.status.eta.reference_steps = uncached_steps(ctx.space, ctx.references, ctx.device)

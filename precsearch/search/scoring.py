@@ -66,7 +66,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from precsearch.config.space import ObjectivesSection
-from precsearch.instability import Reading, StudyUnit
+from precsearch.instability import INTERVAL_SE, Reading, StudyUnit
 from precsearch.probe.measure.events import count_events
 from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.result import ProbeResult
@@ -366,6 +366,15 @@ def instability_text(s: Score, objectives: ObjectivesSection) -> str:
     """The instability in the study's unit, with its limit and band: ``1.98 BF16 seed spreads; limit 2: near the
     limit``, ``0.00138 ± 0.00062 (2 SE) update_norm (...); limit 0.01: stable``."""
     return instability_reading(s, objectives).text()
+
+
+def speed_text(s: Score) -> str:
+    """The trial's speed-up over its BF16 reference with ± 2 standard errors where both runs timed enough steps:
+    ``speed-up 1.07x ± 0.02``, else ``speed-up 1.07x``; ``speed-up not measured`` without a reference rate."""
+    if not s.speedup:
+        return "speed-up not measured"
+    half = INTERVAL_SE * s.speedup_se
+    return f"speed-up {s.speedup:.2f}x" + (f" ± {half:.2f}" if math.isfinite(half) else "")
 
 
 def verdict_line(s: Score, objectives: ObjectivesSection) -> str:

@@ -7,7 +7,7 @@ import pytest
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.probe.result import ProbeResult
-from precsearch.search.front import trial_rows
+from precsearch.search.front import format_table, trial_rows
 from precsearch.search.pareto import dominates, pareto_indices
 from precsearch.search.scoring import DIVERGED_INSTABILITY, constraint_value, score
 
@@ -140,8 +140,9 @@ def test_speeds_within_each_others_intervals_are_one_speed_on_the_front():
     trials = [(0.40, 1000.0, 2.0),   # 0: saves the most
               (0.39, 1003.0, 2.0),   # 1: 3 tok/s faster, intervals (± 2 SE) overlap: no faster, and saves less
               (0.38, 1100.0, 2.0)]   # 2: faster beyond both intervals: a real trade-off
-    assert [r["pareto"] for r in trial_rows(_speed_study(trials), ["memory_saved", "tokens_per_s"])] == \
-        [True, False, True]
+    rows = trial_rows(_speed_study(trials), ["memory_saved", "tokens_per_s"])
+    assert [r["pareto"] for r in rows] == [True, False, True]
+    assert "1000 ± 4" in format_table(rows)  # the table's tok/s with its ± 2 SE, as the front compares them
     untimed = [(m, rate, math.nan) for m, rate, _ in trials]  # no error (too few steps, stored before): as before
     assert [r["pareto"] for r in trial_rows(_speed_study(untimed), ["memory_saved", "tokens_per_s"])] == \
         [True, True, True]
@@ -155,3 +156,13 @@ def test_the_speedups_error_adds_both_runs_relative_errors():
     assert s.tokens_per_s_se == pytest.approx(0.6)
     reference.tokens_per_s_rel_se = math.nan  # a reference stored before the error was kept
     assert math.isnan(score(trial, reference, ObjectivesSection()).speedup_se)
+
+
+def test_the_trial_lines_speed_up_carries_its_interval_where_both_runs_have_one():
+    from precsearch.search.scoring import speed_text
+
+    trial, reference = _result(2.0, 900, tps=200.0), _result(2.0, 1000, tps=100.0)
+    assert speed_text(score(trial, reference, ObjectivesSection())) == "speed-up 2.00x"  # no errors stored
+    trial.tokens_per_s_rel_se, reference.tokens_per_s_rel_se = 0.003, 0.004
+    assert speed_text(score(trial, reference, ObjectivesSection())) == "speed-up 2.00x ± 0.02"  # 2 SE
+    assert speed_text(score(trial, _result(2.0, 1000, tps=0.0), ObjectivesSection())) == "speed-up not measured"
