@@ -17,9 +17,9 @@ from precsearch.instability import BANDS, MARGIN, Reading, StudyUnit, number
 from precsearch.readings import DEFAULT_READING, get_reading
 from precsearch.recipes import STANDARD_FP8_NAME
 from precsearch.search.pareto import INTERVAL_SE, pareto_indices
-from precsearch.tracking.front_report import rate_text
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
+from precsearch.tracking.front_report import rate_text
 
 
 def policy_summary(params: dict[str, Any]) -> str:

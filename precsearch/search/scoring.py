@@ -210,6 +210,7 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
     counted = pressed is not None and objectives.stress.in_constraint
     constraint = max(base.constraint, pressed.constraint) if counted else base.constraint
     saved_probe, saved_target = memory_saved(result, reference)
+    speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
     if objectives.memory_basis == "target" and math.isnan(saved_target):
         raise ValueError("a probe result has no target memory prediction (target_memory_bytes; it was stored "
                          "before precsearch predicted one): run it again, or set objectives.memory_basis: probe")
@@ -233,8 +234,8 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         grad_blowups=base.grad_blowups,
         diverged=base.diverged,
         tokens_per_s=result.tokens_per_s,
-        speedup=result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0,
-        **_speed_errors(result, reference),
+        speedup=speedup,
+        **_speed_errors(result, reference, speedup),
         noise_floor=noise_floor,
         gap_in_noise=in_noise_units(base.read_gap, noise_floor),
         stable=base.constraint <= 0,
@@ -250,12 +251,11 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
     )
 
 
-def _speed_errors(result: ProbeResult, reference: ProbeResult) -> dict[str, float]:
+def _speed_errors(result: ProbeResult, reference: ProbeResult, speedup: float) -> dict[str, float]:
     """The standard errors of ``tokens_per_s`` and ``speedup`` from each run's relative one (independent runs:
-    the relative errors of a ratio add in quadrature); NaN where either run has none."""
+    the relative errors of a ratio add in quadrature); NaN where either run has none, or no speed-up was measured."""
     mine, theirs = result.tokens_per_s_rel_se, reference.tokens_per_s_rel_se
-    speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else math.nan
-    rate, ratio = result.tokens_per_s * mine, speedup * math.hypot(mine, theirs)
+    rate, ratio = result.tokens_per_s * mine, (speedup or math.nan) * math.hypot(mine, theirs)
     return {"tokens_per_s_se": rate if math.isfinite(rate) else math.nan,  # one NaN: stored scores compare equal
             "speedup_se": ratio if math.isfinite(ratio) else math.nan}
 

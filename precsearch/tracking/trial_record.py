@@ -8,9 +8,8 @@ attribute.
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
