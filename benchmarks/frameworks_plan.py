@@ -218,6 +218,13 @@ def megatron_plan(policy: Policy, n_layers: int) -> dict[str, Any]:
     transformer = {MEGATRON_CONFIG_FIELDS[f]: _value(v) for f, v in args.items() if f in MEGATRON_CONFIG_FIELDS}
     optimizer = {MEGATRON_OPTIMIZER_FIELDS[f]: _value(v) for f, v in args.items() if f in MEGATRON_OPTIMIZER_FIELDS}
     optimizer["clip_grad"] = float(optimizer.get("clip_grad", 0.0))
+    if "fp8_recipe" in transformer:
+        # Megatron-LM fills OptimizerConfig from every argument that shares a field's name
+        # (megatron/training/training.py: get_megatron_optimizer_config), --fp8-recipe among them; under a recipe
+        # other than delayed its precision-aware optimizer then keeps whole FP32 main parameters itself rather
+        # than handing BF16 + remainders to FusedAdam (optimizer_config.py:
+        # use_precision_aware_optimizer_no_fp8_or_ds_fp8). Left out, the run would keep 2 bytes a parameter less.
+        optimizer["fp8_recipe"] = transformer["fp8_recipe"]
     ddp = {"use_distributed_optimizer": bool(optimizer.get("use_distributed_optimizer", False)),
            "fp8_param_gather": bool(transformer.get("fp8_param", False))}
     return {"flags": flags, "transformer": transformer, "optimizer": optimizer, "ddp": ddp,

@@ -37,10 +37,18 @@ def test_megatron_knob_flags_become_optimizer_and_ddp_fields():
     """A flag left out of OptimizerConfig would train the default FP32 moments and still report the knob."""
     m = plan.megatron_plan(plan.POLICIES["fp8_current+bf16_moments"], 4)
     assert m["optimizer"] == {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16",
-                              "exp_avg_sq_dtype": "bf16", "use_distributed_optimizer": True, "clip_grad": 1.0}
+                              "exp_avg_sq_dtype": "bf16", "use_distributed_optimizer": True, "clip_grad": 1.0,
+                              "fp8_recipe": "tensorwise"}
     assert m["ddp"]["use_distributed_optimizer"] and m["transformer"] == {"fp8": "hybrid", "fp8_recipe": "tensorwise"}
     edges = plan.megatron_plan(plan.POLICIES["bf16_edges+fp8_current"], 4)["transformer"]
     assert edges["first_last_layers_bf16"] is True and edges["num_layers_at_start_in_bf16"] == 1
+
+
+def test_megatron_optimizer_gets_the_fp8_recipe_as_megatron_lm_gives_it():
+    """Megatron-LM hands --fp8-recipe to OptimizerConfig too: without it the precision-aware optimizer keeps a
+    2-byte master (BF16 + remainders) where Megatron-LM keeps whole FP32 main parameters under tensorwise FP8."""
+    assert plan.megatron_plan(plan.POLICIES["fp8_current"], 4)["optimizer"]["fp8_recipe"] == "tensorwise"
+    assert "fp8_recipe" not in plan.megatron_plan(plan.POLICIES["bf16"], 4)["optimizer"]
 
 
 def test_megatron_fields_are_megatron_core_fields():
@@ -51,6 +59,10 @@ def test_megatron_fields_are_megatron_core_fields():
             continue
         m = plan.megatron_plan(plan.POLICIES[name], 4)
         tc.TransformerConfig(num_layers=4, hidden_size=64, num_attention_heads=4, bf16=True, **m["transformer"])
+    oc = pytest.importorskip("megatron.core.optimizer.optimizer_config")
+    for name in plan.POLICIES:
+        assert set(plan.megatron_plan(plan.POLICIES[name], 4)["optimizer"]) <= {
+            f.name for f in dataclasses.fields(oc.OptimizerConfig)}, name
     # Megatron-LM's fusions (apply_rope_fusion needs TE to construct: checked on the GPU, where the runs set it)
     assert set(plan.MEGATRON_LM_DEFAULTS) <= {f.name for f in dataclasses.fields(tc.TransformerConfig)}
 
