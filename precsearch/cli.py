@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, space, executor) -> int:
-    from precsearch.search.front import format_table
+    from precsearch.search.front import format_table, no_front_text
     from precsearch.runtime.launcher import parse_gpus
     from precsearch.runtime.study import run_study
 
@@ -150,7 +150,7 @@ def _run(args: argparse.Namespace, space, executor) -> int:
 
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     front = runs_as_is_of_space(space, [r for r in rows if r["pareto"]])
-    print(format_table(front, target=target_line(space.model_dump(mode="json"))))
+    print(format_table(front, target=target_line(space.model_dump(mode="json"))) if front else no_front_text(rows))
     print(next_commands(Workspace.for_space(space, args.output_dir).output_dir))
     return 0
 
@@ -193,13 +193,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_front(args: argparse.Namespace) -> int:
     from precsearch.runtime.target_space import runs_as_is_of_study, target_line
-    from precsearch.search.front import format_table, trial_rows
+    from precsearch.search.front import format_table, no_front_text, trial_rows
 
     study, _ = _open_study(args.output_dir)
     rows = trial_rows(study, study.user_attrs["objectives"])
     shown = runs_as_is_of_study(study, rows if args.all else [r for r in rows if r["pareto"]])
     target = target_line(study.user_attrs.get("space", {}))
-    print(format_table(shown, flags=args.all, target=target) if shown else "no finished feasible trial yet")
+    print(format_table(shown, flags=args.all, target=target) if shown else no_front_text(rows))
     return 0
 
 

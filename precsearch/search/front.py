@@ -199,6 +199,14 @@ def _standard_line(rows: list[dict[str, Any]]) -> str:
             f"({read[0]['standard_recipe']}): {', '.join(shown)}{per_clip}")
 
 
+def no_front_text(rows: list[dict[str, Any]]) -> str:
+    """What to print in place of an empty front: how many trials finished, none feasible, and where to look."""
+    if not rows:
+        return "no finished feasible trial yet (no trial has finished)"
+    return (f"no finished feasible trial yet: none of the {len(rows)} finished trial(s) is feasible; "
+            "`precsearch front --all` lists each with its instability, band and loss gap")
+
+
 def _unit_line(rows: list[dict[str, Any]]) -> str:
     """The unit the table's instability is in, and the limit in it."""
     row = rows[0] if rows else {}

@@ -166,3 +166,13 @@ def test_the_trial_lines_speed_up_carries_its_interval_where_both_runs_have_one(
     trial.tokens_per_s_rel_se, reference.tokens_per_s_rel_se = 0.003, 0.004
     assert speed_text(score(trial, reference, ObjectivesSection())) == "speed-up 2.00x ± 0.02"  # 2 SE
     assert speed_text(score(trial, _result(2.0, 1000, tps=0.0), ObjectivesSection())) == "speed-up not measured"
+
+
+def test_an_empty_front_says_how_many_trials_finished_and_where_to_look():
+    """A study whose every trial read unstable printed a front header with 'instability in (unit not stored)'."""
+    from precsearch.search.front import no_front_text
+
+    text = no_front_text([{"trial": 0, "feasible": False}, {"trial": 1, "feasible": False}])
+    assert "none of the 2 finished trial(s) is feasible" in text and "precsearch front --all" in text
+    assert "no trial has finished" in no_front_text([])
+    assert "unit not stored" not in text
