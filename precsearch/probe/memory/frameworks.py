@@ -13,9 +13,15 @@ what the export gives a policy without memory knobs) differs at both moments tha
 Against the recorded 4-block Megatron-Core runs at the 8B width (H200, 2026-12-01,
 ``2026-12-01_h200_bench_frameworks.json@1d486ad``) this puts the prediction within 0.3% of every
 standard-optimizer row, where the probe's peak read 12.7-12.9% under (``tests/benchmarks/test_bench_frameworks.py``).
-With ``--use-precision-aware-optimizer`` (the memory knobs) Megatron hands its gradients to TE's ``FusedAdam``
-without the FP32 copy and its distributed optimizer holds less than the probe at the backward; that case is
-not modelled here and keeps the probe's figure (+0.9% over the one recorded run).
+With ``--use-precision-aware-optimizer`` (the memory knobs) the gradient buffer is as persistent, and who keeps
+the master decides the step: under ``--fp8-recipe`` tensorwise or blockwise Megatron keeps whole FP32 main
+parameters itself and copies every gradient to FP32 as above; with no FP8 or delayed scaling (or an FP16 master)
+it hands the master to TE's ``FusedAdam`` (BF16 + 16-bit remainders) with the BF16 gradients as they are, and the
+step adds nothing (``megatron/core/optimizer/optimizer_config.py``: ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``;
+:func:`~precsearch.export.memory_knobs.megatron_written` gives the state). At the backward Megatron's loss holds
+:data:`MEGATRON_LOGIT_BYTES` per logit where the probe's holds 6. Against the H200 runs this is within 0.5% of
+FP8 current with an FP32 master and BF16 moments (30.38 GiB measured, 2026-12-07) and of two study trials with a
+remainders master (23.96 and 24.48 GiB, 2026-12-06), where the probe's figure read 16-10% under.
 
 Hugging Face's ``LlamaForCausalLM`` loss and torchtitan's both call ``F.cross_entropy`` on the logits cast to
 FP32, which holds three FP32 logit-sized tensors at the log-softmax backward (the saved output, the incoming
@@ -41,6 +47,11 @@ F_CROSS_ENTROPY_LOGIT_BYTES = 3 * 4
 #: Megatron-Core's default optimizer state: BF16 parameters, FP32 main parameters, FP32 moments.
 MEGATRON_STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
 
+#: Bytes per logit Megatron's vocab-parallel cross-entropy holds at the backward's peak: its FP32 softmax,
+#: the gradient made in place in it. Measured: every backward phase of the H200 runs (BF16 and FP8 with the
+#: standard and the precision-aware optimizer) sits one BF16 logit tensor under the probe's count.
+MEGATRON_LOGIT_BYTES = 4
+
 
 def probe_peak(b: MemoryBreakdown, memory: MemoryKnobs) -> int:
     """The probe's own peak: the model as it stands."""
@@ -48,10 +59,12 @@ def probe_peak(b: MemoryBreakdown, memory: MemoryKnobs) -> int:
 
 
 def megatron_peak(b: MemoryBreakdown, memory: MemoryKnobs) -> int:
-    """Megatron-Core's peak for a run the model broke down as ``b`` (see the module docstring)."""
-    if memory != MEGATRON_STANDARD:  # the precision-aware optimizer: not modelled, the probe's figure
-        return b.total
-    backward = b.backward_peak + b.grads  # the persistent main_grad buffer
+    """Megatron-Core's peak for a run the model broke down as ``b``, its optimizer state ``memory`` as Megatron
+    keeps it (see the module docstring)."""
+    loss_saves = b.logits * (LOGIT_BYTES - MEGATRON_LOGIT_BYTES) // LOGIT_BYTES
+    backward = b.backward_peak + b.grads - loss_saves  # the persistent main_grad buffer
+    if memory.master != "fp32":  # FusedAdam keeps the master and steps the BF16 gradients where they are
+        return max(backward, b.step_peak)
     fp32_main_grads = b.master  # an FP32 copy of every parameter, as large as the FP32 main parameters
     step = b.step_peak + fp32_main_grads + b.weight_copies
     return max(backward, step)
