@@ -21,7 +21,7 @@ step adds nothing (``megatron/core/optimizer/optimizer_config.py``: ``use_precis
 :func:`~precsearch.export.memory_knobs.megatron_written` gives the state). At the backward Megatron's loss holds
 :data:`MEGATRON_LOGIT_BYTES` per logit where the probe's holds 6. Against the H200 runs this is within 0.5% of
 FP8 current with an FP32 master and BF16 moments (30.38 GiB measured, 2026-12-07) and of two study trials with a
-remainders master (23.96 and 24.48 GiB, 2026-12-06), where the probe's figure read 16-10% under.
+remainders master (23.96 and 24.48 GiB, 2026-12-06), where the probe's figure read 10-16% under.
 
 Hugging Face's ``LlamaForCausalLM`` loss and torchtitan's both call ``F.cross_entropy`` on the logits cast to
 FP32, which holds three FP32 logit-sized tensors at the log-softmax backward (the saved output, the incoming
