@@ -20,7 +20,7 @@ from precsearch.arch.units import BLOCK_UNITS, OUTPUT_LAYER, hf_linear_names, un
 from precsearch.export.format_output import layer_table
 from precsearch.probe.memory.frameworks import MEGATRON_STANDARD
 from precsearch.export.megatron import ARGS_FILE, CONFIG_FILE, megatron_export, megatron_table
-from precsearch.export.registry import render
+from precsearch.export.registry import as_run, render
 from precsearch.export.policy_export import write_export
 from precsearch.export.accelerate import FILE as ACCELERATE_FILE, choose_path
 from precsearch.export.torchtitan import CONVERTER, FILE as TITAN_FILE, converted_precision, is_filtered, tt_name
@@ -394,14 +394,22 @@ def fp8_linear(framework: str, policy: Policy, layers: int) -> str:
 OPTIMIZERS = ("framework", "adamw")
 
 
-def run_memory(framework: str, policy: Policy, optimizer: str = "framework") -> MemoryKnobs:
-    """The training state the framework keeps for the policy: its knobs, or Megatron's default state."""
+def run_memory(framework: str, policy: Policy, optimizer: str = "framework",
+               n_layers: int | None = None) -> MemoryKnobs:
+    """The training state the framework keeps for the policy at ``n_layers`` blocks (needed for Megatron's knobs):
+    its knobs, Megatron's default state, or the state Megatron keeps under the exported flags, as a study with
+    ``target: megatron`` scores it (whole FP32 main parameters under tensorwise or blockwise FP8, BF16 for
+    ``fp8_block`` moments: :func:`~precsearch.export.memory_knobs.megatron_written`)."""
     if optimizer == "adamw":
         if policy.memory != MemoryKnobs():
             raise ValueError("--optimizer adamw trains the default knobs only (torch AdamW on the parameters)")
         return policy.memory
     if framework in ("megatron", "probe") and policy.memory == MemoryKnobs():
         return MEGATRON_MEMORY
+    if framework == "megatron":
+        if n_layers is None:
+            raise ValueError("run_memory('megatron') of a policy with memory knobs needs n_layers (its export)")
+        return as_run("megatron", policy, n_layers).memory
     if framework == "torchtitan":  # its AdamW keeps the parameters' dtype: no knob is expressible (warned)
         return MemoryKnobs()
     return policy.memory
@@ -432,7 +440,7 @@ def predicted_peak_gib(policy: Policy, shape: Shape, framework: str, optimizer: 
     (:mod:`precsearch.probe.memory.compiled`)."""
     from precsearch.probe.memory.frameworks import framework_peak
 
-    memory = run_memory(framework, policy, optimizer)
+    memory = run_memory(framework, policy, optimizer, shape.layers)
     compiled = compiled_run(framework, policy=policy, layers=shape.layers) if compiled is None else compiled
     b = _breakdown(policy, shape, framework, optimizer, compiled)
     return framework_peak(framework if optimizer == "framework" else "probe", b, memory) / 2**30
@@ -465,7 +473,7 @@ def _breakdown(policy: Policy, shape: Shape, framework: str, optimizer: str, com
         precisions = {n: p if p is chosen or not p.is_fp8 else Precision.BF16 for n, p in precisions.items()}
     return predict_peak(cfg, precisions, seq_len=shape.seq, micro_batch=shape.mb,
                         param_dtype=param_dtype(framework, policy.memory),
-                        memory=run_memory(framework, policy, optimizer),
+                        memory=run_memory(framework, policy, optimizer, shape.layers),
                         fp8_linear=fp8_linear(framework, policy, cfg.n_layers), compiled_blocks=compiled)
 
 

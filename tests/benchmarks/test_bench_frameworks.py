@@ -215,6 +215,18 @@ def test_megatron_precision_aware_rows_are_predicted_within_half_a_percent():
         assert plan.predicted_peak_gib(policy, plan.Shape(), "probe") / peak - 1 < -0.09
 
 
+def test_the_bench_predicts_megatrons_state_as_the_study_scores_it():
+    """A remainders master under tensorwise FP8: Megatron keeps whole FP32 main parameters (and BF16 for fp8_block
+    moments), so the bench's prediction must count that state, as a ``target: megatron`` study's front does."""
+    policy = dataclasses.replace(plan.POLICIES["fp8_current"], memory=plan.MemoryKnobs(
+        master_weights=True, master_dtype="remainders", moment_dtype="fp8_block"))
+    kept = plan.run_memory("megatron", policy, n_layers=4)
+    assert (kept.master, kept.moment_dtype) == ("fp32", "bf16")
+    assert plan.run_memory("probe", policy) == policy.memory
+    with pytest.raises(ValueError, match="n_layers"):
+        plan.run_memory("megatron", policy)
+
+
 def test_megatron_rule_keeps_the_gradient_buffer_and_copies_to_fp32_only_where_it_keeps_the_master():
     from precsearch.backends.cross_entropy import LOGIT_BYTES
     from precsearch.probe.memory.frameworks import MEGATRON_LOGIT_BYTES, MEGATRON_STANDARD, framework_peak
