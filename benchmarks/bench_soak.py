@@ -279,6 +279,10 @@ def train(combo_name: str, seed: int, s: Setup, on_state=None) -> dict:
     model, opt = build(combo, s, seed)
     losses = torch.zeros(s.steps, device=device)
     began, record = time.time(), {"combo": combo_name, "seed": seed, "setup": s.key()}
+    if combo.model == "emulated" and combo.recipe != "bf16":  # which GEMMs the emulated layers ran
+        from precsearch.backends import emulated
+
+        record["emulated_gemms"] = emulated.CODE_GEMMS
     for step in range(s.steps):
         if on_state is not None:
             on_state(step, model, opt)

@@ -1,10 +1,14 @@
 """The emulated FP8 backend: FP8 numerics in plain PyTorch, on any device.
 
 Each converted Linear quantize-dequantizes its GEMM operands with the scalers of
-its recipe (:mod:`precsearch.fp8.scaling`) and multiplies in float32, which is
-what an FP8 tensor-core GEMM computes (FP8 inputs, FP32 accumulation). It is
-slower than Transformer Engine but runs everywhere and exposes the numerics
-(saturation, underflow, stale delayed scales) for tests and diagnostics.
+its recipe (:mod:`precsearch.fp8.scaling`) and multiplies with FP32 accumulation,
+which is what an FP8 tensor-core GEMM computes. On a CPU the GEMM runs in float32
+on the dequantized values. On a GPU it runs as the tensor core does: each operand's
+codes (times any power-of-two block scales) are BF16 values, so the GEMM takes them
+in BF16, accumulates in FP32, and divides out the two per-tensor scales once
+(:class:`Operand`); the products are the same, only the order of the additions
+differs. It is slower than Transformer Engine but runs everywhere and exposes the
+numerics (saturation, underflow, stale delayed scales) for tests and diagnostics.
 
 As in Transformer Engine, block-scaled operands are quantized along the
 dimension their GEMM reduces over: the forward and dgrad GEMMs see row-wise
@@ -21,8 +25,9 @@ quantization), and stochastic rounding of the output gradient.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +41,69 @@ from precsearch.backends.support import EmulatedSupport
 from precsearch.backends.tensor_stats import TensorStats
 
 
+CODE_GEMMS = "cuda"
+"""Where the emulated GEMMs run on BF16 codes (:class:`Operand`): ``"cuda"`` (on a GPU), ``"always"`` (a CPU too,
+in float32 on the codes: tests) or ``"never"`` (float32 on the dequantized values everywhere, as a CPU runs them;
+``benchmarks/bench_emulated_gemm.py`` times the two on a GPU)."""
+
+
+class Operand(NamedTuple):
+    """One quantized GEMM operand: ``values / code_scale`` is the quantize-dequantized tensor.
+
+    With a code scale, ``values`` is BF16 (the codes, times power-of-two block scales: exact in BF16); without one,
+    ``values`` is the float32 dequantized tensor itself.
+    """
+
+    values: Tensor
+    code_scale: Tensor | None = None
+
+    def t(self) -> "Operand":
+        return Operand(self.values.t(), self.code_scale)
+
+    def dequantized(self) -> Tensor:
+        """The float32 quantize-dequantized tensor."""
+        return self.values if self.code_scale is None else self.values.float() / self.code_scale
+
+
+def _operand(q: Tensor, code_scale: Tensor | None) -> Operand:
+    """``q`` (quantize-dequantized, float32) as the GEMM will take it: BF16 codes on a GPU, else ``q``."""
+    if code_scale is None or CODE_GEMMS == "never" or (CODE_GEMMS == "cuda" and not _mm_into_float32(q.device)):
+        return Operand(q)
+    return Operand((q * code_scale).to(torch.bfloat16), code_scale)
+
+
+@functools.cache
+def _mm_into_float32(device: torch.device) -> bool:
+    """Whether this device multiplies BF16 matrices into float32 (``torch.mm``'s ``out_dtype``: CUDA, torch >= 2.8)."""
+    if device.type != "cuda":
+        return False
+    try:
+        ones = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+        return torch.mm(ones, ones, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def gemm(a: Operand, b: Operand) -> Tensor:
+    """``a @ b`` in float32 with FP32 accumulation.
+
+    Two BF16-code operands multiply in BF16 into float32 (``torch.mm(..., out_dtype=float32)``), then both code
+    scales are divided out, as an FP8 GEMM applies its scales to the accumulator; otherwise float32 operands.
+    """
+    if a.code_scale is None or b.code_scale is None:
+        return a.dequantized() @ b.dequantized()
+    if a.values.is_cuda:
+        acc = torch.mm(a.values, b.values, out_dtype=torch.float32)
+    else:  # no BF16 -> float32 GEMM on a CPU: the same products, in float32
+        acc = a.values.float() @ b.values.float()
+    return acc / a.code_scale / b.code_scale
+
+
+def _code_scale(scaler: Scaler) -> Tensor | None:
+    """The scaler's latest code scale; None (float32 GEMMs) for a stand-in that keeps none (tests plant some)."""
+    return getattr(scaler, "last_code_scale", None)
+
+
 def _transpose_invariant(scaler: Scaler) -> bool:
     """True when quantizing a 2-d tensor's transpose gives the transposed values."""
     block = getattr(scaler, "block", None)
@@ -44,24 +112,25 @@ def _transpose_invariant(scaler: Scaler) -> bool:
 
 def _quantize(
     scaler: Scaler, t2d: Tensor, columnwise: bool
-) -> tuple[Tensor, Tensor | None, dict[str, Tensor] | None]:
+) -> tuple[Operand, Operand | None, dict[str, Tensor] | None]:
     """Row-wise (and, if asked, column-wise) quantization of a 2-d GEMM operand.
 
     Returns:
-        (row-wise values, column-wise values or None, stats of the row-wise call).
+        (row-wise operand, column-wise operand or None, stats of the row-wise call).
     """
-    row = scaler.quantize(t2d)
+    row = _operand(scaler.quantize(t2d), _code_scale(scaler))
     stats = scaler.last_stats
     if not columnwise:
         return row, None, stats
     # a column-wise pass of a delayed scaler would record its amax twice: reuse
-    col = row if _transpose_invariant(scaler) else scaler.quantize_columnwise(t2d)
-    return row, col, stats
+    if _transpose_invariant(scaler):
+        return row, row, stats
+    return row, _operand(scaler.quantize_columnwise(t2d), _code_scale(scaler)), stats
 
 
 def _forward_operands(
     layer: "EmulatedFP8Linear", x2d: Tensor, weight: Tensor, need_dgrad: bool, need_wgrad: bool
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+) -> tuple[Operand, Operand, Operand | None, Operand | None]:
     """Quantized (x, w) for the forward GEMM, and x for wgrad and w for dgrad if needed.
 
     The dgrad GEMM reduces over out_features, so its weight is quantized with
@@ -75,7 +144,7 @@ def _forward_operands(
 
 
 class _Fp8LinearFunction(torch.autograd.Function):
-    """y = q(x) @ q(w)^T + b in float32; backward quantizes the incoming gradient."""
+    """y = q(x) @ q(w)^T + b with FP32 accumulation; backward quantizes the incoming gradient."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -89,10 +158,11 @@ class _Fp8LinearFunction(torch.autograd.Function):
         qx, qw, qx_col, qw_dgrad = _forward_operands(
             layer, x.reshape(-1, x.shape[-1]), weight, *ctx.needs_input_grad[:2]
         )
-        out = qx @ qw.t()  # float32 accumulation, as an FP8 GEMM does
+        out = gemm(qx, qw.t())  # float32 accumulation, as an FP8 GEMM does
         if bias is not None:
             out = out + bias.float()
-        ctx.save_for_backward(qx_col, qw_dgrad)
+        ctx.save_for_backward(*(op.values if op is not None else None for op in (qx_col, qw_dgrad)))
+        ctx.code_scales = tuple(op.code_scale if op is not None else None for op in (qx_col, qw_dgrad))
         ctx.layer, ctx.has_bias = layer, bias is not None
         ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
         ctx.b_dtype = bias.dtype if bias is not None else None
@@ -100,7 +170,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        qx_col, qw_dgrad = ctx.saved_tensors
+        qx_col, qw_dgrad = (v if v is None else Operand(v, c) for v, c in zip(ctx.saved_tensors, ctx.code_scales))
         layer: EmulatedFP8Linear = ctx.layer
         need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
         # backward may run inside an autocast region; keep the GEMMs in float32
@@ -111,9 +181,9 @@ class _Fp8LinearFunction(torch.autograd.Function):
             layer.last_numel["grad_output"] = g.numel()
             dx = dw = db = None
             if need_dgrad:
-                dx = (qg @ qw_dgrad).reshape(ctx.x_shape).to(ctx.x_dtype)
+                dx = gemm(qg, qw_dgrad).reshape(ctx.x_shape).to(ctx.x_dtype)
             if need_wgrad:
-                dw = (qg_col.t() @ qx_col).to(ctx.w_dtype)
+                dw = gemm(qg_col.t(), qx_col).to(ctx.w_dtype)
             if need_bgrad and ctx.has_bias:
                 # the bias gradient is a reduction of the unquantized gradient (TE does the same)
                 db = g.sum(0).to(ctx.b_dtype)

@@ -1,8 +1,11 @@
 """Scalers: how each FP8 recipe picks its scales, one stateful object per tensor role.
 
 Every scaler has ``quantize(x) -> Tensor`` that returns the float32
-quantize-dequantized tensor and remembers ``last_scale`` (the scale it used) and
-``last_stats`` (see :func:`~precsearch.fp8.formats.quantization_stats`).
+quantize-dequantized tensor and remembers ``last_scale`` (the scale it used),
+``last_stats`` (see :func:`~precsearch.fp8.formats.quantization_stats`) and
+``last_code_scale``: one factor that turns the whole result into BF16 values (the
+codes, times power-of-two block scales), so a GEMM can run on them in BF16 with
+FP32 accumulation and scale its output once, as an FP8 tensor core does.
 
 * :class:`DelayedScaler` - per-tensor scale from the amax history of *earlier*
   calls (Transformer Engine ``DelayedScaling``). Stale by design: a tensor that
@@ -76,6 +79,7 @@ class Scaler(ABC):
         track_stats: Compute ``last_stats`` on every call.
         last_scale: The scale of the latest call (0-d, or one per block); None before.
         last_stats: Diagnostics of the latest call; None before.
+        last_code_scale: The latest call's code scale (:meth:`code_scale`); None before, or when it has none.
     """
 
     blockwise: bool = False
@@ -86,6 +90,7 @@ class Scaler(ABC):
         self.track_stats = track_stats
         self.last_scale: Tensor | None = None
         self.last_stats: dict[str, Tensor] | None = None
+        self.last_code_scale: Tensor | None = None
 
     @torch.no_grad()
     def quantize(self, x: Tensor) -> Tensor:
@@ -100,6 +105,7 @@ class Scaler(ABC):
         else:
             out = quantize_dequantize(x, full, self.fmt, amax)
         self.last_scale = compact
+        self.last_code_scale = self.code_scale(compact)
         if self.track_stats:
             full = expand_blocks(compact, self.block, x.shape) if full is None else full
             self.last_stats = quantization_stats(x, full, self.fmt, out)
@@ -120,6 +126,17 @@ class Scaler(ABC):
     @abstractmethod
     def _scales(self, x: Tensor) -> Scales:
         """The scales of this call (and the amax they came from, for the cast to reuse)."""
+
+    def code_scale(self, compact: Tensor) -> Tensor | None:
+        """A 0-d ``c`` such that ``quantize``'s result times ``c`` holds BF16 values, given the call's scale.
+
+        A per-tensor scale: the scale itself (the result times it is each element's FP8 code, to within float32
+        rounding, and a code has at most 4 significant bits). Power-of-two block scales: 1 (a code times a power
+        of two is a BF16 value). Other block scales: None, no such factor exists.
+        """
+        if not self.blockwise:
+            return compact
+        return compact.new_ones(()) if getattr(self, "pow2", True) else None
 
     def _observe(self, x: Tensor, amax: Tensor | None = None) -> None:
         """Update state after quantizing ``x``, whose ``max |x|`` is ``amax`` if known (delayed scaling records it)."""
@@ -347,6 +364,7 @@ class NVFP4Scaler(Scaler):
         self.track_stats = track_stats
         self.last_scale: Tensor | None = None
         self.last_stats: dict[str, Tensor] | None = None
+        self.last_code_scale: Tensor | None = None
         self.block = tuple(tile)
         self.hadamard = hadamard
         self.stochastic = stochastic
@@ -368,6 +386,9 @@ class NVFP4Scaler(Scaler):
         x2d = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         out, block, s_enc = nvfp4_quantize(x2d, self.block, self.stochastic, self._stream(x.device))
         self.last_scale = block
+        # an E2M1 element (2 significant bits) times its E4M3 block scale (4) is a BF16 value: only the FP32
+        # tensor scale is left to divide out
+        self.last_code_scale = s_enc
         if self.track_stats:
             self.last_stats = nvfp4_stats(x2d, s_enc, block, self.block, out)
         return out.reshape(x.shape)

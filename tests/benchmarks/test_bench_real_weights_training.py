@@ -55,10 +55,14 @@ def test_every_policy_is_read_with_a_band_and_top_units_beside_their_inputs_amax
             assert all(u["input_amax_over_rms"] == inputs[u["unit"]]["amax_over_rms"] for u in row["top_units"])
         mem = verdicts["memory"]
         assert mem["peak_bytes"] > 0 and mem["target_bytes"] == 3 * mem["model_bf16_bytes"] + mem["batch_bytes"]
-    # the planted outlier feeds the head: the seed's policy (head in FP8) reads more on the checkpoint
+    # the planted outlier feeds the head: the seed's policy (head in FP8) reads more on the checkpoint, the head
+    # itself several times more (which unit ranks first among the checkpoint's moved with the library versions:
+    # a block's QKV above the head with transformers 5.25, numpy 2.4, on 2026-12-07)
     real, rand = (result["inits"][i]["verdicts"]["rows"]["a_all_current"] for i in ("real", "random"))
     assert real["value"] > rand["value"]
-    assert real["top_units"][0]["unit"] == "output_layer"
+    head = {init: next(u["value"] for u in row["top_units"] if u["unit"] == "output_layer")
+            for init, row in (("real", real), ("random", rand))}
+    assert head["real"] > 3 * head["random"]
 
 
 def test_fine_tuned_gaps_are_against_bf16_seed_0_with_the_bf16_seeds_noise(run):
