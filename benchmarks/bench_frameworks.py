@@ -278,6 +278,13 @@ def table(rows: list[dict[str, Any]]) -> str:
             ph = r["phase_peak_gib"]
             lines.append(f"{r['framework']:11s} {r['policy']:36s} {r['start_gib']:6.2f} {ph['forward']:6.2f} "
                          f"{ph['backward']:6.2f} {ph['step']:6.2f} {r['peak_gib']:6.2f}")
+    timed = [r for r in rows if r.get("phase_ms")]
+    if timed:
+        lines += ["", "time by phase (median ms of the timed steps, CUDA events)",
+                  f"{'framework':11s} {'policy':36s} {'fwd':>7} {'bwd':>7} {'step':>7}"]
+        lines += [f"{r['framework']:11s} {r['policy']:36s} " + " ".join(f"{r['phase_ms'].get(p, math.nan):7.1f}"
+                                                                       for p in ("forward", "backward", "step"))
+                  for r in timed]
     return "\n".join(lines)
 
 

@@ -7,7 +7,7 @@ SPEC: ``framework`` (megatron | torchtitan | accelerate | probe), ``policy`` (a 
 trial), ``shape`` (:class:`frameworks_plan.Shape` fields), ``export_dir`` (the files precsearch exported
 for this run). RESULT: tokens/s (median step gap after the warm-up steps), peak GiB
 (``max_memory_allocated`` over the run), per-phase peaks of the steady steps (forward, backward, optimizer
-step; the counter is reset before each), the losses, and the per-module check (each module's precision in its
+step; the counter is reset before each) and per-phase times of the timed steps (CUDA events, median ms), the losses, and the per-module check (each module's precision in its
 latest forward against the policy's). A failure is written as ``error`` with the traceback's last lines.
 """
 
@@ -42,20 +42,27 @@ def batches(shape: plan.Shape, device) -> list:
 
 def train(shape: plan.Shape, forward: Callable[[int], Any], backward: Callable[[Any], None],
           step: Callable[[], None]) -> dict[str, Any]:
-    """Run ``shape.steps`` steps; time, memory per phase (steady steps: every step after the first), losses."""
+    """Run ``shape.steps`` steps; time, memory per phase (steady steps: every step after the first), time per
+    phase (the timed steps: those after the warm-up), losses."""
     import torch
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     phase_peak = dict.fromkeys(PHASES, 0)
+    marks: list[tuple[str, Any, Any]] = []  # (phase, start event, end event) of the timed steps
     ends, losses, first_peak = [], [], 0
     for s in range(shape.steps):
-        steady = s > 0
+        steady, timed = s > 0, s >= shape.warmup_steps
         for phase, run in (("forward", lambda: forward(s)), ("backward", lambda: backward(loss)), ("step", step)):
             if steady:
                 torch.cuda.reset_peak_memory_stats()
+            if timed:
+                marks.append((phase, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                marks[-1][1].record()
             out = run()
+            if timed:
+                marks[-1][2].record()
             if phase == "forward":
                 loss = out
             if steady:
@@ -67,10 +74,18 @@ def train(shape: plan.Shape, forward: Callable[[int], Any], backward: Callable[[
         losses.append(float(loss.detach().float()))
         del loss
     gaps = [b - a for a, b in zip(ends, ends[1:])][shape.warmup_steps - 1:]
-    return {"tokens_per_s": shape.mb * shape.seq / statistics.median(gaps),
+    return {"tokens_per_s": shape.mb * shape.seq / statistics.median(gaps), "phase_ms": phase_times(marks),
             "peak_gib": max(first_peak, *phase_peak.values()) / GIB, "start_gib": base / GIB,
             "phase_peak_gib": {p: v / GIB for p, v in phase_peak.items()},
             "first_loss": losses[0], "last_loss": losses[-1], "losses": losses}
+
+
+def phase_times(marks: list[tuple[str, Any, Any]]) -> dict[str, float]:
+    """Median ms of each phase over its (start, end) event pairs (recorded, the device synchronized since)."""
+    times: dict[str, list[float]] = {}
+    for phase, start, end in marks:
+        times.setdefault(phase, []).append(start.elapsed_time(end))
+    return {phase: statistics.median(ms) for phase, ms in times.items()}
 
 
 #: Elements of each weight kept before the run to tell afterwards whether it moved.

@@ -441,3 +441,31 @@ def test_smoke_prepares_the_derived_probe_row(tmp_path):
     full = bench.prepare("probe", "attn_current+mlp_delayed", plan.Shape(layers=4, seq=256), tmp_path)
     # the probe's files are the derived policy's: no delayed scaling left, where the whole policy has it
     assert "delayed" not in json.dumps(row["config"]) and "delayed" in json.dumps(full["config"])
+
+
+def test_phase_times_are_each_phases_median_and_the_table_prints_them():
+    """Where a framework spends its step (Megatron's standard optimizer against its precision-aware one was
+    the open question of 2026-12-07): each phase's median over the timed steps, printed per row."""
+    import frameworks_runs as runs
+
+    class Event:  # a recorded CUDA event pair's stand-in: elapsed_time in ms
+        def __init__(self, at: float):
+            self.at = at
+
+        def elapsed_time(self, end: "Event") -> float:
+            return end.at - self.at
+
+    marks = [(phase, Event(0.0), Event(ms)) for phase, ms in
+             (("forward", 30.0), ("backward", 60.0), ("step", 15.0), ("forward", 34.0), ("backward", 62.0),
+              ("step", 40.0), ("forward", 31.0), ("backward", 61.0), ("step", 16.0))]
+    times = runs.phase_times(marks)
+    assert times == {"forward": 31.0, "backward": 61.0, "step": 16.0}  # the slow step (40 ms) is not the median
+    rows = [{"framework": "megatron", "policy": "bf16", "tokens_per_s": 100.0, "peak_gib": 30.0,
+             "predicted_gib": 30.0, "last_loss": 1.0, "phase_ms": times},
+            {"framework": "accelerate", "policy": "bf16", "tokens_per_s": 100.0, "peak_gib": 30.0,
+             "predicted_gib": 30.0, "last_loss": 1.0}]
+    text = bench.table(rows)
+    assert "time by phase" in text
+    timed = [line for line in text.splitlines() if line.startswith("megatron ") and line.rstrip().endswith("16.0")]
+    assert len(timed) == 1 and "31.0" in timed[0] and "61.0" in timed[0]
+    assert not any(line.startswith("accelerate ") and line.rstrip().endswith("nan") for line in text.splitlines())
