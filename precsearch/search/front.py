@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 from precsearch.instability import BANDS, MARGIN, Reading, StudyUnit, number
 from precsearch.readings import DEFAULT_READING, get_reading
 from precsearch.recipes import STANDARD_FP8_NAME
-from precsearch.search.pareto import INTERVAL_SE, pareto_indices
+from precsearch.search.pareto import INTERVAL_SE, distinct, pareto_indices
 from precsearch.search.promotion import PROMOTED_FROM, policy_key, rung_of
 from precsearch.search.scoring import DIRECTIONS, noise_text
 from precsearch.tracking.front_report import rate_text
@@ -30,6 +30,10 @@ def policy_summary(params: dict[str, Any]) -> str:
 
 def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
     """One row per finished trial with its score, ``pareto`` set over the feasible trials.
+
+    Of front trials that no interval separates on any objective (memory equal, the same band, readings and
+    speeds within each other's intervals), the first trial is on the front and each later one is not: its row
+    has ``front_twin``, that trial's number.
 
     Trials in the ``stable`` band count as equally safe, and so do others whose instability intervals
     (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the reading has one) overlap in the
@@ -49,10 +53,15 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     feasible = [r for r in rows if r["feasible"]]
     coordinates = [_pareto_coordinates(r, objectives) for r in feasible]
     directions = [d for name in objectives for d in (["minimize"] * 2 if name == "instability" else [DIRECTIONS[name]])]
-    front = {feasible[i]["trial"] for i in pareto_indices([c[0] for c in coordinates], directions,
-                                                            [c[1] for c in coordinates])}
+    points, spreads = [c[0] for c in coordinates], [c[1] for c in coordinates]
+    on_front = sorted(pareto_indices(points, directions, spreads), key=lambda i: feasible[i]["trial"])
+    twins = distinct(on_front, points, spreads)
     for r in rows:
-        r["pareto"] = r["trial"] in front
+        r["pareto"] = False
+    for i, twin in twins.items():  # of front trials no interval separates, the first trial stands for them
+        feasible[i]["pareto"] = twin is None
+        if twin is not None:
+            feasible[i]["front_twin"] = feasible[twin]["trial"]
     return rows
 
 
@@ -155,7 +164,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
         gap = "diverged" if r["diverged"] else f"{100 * r['loss_gap']:+7.2f}%"
         own_unit = get_reading(r.get("reading")).own_unit  # instability in the reading's own measure, not the floor's
         noise = "-" if r["diverged"] or own_unit else noise_text(r["noise_floor"], r["gap_in_noise"])
-        marks = f"  {_yes(r['feasible']):>8}  {_yes(r['pareto']):>6}" if flags else ""
+        marks = f"  {_yes(r['feasible']):>8}  {_pareto_mark(r):>6}" if flags else ""
         # where the saving comes from, last: one row per line, the columns before it unchanged
         sources = f"  [saved from: {r['memory_sources']}]" if r.get("memory_sources") else ""
         sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
@@ -169,6 +178,9 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
                      f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {rate_text(r):>14}  "
                      f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
+    if flags and any("front_twin" in r for r in rows):
+        lines.append("pareto '= N': as good as front trial N within every interval (memory saved, band, reading, "
+                     "speed); the front lists the first of such trials")
     return "\n".join(lines)
 
 
@@ -217,3 +229,8 @@ def _unit_line(rows: list[dict[str, Any]]) -> str:
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+def _pareto_mark(row: dict[str, Any]) -> str:
+    """``yes``, ``no``, or ``= 7``: off the front as one with front trial 7 within every interval."""
+    return f"= {row['front_twin']}" if "front_twin" in row else _yes(row["pareto"])

@@ -43,6 +43,31 @@ def _spread(spread: Sequence[float] | None, i: int) -> float:
     return 0.0 if math.isnan(value) else value
 
 
+def equal(a: Sequence[float], b: Sequence[float], a_spread: Sequence[float] | None = None,
+          b_spread: Sequence[float] | None = None) -> bool:
+    """True if ``a`` and ``b`` are one point within their intervals: on every objective the intervals overlap
+    (an exact value, one without a spread, equal to the other's to float rounding)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        reach = _spread(a_spread, i) + _spread(b_spread, i) + 1e-12 * max(abs(x), abs(y))
+        if abs(x - y) > reach:
+            return False
+    return True
+
+
+def distinct(indices: Sequence[int], points: Sequence[Sequence[float]],
+             spreads: Sequence[Sequence[float]] | None = None) -> dict[int, int | None]:
+    """Each of ``indices`` (front points, in the order to keep them) -> None where it is kept, else the index
+    of the earlier kept point it equals (:func:`equal`): one point of each set that no interval separates."""
+    spread = (lambda k: spreads[k]) if spreads is not None else (lambda k: None)
+    kept: list[int] = []
+    twin: dict[int, int | None] = {}
+    for i in indices:
+        twin[i] = next((k for k in kept if equal(points[i], points[k], spread(i), spread(k))), None)
+        if twin[i] is None:
+            kept.append(i)
+    return twin
+
+
 def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str],
                    spreads: Sequence[Sequence[float]] | None = None) -> list[int]:
     """Indices of the points no other point dominates (duplicates all kept); ``spreads`` as :func:`dominates`."""

@@ -28,3 +28,16 @@ def test_smoke_reports_both_modes_with_matching_losses(tmp_path, monkeypatch):
         assert len(row["float32"]["losses"]) == len(row["codes"]["losses"]) == 3
         assert row["speedup"] > 0 and row["max_loss_diff"] < 1e-3
         assert row["float32"]["losses"] != rows["bf16"]["float32"]["losses"]  # the emulated layers ran
+
+
+def test_compile_swaps_the_quantizers_and_puts_the_originals_back():
+    """``--compile`` times the codes path with the quantizers compiled; after it the package runs its own."""
+    from precsearch.fp8 import scaling
+
+    originals = {name: getattr(scaling, name) for name in bench_emulated_gemm.COMPILED}
+    bench_emulated_gemm.compiled_quantizers(True)
+    try:
+        assert all(getattr(scaling, name) is not fn for name, fn in originals.items())
+    finally:
+        bench_emulated_gemm.compiled_quantizers(False)
+    assert all(getattr(scaling, name) is fn for name, fn in originals.items())

@@ -176,3 +176,34 @@ def test_an_empty_front_says_how_many_trials_finished_and_where_to_look():
     assert "none of the 2 finished trial(s) is feasible" in text and "precsearch front --all" in text
     assert "no trial has finished" in no_front_text([])
     assert "unit not stored" not in text
+
+
+def test_front_trials_no_interval_separates_are_one_point_on_the_front():
+    """Issue 53: the Megatron target's 8B study (H100, 2026-12-07) put trials 7 and 8 on the front, the same
+    policy but for the amax history (1024, 16) that its fixed-state reading does not see: the same memory saved,
+    the same reading, speeds within each other's intervals. The first stands for both; the other names it."""
+    trials = [(0.30, 1000.0, 20.0),   # 0: on the front
+              (0.30, 1020.0, 10.0),   # 1: the same memory, a speed within 0's interval: as good as 0
+              (0.28, 1200.0, 10.0),   # 2: a real trade-off
+              (0.30, 900.0, 10.0)]    # 3: dominated by 0 (slower beyond the intervals): not a twin
+    rows = trial_rows(_speed_study(trials), ["memory_saved", "tokens_per_s"])
+    assert [r["pareto"] for r in rows] == [True, False, True, False]
+    assert rows[1]["front_twin"] == 0 and all("front_twin" not in r for r in (rows[0], rows[2], rows[3]))
+    table = format_table(rows, flags=True)
+    assert "= 0" in next(line for line in table.splitlines() if line.split()[:1] == ["1"])
+    assert "pareto '= N'" in table
+    # equal within intervals needs every objective: a faster twin beyond the intervals is its own point
+    apart = trial_rows(_speed_study([(0.30, 1000.0, 2.0), (0.30, 1100.0, 2.0)]), ["memory_saved", "tokens_per_s"])
+    assert [r["pareto"] for r in apart] == [False, True] and all("front_twin" not in r for r in apart)
+
+
+def test_equal_points_need_every_objective_within_the_intervals():
+    from precsearch.search.pareto import distinct, equal
+
+    assert equal([0.3, 10.0], [0.3, 11.0], [0.0, 1.0], [0.0, 0.5])
+    assert not equal([0.3, 10.0], [0.31, 10.0], [0.0, 1.0], [0.0, 1.0])  # memory is exact
+    assert not equal([0.3, 10.0], [0.3, 13.0], [0.0, 1.0], [0.0, 1.0])
+    points = [[0.3, 10.0], [0.3, 10.5], [0.3, 12.4]]
+    spreads = [[0.0, 1.0]] * 3
+    # 1 equals 0; 2 is within 1's interval but not 0's: compared with the kept ones only, it is kept
+    assert distinct([0, 1, 2], points, spreads) == {0: None, 1: 0, 2: None}
