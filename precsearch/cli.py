@@ -47,10 +47,12 @@ def _load_space_file(path: Path):
 
 
 def _print_soak_warnings(space) -> None:
-    """One line per optimizer state or GEMM recipe offered that no long run has passed (``search.allow_unsoaked``)."""
+    """One line per optimizer state or GEMM recipe offered that no long run has passed (``search.allow_unsoaked``),
+    and one per searched setting whose values the study's reading cannot tell apart."""
+    from precsearch.config.inert import reading_warnings
     from precsearch.config.soak_checks import soak_warnings
 
-    for warning in soak_warnings(space):
+    for warning in soak_warnings(space) + reading_warnings(space):
         print(f"warning: {warning}", file=sys.stderr)
 
 

@@ -29,6 +29,7 @@ from precsearch.config.knob import Knob
 from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.precision import AmaxAlgo, Precision
+from precsearch.readings import get_reading
 from precsearch.recipes import SETTINGS, low_recipes, readers, recipe_for
 
 #: ``Inert.by`` for rules on the precisions a trial's layers run, rather than on another setting.
@@ -152,6 +153,25 @@ def _shown(knob: Knob) -> str:
     """A knob as a space file writes it: ``{choices: [16, 1024]}``, ``most_recent``."""
     text = yaml.safe_dump(knob.to_data(), default_flow_style=True, sort_keys=False, width=10**6)
     return text.strip().removesuffix("\n...")
+
+
+def reading_warnings(space: Space) -> list[str]:
+    """Searched values the study's reading cannot tell apart, though the probe's training can: amax histories at
+    least as long as the passes a fixed-state reading makes at a state (16 and 1024 read alike at 6 passes; the
+    quickstart of 2026-12-07 spent two trials that differed only there and read 2.95e-05 both). Not refused: the
+    probe's loss gap, spikes and non-finite checks still see the history."""
+    knob = space.search.recipe.amax_history_len
+    per_state = get_reading(space.objectives.reading).passes_per_state(space.objectives)
+    if knob.choices is None or per_state is None:
+        return []
+    passes, fields = per_state
+    alike = sorted(v for v in knob.choices if v >= passes)
+    if len(alike) < 2:
+        return []
+    return [f"search.recipe.amax_history_len {_shown(knob)}: {', '.join(map(str, alike))} read alike under "
+            f"objectives.reading: {space.objectives.reading}, which quantizes {passes} passes a state from fresh "
+            f"scalers ({fields}), so any history of {passes} or more holds them all; the probe's training still "
+            f"tells them apart. Keep one of them, or read more passes a state"]
 
 
 def inert_in(running: set[Precision]) -> set[str]:

@@ -170,6 +170,12 @@ class StabilityReading(ABC):
         default: only a reading of fixed states reads a policy apart from its probe)."""
         return False
 
+    def passes_per_state(self, objectives: Any) -> tuple[int, str] | None:
+        """How many passes the reading quantizes at one state, from fresh FP8 scalers, where it reads fixed
+        states (so a delayed-scaling amax history of that many entries or more holds all it sees), and the
+        fields that set it; None for a reading of the probe's own run, whose scalers keep their history."""
+        return None
+
     def legacy_value(self, instability: float) -> float:
         """The per-unit display metric of earlier versions for a reading with its own unit (3 significant digits)."""
         return float(f"{instability:.3g}")

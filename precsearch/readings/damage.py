@@ -101,6 +101,12 @@ class DamageReading(StabilityReading):
     def side_runs(self, clip_values: Sequence[Any], steps: int) -> SideRuns:
         return FixedStateSides(clip_values, steps)
 
+    def passes_per_state(self, objectives: Any) -> tuple[int, str] | None:
+        """The warm-up passes (for delayed scaling's history) and the measured batches of each state; a kept
+        model's scalers are reset between states (``Backend.reset_converted``)."""
+        damage = objectives.damage
+        return damage.warm_batches + damage.batches, "objectives.damage.warm_batches + batches"
+
 
 class FixedStateSides(SideRuns):
     """The BF16 sides of one probe process (the BF16 run to its states and its gradients there), one per

@@ -108,3 +108,28 @@ def test_a_state_inside_the_warm_up_lets_the_reading_see_it():
     check_space(parse_space(tiny_space_dict(**{
         "objectives.reading": "damage", "objectives.reference_seeds": 1, "objectives.damage.states": [0.0, 1.0],
         "search.warmup_steps": {"choices": [0, 4]}})), file="space.yaml")
+
+
+def test_histories_the_fixed_state_reading_cannot_tell_apart_are_warned_about_naming_the_passes(tmp_path, capsys):
+    """The quickstart (AMD EPYC, 2026-12-07) spent trials 6 and 8 on one policy but for an amax history of 16 or
+    1024: both read 2.95e-05, as the fixed-state reading quantizes 6 passes a state from fresh scalers. The
+    probe's training does see the history, so the space is not refused: ``validate`` says which values read
+    alike and why, and a history below the passes (1) is its own reading."""
+    from precsearch.config.inert import reading_warnings
+
+    damage = {"objectives.reading": "damage", "objectives.reference_seeds": 1, "search.warmup_steps": 0}
+    alike = parse_space(tiny_space_dict(**damage, **{"search.recipe.amax_history_len": {"choices": [1, 16, 1024]}}))
+    (warning,) = reading_warnings(alike)
+    assert "16, 1024 read alike" in warning and "6 passes a state" in warning
+    assert "objectives.damage.warm_batches + batches" in warning
+    apart = {"search.recipe.amax_history_len": {"choices": [1, 1024]}}
+    assert reading_warnings(parse_space(tiny_space_dict(**damage, **apart))) == []
+    more = {"objectives.damage.warm_batches": 20, "search.recipe.amax_history_len": {"choices": [1, 16, 1024]}}
+    assert reading_warnings(parse_space(tiny_space_dict(**damage, **more))) == []  # 16 < 24 passes: read apart
+    final = {"objectives.reading": "final", "search.recipe.amax_history_len": {"choices": [16, 1024]}}
+    assert reading_warnings(parse_space(tiny_space_dict(**final))) == []  # the probe's own run: history carries
+    path = write_space(tmp_path, tiny_space_dict(**damage, **{"search.recipe.amax_history_len":
+                                                             {"choices": [16, 1024]}}))
+    assert main(["validate", str(path)]) == 0
+    assert "warning: search.recipe.amax_history_len {choices: [16, 1024]}: 16, 1024 read alike" in \
+        capsys.readouterr().err
