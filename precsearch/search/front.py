@@ -32,8 +32,8 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     """One row per finished trial with its score, ``pareto`` set over the feasible trials.
 
     Of front trials that no interval separates on any objective (memory equal, the same band, readings and
-    speeds within each other's intervals), the first trial is on the front and each later one is not: its row
-    has ``front_twin``, that trial's number.
+    speeds within each other's intervals), the one with the smallest reading (then the earliest) is on the
+    front and the others are not: each of their rows has ``front_twin``, that trial's number.
 
     Trials in the ``stable`` band count as equally safe, and so do others whose instability intervals
     (± :data:`~precsearch.search.pareto.INTERVAL_SE` standard errors, where the reading has one) overlap in the
@@ -54,11 +54,13 @@ def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any
     coordinates = [_pareto_coordinates(r, objectives) for r in feasible]
     directions = [d for name in objectives for d in (["minimize"] * 2 if name == "instability" else [DIRECTIONS[name]])]
     points, spreads = [c[0] for c in coordinates], [c[1] for c in coordinates]
-    on_front = sorted(pareto_indices(points, directions, spreads), key=lambda i: feasible[i]["trial"])
+    # of front trials no interval separates, the smallest reading stands for them (then the earliest trial)
+    on_front = sorted(pareto_indices(points, directions, spreads),
+                      key=lambda i: (feasible[i]["instability"], feasible[i]["trial"]))
     twins = distinct(on_front, points, spreads)
     for r in rows:
         r["pareto"] = False
-    for i, twin in twins.items():  # of front trials no interval separates, the first trial stands for them
+    for i, twin in twins.items():
         feasible[i]["pareto"] = twin is None
         if twin is not None:
             feasible[i]["front_twin"] = feasible[twin]["trial"]
@@ -179,8 +181,8 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
                      f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
     if flags and any("front_twin" in r for r in rows):
-        lines.append("pareto '= N': as good as front trial N within every interval (memory saved, band, reading, "
-                     "speed); the front lists the first of such trials")
+        lines.append("pareto '= N': as good as front trial N on every objective, within the intervals; of such "
+                     "trials the front lists the one with the smallest reading")
     return "\n".join(lines)
 
 
