@@ -98,3 +98,26 @@ def test_a_process_that_ends_in_time_after_sigterm_is_not_held_by_the_deadline()
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 20  # the daemon timer does not keep it for its 60 s
     assert "KeyboardInterrupt" in err and "Timeout" not in err
+
+
+def test_the_second_ctrl_c_quiets_the_storages_cleanup_errors(caplog):
+    """Under load the second Ctrl-C landed mid-query and SQLAlchemy printed 'Error closing cursor' ('Cannot operate
+    on a closed database') with its traceback ahead of the resume hint (CI, 2026-12-07): the first press leaves
+    that logger as it was, the second silences it for the rest of the ending run."""
+    import logging
+
+    from precsearch.runtime.stopping import StopRequest
+
+    pool = logging.getLogger("sqlalchemy.pool.impl.QueuePool")  # a pool's logger, under sqlalchemy.pool
+    parent = logging.getLogger("sqlalchemy.pool")
+    level = parent.level
+    try:
+        parent.setLevel(logging.NOTSET)
+        stop = StopRequest(say=lambda line: None)
+        stop._on_sigint(signal.SIGINT, None)  # the first press: a stop is asked for, nothing raised
+        assert stop.requested and pool.isEnabledFor(logging.ERROR)
+        with pytest.raises(KeyboardInterrupt):
+            stop._on_sigint(signal.SIGINT, None)
+        assert not pool.isEnabledFor(logging.ERROR)
+    finally:
+        parent.setLevel(level)
