@@ -27,15 +27,26 @@ def dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[str],
     overlap are equal on that objective: ``a`` is better or worse there only when the intervals are apart.
     """
     better = False
-    for i, (x, y, d) in enumerate(zip(a, b, directions)):
-        hx = _spread(a_spread, i)
-        hy = _spread(b_spread, i)
-        if d == "minimize":
-            x, y = -x, -y
-        if x + hx < y - hy:
+    for i, d in enumerate(directions):
+        side = _side(a, b, a_spread, b_spread, i) * (-1 if d == "minimize" else 1)
+        if side < 0:
             return False
-        better = better or x - hx > y + hy
+        better = better or side > 0
     return better
+
+
+def equal(a: Sequence[float], b: Sequence[float], a_spread: Sequence[float] | None = None,
+          b_spread: Sequence[float] | None = None) -> bool:
+    """True if ``a`` and ``b`` are one point within their intervals: on every objective neither is better or
+    worse beyond them, as :func:`dominates` compares (an exact value, one without a spread, only its equal)."""
+    return all(_side(a, b, a_spread, b_spread, i) == 0 for i in range(len(a)))
+
+
+def _side(a: Sequence[float], b: Sequence[float], a_spread: Sequence[float] | None,
+          b_spread: Sequence[float] | None, i: int) -> int:
+    """1 where ``a[i]`` lies above ``b[i]`` beyond both intervals, -1 below, 0 where the intervals overlap."""
+    x, y, hx, hy = a[i], b[i], _spread(a_spread, i), _spread(b_spread, i)
+    return 1 if x - hx > y + hy else -1 if x + hx < y - hy else 0
 
 
 def _spread(spread: Sequence[float] | None, i: int) -> float:
@@ -43,22 +54,16 @@ def _spread(spread: Sequence[float] | None, i: int) -> float:
     return 0.0 if math.isnan(value) else value
 
 
-def equal(a: Sequence[float], b: Sequence[float], a_spread: Sequence[float] | None = None,
-          b_spread: Sequence[float] | None = None) -> bool:
-    """True if ``a`` and ``b`` are one point within their intervals: on every objective the intervals overlap
-    (an exact value, one without a spread, equal to the other's to float rounding)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        reach = _spread(a_spread, i) + _spread(b_spread, i) + 1e-12 * max(abs(x), abs(y))
-        if abs(x - y) > reach:
-            return False
-    return True
+def _spreads_of(spreads: Sequence[Sequence[float]] | None):
+    """Point index -> its spreads, or None for every point when there are none."""
+    return (lambda k: spreads[k]) if spreads is not None else (lambda k: None)
 
 
 def distinct(indices: Sequence[int], points: Sequence[Sequence[float]],
              spreads: Sequence[Sequence[float]] | None = None) -> dict[int, int | None]:
     """Each of ``indices`` (front points, in the order to keep them) -> None where it is kept, else the index
     of the earlier kept point it equals (:func:`equal`): one point of each set that no interval separates."""
-    spread = (lambda k: spreads[k]) if spreads is not None else (lambda k: None)
+    spread = _spreads_of(spreads)
     kept: list[int] = []
     twin: dict[int, int | None] = {}
     for i in indices:
@@ -71,7 +76,7 @@ def distinct(indices: Sequence[int], points: Sequence[Sequence[float]],
 def pareto_indices(points: Sequence[Sequence[float]], directions: Sequence[str],
                    spreads: Sequence[Sequence[float]] | None = None) -> list[int]:
     """Indices of the points no other point dominates (duplicates all kept); ``spreads`` as :func:`dominates`."""
-    spread = (lambda k: spreads[k]) if spreads is not None else (lambda k: None)
+    spread = _spreads_of(spreads)
     return [
         i for i, p in enumerate(points)
         if not any(dominates(q, p, directions, spread(j), spread(i)) for j, q in enumerate(points) if j != i)
