@@ -110,3 +110,27 @@ def test_te_rows_are_refused_by_the_cpu_smoke_but_emulated_recipes_are_not():
     with pytest.raises(SystemExit):
         bench_soak.parse_args(["--smoke", "--combos", "fp8_delayed", "--cache", "x.jsonl"])
     assert bench_soak.parse_args(["--smoke", "--combos", "nvfp4_emulated", "--cache", "x.jsonl"]).smoke
+
+
+def test_only_the_stateless_emulated_rows_are_replayed_as_a_cuda_graph():
+    """A captured step replays its kernels as captured: a scaler that carries state across passes (delayed
+    scaling's amax history) would be advanced by the capture's warm-up, and TE's rows keep their own state."""
+    on_gpu = {name for name, c in bench_soak.COMBOS.items() if bench_soak.graphable(c, "cuda")}
+    assert on_gpu == {"bf16_std_emulated", "mxfp8_emulated", "nvfp4_emulated", "fp8_rowwise_emulated"}
+    assert not any(bench_soak.graphable(c, "cpu") for c in bench_soak.COMBOS.values())
+
+
+def test_the_graph_check_runs_eagerly_on_a_cpu_and_finds_the_two_runs_equal(tmp_path):
+    out = tmp_path / "check.json"
+    assert bench_soak.main(["--smoke", "--graph-check", "12", "--combos", "bf16_std_emulated", "--json",
+                            str(out)]) == 0
+    [row] = json.loads(out.read_text())["graph_check"]
+    assert row["graphed"] is False and row["max_loss_diff"] == 0.0
+    assert row["eager_step_ms"] > 0 and row["graphed_step_ms"] > 0
+
+
+def test_the_graph_check_needs_timed_steps_and_the_soak_a_cache():
+    with pytest.raises(SystemExit):
+        bench_soak.parse_args(["--graph-check", str(bench_soak.TIMED_FROM)])
+    with pytest.raises(SystemExit):
+        bench_soak.parse_args(["--combos", "bf16_std"])
