@@ -275,8 +275,8 @@ def forward(model, ids, targets, combo: Combo, s: Setup):
         return model(ids, targets)
 
 
-#: The emulated recipes whose scalers keep no state across passes: a captured step replays exactly. (Delayed
-#: scaling's amax history would be advanced by the capture's warm-up passes.)
+#: The emulated recipes whose scalers keep no state across passes, so a captured step replays their training.
+#: (Delayed scaling's amax history would be advanced by the capture's warm-up passes.)
 GRAPHED_RECIPES = frozenset({"bf16", "mxfp8", "nvfp4", "fp8_rowwise"})
 GRAPH_WARMUP = 3  # eager passes on a side stream before the capture, as torch.cuda.graph asks
 
