@@ -40,8 +40,10 @@ class ProbeHost:
     def __init__(self, space: Space):
         self.space = space
         self.device = resolve_device(space.probe.device)
-        if self.device.type == "cpu" and (threads := choose_threads()) is not None:
-            torch.set_num_threads(threads)  # the cores free now, not every core (utils/cpu_threads.py)
+        # the cores other jobs leave free now, not every core (utils/cpu_threads.py); this run is the study
+        # process's tree: its probe process (this one) and MLflow server are not other jobs
+        if self.device.type == "cpu" and (threads := choose_threads(root=os.getppid())) is not None:
+            torch.set_num_threads(threads)
         self.backend = get_backend(space.backend.value, self.device, needs=space.search.precisions())
         self.data = load_batches(space)
         self.cfg = space.model.probe()
