@@ -70,7 +70,9 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
             ws.tracking_uri)
         try:
             with server as tracking_uri:
-                procs = [_start_worker(ws, tracking_uri, target, i, gpu, len(slices)) for i, gpu in enumerate(slices)]
+                # CPU workers share the free cores: measured once for all of them (utils/cpu_threads.py)
+                threads = None if gpus else choose_threads(processes=len(slices))
+                procs = [_start_worker(ws, tracking_uri, target, i, gpu, threads) for i, gpu in enumerate(slices)]
                 codes = _watch(ctx, procs, target, progress)
                 if local and ctx.stop.requested:  # every worker has exited: nothing is mid-write through it
                     server.stop(grace_s=0.0)
@@ -91,11 +93,12 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
 
 
 def _start_worker(ws: Workspace, tracking_uri: str, target: int, index: int,
-                  gpus: list[int] | None, workers: int = 1) -> subprocess.Popen:
+                  gpus: list[int] | None, threads: int | None = None) -> subprocess.Popen:
+    """One worker process: on ``gpus``, or on the CPU with ``threads`` threads (None: the user's setting)."""
     env = os.environ | {STORAGE_ENV: ws.storage_url, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    elif (threads := choose_threads(processes=workers)) is not None:  # CPU workers share the free cores
+    elif threads is not None:
         env[THREADS_ENV] = str(threads)
     cmd = [sys.executable, "-m", "precsearch", "worker", "--study", ws.study_name, "--output-dir",
            str(ws.output_dir), "--n-trials", str(target), "--name", f"w{index}", "--no-progress"]

@@ -115,12 +115,14 @@ def busy_elsewhere(root: int, sample_s: float = SAMPLE_S, cpus: set[int] | None 
             cpus = set(os.sched_getaffinity(0))
         except AttributeError:
             return None
+
+    def sample() -> tuple[int, int, int]:  # (busy, all) ticks of the CPUs, and the run's own ticks
+        return *cpu_ticks((proc / "stat").read_text(), cpus), tree_ticks(_read_processes(proc), root)
+
     try:
-        busy0, all0 = cpu_ticks((proc / "stat").read_text(), cpus)
-        ours0 = tree_ticks(_read_processes(proc), root)
+        busy0, all0, ours0 = sample()
         sleep(sample_s)
-        busy1, all1 = cpu_ticks((proc / "stat").read_text(), cpus)
-        ours1 = tree_ticks(_read_processes(proc), root)
+        busy1, all1, ours1 = sample()
     except (OSError, ValueError, IndexError):
         return None
     if all1 <= all0:
