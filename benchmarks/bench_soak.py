@@ -391,7 +391,8 @@ def train(combo_name: str, seed: int, s: Setup, on_state=None, graph: bool = Tru
                    "final_train_loss": float(losses[-1])}
     if keep_losses:
         record["losses"] = losses[:record["steps_run"]].tolist()
-    return record | {"seconds": round(time.time() - began, 1)}
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"  # a cache may mix cards
+    return record | {"seconds": round(time.time() - began, 1), "card": card}
 
 
 def _sync(device: str) -> None:

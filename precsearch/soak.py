@@ -31,6 +31,8 @@ class SoakFinding:
         card: The GPU it ran on.
         date: The day of the measurement.
         ran: The recipe settings it ran, where the recipe has some (``HYBRID, amax history 1024, max``).
+        worst_pct: The worst seed's paired gap, in %, where one seed stands far out from the rest and the mean
+            hides it (None where none does).
     """
 
     row: str
@@ -41,6 +43,7 @@ class SoakFinding:
     card: str = H100_2026_12_06[0]
     date: str = H100_2026_12_06[1]
     ran: str = ""
+    worst_pct: float | None = None
 
     def __post_init__(self) -> None:
         if self.non_finite or self.seeds < 1 or self.se_pct < 0:
@@ -52,9 +55,10 @@ class SoakFinding:
         return self.row == REFERENCE_ROW
 
     def figure(self) -> str:
-        """The measurement in a few words (``+0.35% ± 1.05%, 8 seeds, 0 non-finite``)."""
+        """The measurement in a few words (``+0.35% ± 1.05%, 8 seeds, 0 non-finite``; ``..., worst seed +16.4%``)."""
         gap = "the pair of every row" if self.is_reference else f"{self.gap_pct:+.2f}% ± {self.se_pct:.2f}%"
-        return f"{gap}, {self.seeds} seeds, {self.non_finite} non-finite"
+        worst = "" if self.worst_pct is None else f", worst seed {self.worst_pct:+.1f}%"
+        return f"{gap}, {self.seeds} seeds, {self.non_finite} non-finite{worst}"
 
     def cited(self) -> str:
         """The figure with its row, card and date (``row fp8_current: +0.35% ± 1.05%, ...; H100 80 GB, ...``)."""

@@ -210,7 +210,7 @@ def _unsoaked_recipes(space: Space) -> list[Unsoaked]:
             continue
         also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
         found.append(Unsoaked(where[0], precision.value, f"{recipe.spec.label} GEMMs{also}",
-                              "no bench_soak row runs it", passed))
+                              recipe.soak_so_far or "no bench_soak row runs it", passed))
     return found
 
 

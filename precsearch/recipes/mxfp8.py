@@ -5,6 +5,7 @@ from __future__ import annotations
 from precsearch.precision import Fp8Format, LayerRecipe, Precision
 from precsearch.recipes.base import Recipe
 from precsearch.recipes.spec import BLACKWELL, PrecisionSpec
+from precsearch.soak import SoakFinding
 
 
 class MXFP8(Recipe):
@@ -16,7 +17,9 @@ class MXFP8(Recipe):
                          torchtitan=("quantize.linear.mx", "mx", "mxfp8_cublas_rceil"))
     settings = ("fp8_format",)
     emulation = "mx"
-    soak = None  # TE runs MXFP8 from sm_100 only; its emulated row (bench_soak mxfp8_emulated) has 4 of 8 seeds
+    # TE runs MXFP8 from sm_100 only: its row is precsearch's emulation of it, on an H100
+    soak = SoakFinding("mxfp8_emulated", -0.47, 0.91, 8, card="H100 80 GB", date="2026-12-07",
+                       ran="HYBRID, emulated")
     te_max_capability = (12, 0)
     te_dim_multiple = 32  # scales 1x32 blocks along the reduced dim
     torchao_never = "MXFP8 is not wired to torchao in precsearch; use the te backend"

@@ -20,7 +20,7 @@ from precsearch.errors import UserError, UserErrors
 BF16 = {"probe.param_dtype": "bf16", "search.memory.master_weights": True}
 REMAINDERS = {**BF16, "search.memory.master_dtype": "remainders"}
 FP16_MASTER = {**BF16, "search.memory.master_dtype": "fp16"}
-MXFP8 = {"search.groups": [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": ["bf16", "mxfp8"]}}]}
+NVFP4 = {"search.groups": [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": ["bf16", "nvfp4"]}}]}
 
 
 def _check(**overrides) -> None:
@@ -59,6 +59,8 @@ def test_bf16_weights_without_the_baselines_master_are_refused():
     {},  # FP32 parameters: their own master, FP32 moments
     {"search.groups": [{"name": "all", "modules": ["*"], "precision": {"choices": ["fp8_delayed", "fp8_current",
                                                                                     "fp8_block"]}}]},
+    # their emulated rows ran 8 seeds on an H100 (2026-12-07)
+    {"search.groups": [{"name": "all", "modules": ["*"], "precision": {"choices": ["mxfp8", "fp8_rowwise"]}}]},
 ])
 def test_what_the_soak_passed_is_accepted(overrides):
     space = parse_space(tiny_space_dict(**overrides))
@@ -77,7 +79,7 @@ def test_what_the_soak_passed_is_accepted(overrides):
      "search.memory.exp_avg_dtype: 'bf16'", "no bench_soak row runs it"),  # a mixed pair is a state of its own
     ({"search.memory.exp_avg_dtype": "bf16"}, "search.memory.exp_avg_dtype: 'bf16'",
      "no bench_soak row runs it"),  # FP32 params, their own master: BF16 first moment, FP32 second
-    (MXFP8, "search.groups[0].precision: 'mxfp8'", "no bench_soak row runs it"),
+    (NVFP4, "search.groups[0].precision: 'nvfp4'", "bench_soak row nvfp4_emulated ran"),  # some seeds, not passed
 ])
 def test_an_unsoaked_choice_is_refused_naming_the_field_its_value_and_what_passed(overrides, named, row):
     message = _refusal(**overrides)
@@ -105,7 +107,7 @@ def test_fp8_only_weights_pass_in_the_state_their_row_ran_and_nowhere_else():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(UserErrors) as e:
-        _check(**{**REMAINDERS, "search.memory.master_weights": {"choices": [True, False]}}, **MXFP8,
+        _check(**{**REMAINDERS, "search.memory.master_weights": {"choices": [True, False]}}, **NVFP4,
                **{"search.memory.moment_dtype": {"choices": ["bf16", "fp8"]}})
     fields = [p.field for p in e.value.problems]
     assert fields == ["search.memory.moment_dtype", "search.memory.master_weights", "search.groups[0].precision"], \
@@ -114,13 +116,13 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_the_opt_in_accepts_an_unsoaked_choice_and_warns_once_for_each():
-    space = parse_space(tiny_space_dict(**FP16_MASTER, **MXFP8, **{
+    space = parse_space(tiny_space_dict(**FP16_MASTER, **NVFP4, **{
         "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}, "search.allow_unsoaked": True}))
     check_soak(space)
     warnings = soak_warnings(space)
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("search.memory.moment_dtype: 'bf16' offers master fp16, moments bf16/bf16")
-    assert warnings[1].startswith("search.groups[0].precision: 'mxfp8' offers MXFP8 GEMMs")
+    assert warnings[1].startswith("search.groups[0].precision: 'nvfp4' offers NVFP4 GEMMs")
     assert all("search.allow_unsoaked is true" in w for w in warnings)
 
 
@@ -130,18 +132,18 @@ def test_the_opt_in_does_not_offer_what_the_soak_refused():
 
 
 def test_validate_prints_one_warning_line_per_unsoaked_choice(tmp_path, capsys):
-    path = write_space(tmp_path, tiny_space_dict(**MXFP8, **{"search.allow_unsoaked": True}))
+    path = write_space(tmp_path, tiny_space_dict(**NVFP4, **{"search.allow_unsoaked": True}))
     assert main(["validate", str(path)]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("warning: ")]
-    assert lines == [line for line in lines if "search.groups[0].precision: 'mxfp8'" in line] and len(lines) == 1, err
+    assert lines == [line for line in lines if "search.groups[0].precision: 'nvfp4'" in line] and len(lines) == 1, err
 
 
 def test_validate_refuses_without_the_opt_in(tmp_path, capsys):
-    path = write_space(tmp_path, tiny_space_dict(**MXFP8))
+    path = write_space(tmp_path, tiny_space_dict(**NVFP4))
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}: search.groups[0].precision: 'mxfp8'" in err and "search.allow_unsoaked" in err, err
+    assert f"{path}: search.groups[0].precision: 'nvfp4'" in err and "search.allow_unsoaked" in err, err
 
 
 def test_every_refusal_states_a_measured_figure_and_what_to_use_instead():

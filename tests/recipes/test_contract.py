@@ -276,8 +276,9 @@ def test_it_states_its_soak_and_validate_reads_it(recipe):
         assert recipe.soak.non_finite == 0 and recipe.soak.date
         check_soak(space)
         return
-    with pytest.raises(UserError, match=rf"search.groups\[0\].precision: '{recipe.name}' offers {recipe.spec.label}"):
+    with pytest.raises(UserError, match=rf"search.groups\[0\].precision: '{recipe.name}' offers {recipe.spec.label}") as e:
         check_soak(space)
+    assert (recipe.soak_so_far or "no bench_soak row runs it") in str(e.value)  # what its row measured so far
     allowed = parse_space(tiny_space_dict(**{"search.groups": groups, "search.allow_unsoaked": True}))
     check_soak(allowed)
     assert [w.split(" offers")[0] for w in soak_warnings(allowed)] == [f"search.groups[0].precision: '{recipe.name}'"]
