@@ -209,7 +209,7 @@ def census(named: dict[str, tuple[torch.Tensor, bool]]) -> dict:
     pre-fix overflow), below ``MIN_AMAX``, the smallest non-zero block amax; ``named``: name -> (exp_avg, is_unit)."""
     out = {}
     for name, (m, is_unit) in named.items():
-        amax = fp8_state_adam._blocks(m.float()).abs().amax(dim=1)
+        amax = fp8_state_adam.as_blocks(m.float()).abs().amax(dim=1)
         nonzero = amax[amax > 0]
         overflow = int(((amax > 0) & (amax < OVERFLOW_AMAX)).sum())
         below = int(((amax > 0) & (amax < fp8_state_adam.MIN_AMAX)).sum())

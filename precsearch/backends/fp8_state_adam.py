@@ -125,7 +125,7 @@ def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax >= MIN_AMAX, 1.0 / (amax / fp8_max("e4m3")), torch.ones_like(amax))
 
 
-def _blocks(x: torch.Tensor) -> torch.Tensor:
+def as_blocks(x: torch.Tensor) -> torch.Tensor:
     """``x`` flattened and zero-padded to whole ``QBLOCK`` rows: shape (blocks, QBLOCK)."""
     flat = x.reshape(-1)
     pad = -flat.numel() % QBLOCK
@@ -139,7 +139,7 @@ def quantize_state(x: torch.Tensor, storage: str, root: bool = False) -> tuple[t
     flattened tensor, and with ``root`` (the second moment) the square root of ``x`` is what is stored.
     """
     if storage == BLOCK_FP8:
-        kept = _blocks(x.sqrt() if root else x)
+        kept = as_blocks(x.sqrt() if root else x)
         scale = fp8_scale(kept.abs().amax(dim=1))
         codes = (kept * scale[:, None]).to(torch.float8_e4m3fn).reshape(-1)[:x.numel()].reshape(x.shape)
         return codes, 1.0 / scale
@@ -157,7 +157,7 @@ def dequantize_state(x: torch.Tensor, scale_inv: torch.Tensor | None, storage: s
         return x.float()
     if storage != BLOCK_FP8:
         return x.float() * scale_inv
-    values = (_blocks(x.float()) * scale_inv[:, None]).reshape(-1)[:x.numel()].reshape(x.shape)
+    values = (as_blocks(x.float()) * scale_inv[:, None]).reshape(-1)[:x.numel()].reshape(x.shape)
     return values * values if root else values
 
 
