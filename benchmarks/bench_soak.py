@@ -339,8 +339,8 @@ def train(combo_name: str, seed: int, s: Setup, on_state=None, graph: bool = Tru
     """One run: the held-out loss at the end, or where it went non-finite. ``on_state(step, model, opt)``, when
     given, is called before each step's forward (the state after ``step`` steps; ``bench_judge_soak`` keeps some).
     ``graph``: replay each step as a CUDA graph where :func:`graphable` allows (the record says which ran).
-    The record's ``step_ms`` is the mean step time after the first ``TIMED_FROM`` steps; ``keep_losses`` adds every
-    step's training loss."""
+    The record's ``step_ms`` is the mean step time after the first ``TIMED_FROM`` steps, its ``loss_curve`` the
+    mean training loss of each ``CHECK_EVERY`` steps; ``keep_losses`` adds every step's training loss."""
     combo, device = COMBOS[combo_name], "cpu" if s.smoke else "cuda"
     data = stdlib_bytes()
     model, opt = build(combo, s, seed)
@@ -389,8 +389,11 @@ def train(combo_name: str, seed: int, s: Setup, on_state=None, graph: bool = Tru
                     for k in range(s.eval_batches)]
         record |= {"held_out_loss": statistics.fmean(held), "steps_run": s.steps,
                    "final_train_loss": float(losses[-1])}
+    ran = losses[:record["steps_run"]]
+    # the mean training loss of each CHECK_EVERY-step window: where a run parts from its pair, at 40 numbers a run
+    record["loss_curve"] = [round(float(w.mean()), 4) for w in ran.split(CHECK_EVERY)]
     if keep_losses:
-        record["losses"] = losses[:record["steps_run"]].tolist()
+        record["losses"] = ran.tolist()
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"  # a cache may mix cards
     return record | {"seconds": round(time.time() - began, 1), "card": card}
 

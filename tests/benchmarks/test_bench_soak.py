@@ -81,6 +81,8 @@ def test_a_cpu_smoke_soak_pairs_its_runs_and_its_cache_runs_nothing_twice(tmp_pa
     row = report["rows"]["std_fp32_fp8block"]
     assert row["runs"] == 2 and row["paired"] == 2 and not row["non_finite"] and math.isfinite(row["gap_pct"])
     assert len(cache.read_text().splitlines()) == 4  # 2 seeds x (the pair's standard run + the combination)
+    run = json.loads(cache.read_text().splitlines()[0])
+    assert len(run["loss_curve"]) == 1 and run["loss_curve"][0] > run["final_train_loss"]  # 50 steps: one window
     capsys.readouterr()
     assert bench_soak.main(args) == 0
     assert "runs to do" not in capsys.readouterr().out and len(cache.read_text().splitlines()) == 4
