@@ -29,12 +29,18 @@ THREADS_ENV = "PRECSEARCH_CPU_THREADS"
 SAMPLE_S = 0.3
 
 
+def affinity() -> set[int] | None:
+    """The CPUs this process may run on; None where the OS does not say (not Linux)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    cpus = affinity()
+    return len(cpus) if cpus is not None else os.cpu_count() or 1
 
 
 def load_average() -> float:
@@ -110,11 +116,9 @@ def busy_elsewhere(root: int, sample_s: float = SAMPLE_S, cpus: set[int] | None 
                    proc: Path = Path("/proc"), sleep: Callable[[float], None] = time.sleep) -> float | None:
     """Cores of ``cpus`` (default: this process's affinity) that processes outside ``root``'s tree kept busy
     over ``sample_s``; None where ``/proc`` cannot be read."""
+    cpus = affinity() if cpus is None else cpus
     if cpus is None:
-        try:
-            cpus = set(os.sched_getaffinity(0))
-        except AttributeError:
-            return None
+        return None
 
     def sample() -> tuple[int, int, int]:  # (busy, all) ticks of the CPUs, and the run's own ticks
         return *cpu_ticks((proc / "stat").read_text(), cpus), tree_ticks(_read_processes(proc), root)
