@@ -44,7 +44,7 @@ from precsearch.backends.tensor_stats import TensorStats
 CODE_GEMMS = "cuda"
 """Where the emulated GEMMs run on BF16 codes (:class:`Operand`): ``"cuda"`` (on a GPU), ``"always"`` (a CPU too,
 in float32 on the codes: tests) or ``"never"`` (float32 on the dequantized values everywhere, as a CPU runs them;
-``benchmarks/bench_emulated_gemm.py`` times the two on a GPU)."""
+``bench_emulated_gemm.py@6f05340`` times the two on a GPU)."""
 
 
 class Operand(NamedTuple):

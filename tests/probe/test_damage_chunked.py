@@ -28,7 +28,7 @@ from precsearch.probe.damage.update import MOMENTS, Storage, StepDtypes, UnitSte
 from precsearch.probe.data import TokenBatches, synthetic_tokens
 from precsearch.probe.model.llama3 import ModelConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import damage_reference as ref  # noqa: E402  (the compare step as it was: whole tensors, pairwise dots)
 
 CFG = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)

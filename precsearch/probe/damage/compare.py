@@ -29,7 +29,7 @@ Two things make it cheap on an accelerator:
   round trip. Compiled figures equal the op-by-op ones to
   float32 rounding of the updates (a fused multiply-add is rounded once), not to
   the bit; on a CPU the op-by-op chain runs, bit for bit the whole-tensor
-  reference (``benchmarks/damage_reference.py``).
+  reference (``tests/probe/damage_reference.py``).
 
 A state kept in host memory is copied a slice at a time; on CUDA the next slice
 is copied on a side stream while the current one is computed
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 #: temporaries (K = 4: 256 MiB per float32 block), whatever the unit's size.
 CHUNK = 2**24
 #: The same on a CPU, where blocks that fit the caches (and the allocator's reuse) are 3-4x faster than 2**24
-#: (benchmarks/bench_damage_compare.py); the figures do not depend on the chunk but by float64 summation order.
+#: (bench_damage_compare.py@6f05340); the figures do not depend on the chunk but by float64 summation order.
 CPU_CHUNK = 2**18
 
 #: The four Gram matrices of a unit, by name; ``BASE`` those of the BF16 side (the same for every policy at a

@@ -28,7 +28,7 @@ moments, kept as ``uint8``, do not say which FP8 format their bytes are (their F
 Cost: the state and weight check reads every state and weight once a step. On an H100 at the 8B width (4 blocks,
 ``search_spaces/llama3_8b_h100_accelerate.yaml``, 2026-12-07) it took 11.7 ms of a 92 ms BF16 step (FP32 master
 and moments) and 17.3 ms of a 78 ms FP8 one (remainders and ``fp8_block`` moments); on the CPU quickstart probe
-1.8 ms, 2.0% of a BF16 step (``benchmarks/bench_nonfinite.py``). It runs every step, **outside the timed step**:
+1.8 ms, 2.0% of a BF16 step (``bench_nonfinite.py@6f05340``). It runs every step, **outside the timed step**:
 the probe stops its clock (after a device synchronize) when the step's training is done and checks after, so
 tokens/s and speed-up are the training's, as a framework runs it. Inside, it took that FP8 policy's speed-up
 from 1.18x to 1.04x. It reads every tensor with one host sync in all: the FP8 bits are tested slice by slice into

@@ -1,7 +1,7 @@
 """The fixed-state reading's compare step written plainly, as it was before it streamed: whole tensors, one
 AdamW update per batch, pairwise float64 dots. The reference ``tests/probe/test_damage_chunked.py`` holds the
-streaming code to (bit for bit up to float64 summation order) and ``benchmarks/bench_damage_compare.py`` times it
-against; written apart from :mod:`precsearch.probe.damage`, which it must not import.
+streaming code to (bit for bit up to float64 summation order; ``benchmarks/bench_damage_compare.py@6f05340`` timed
+the two); written apart from :mod:`precsearch.probe.damage`, which it must not import.
 """
 
 from __future__ import annotations
