@@ -489,14 +489,15 @@ def summarise(runs: dict[tuple[str, int], dict]) -> dict:
         bad = [{"seed": seed, "step": r["non_finite_step"], "tensor": r["non_finite_tensor"]}
                for seed, r in sorted(mine.items()) if "non_finite_step" in r]
         pair = COMBOS[name].pair
-        gaps = [100 * (r["held_out_loss"] / runs[(pair, seed)]["held_out_loss"] - 1)
-                for seed, r in sorted(mine.items())
-                if "held_out_loss" in r and "held_out_loss" in runs.get((pair, seed), {})]
+        paired_seeds = [seed for seed, r in sorted(mine.items())
+                        if "held_out_loss" in r and "held_out_loss" in runs.get((pair, seed), {})]
+        gaps = [100 * (mine[seed]["held_out_loss"] / runs[(pair, seed)]["held_out_loss"] - 1) for seed in paired_seeds]
         finite_gaps = [g for g in gaps if math.isfinite(g)]
         mean = statistics.fmean(finite_gaps) if finite_gaps else math.nan
         se = statistics.stdev(finite_gaps) / math.sqrt(len(finite_gaps)) if len(finite_gaps) > 1 else math.nan
         rows[name] = {"combo": asdict(COMBOS[name]), "runs": len(mine), "paired": len(finite_gaps),
                       "non_finite": bad, "diverged": sum(g > DIVERGED for g in finite_gaps),
+                      "gaps_pct": {seed: g for seed, g in zip(paired_seeds, gaps)},
                       "gap_pct": mean, "se_pct": se, "at_tolerance": verdict(mean, se, TOLERANCE)}
     ses = [r["se_pct"] for n, r in rows.items() if n not in BASES and r["paired"] >= 4 and not r["diverged"]
            and math.isfinite(r["se_pct"])]
@@ -512,15 +513,17 @@ def table(report: dict) -> str:
     lines = [f"tolerance {report['tolerance_pct']}%, detection limit {report['detection_limit_pct']:.2f}% "
              "(2 x the median SE)",
              "| combination | recipe | master | moments (m, v) | runs | non-finite (seed: step, tensor) | "
-             "paired gap % ± SE | at 0.25% | at the limit |", "|---|---|---|---|---|---|---|---|---|"]
+             f"diverged (seed: gap > {DIVERGED:g}%) | paired gap % ± SE | at 0.25% | at the limit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["rows"].items():
         c = r["combo"]
         bad = "; ".join(f"{b['seed']}: {b['step']}, {b['tensor']}" for b in r["non_finite"]) or "0"
+        far = "; ".join(f"{seed}: {g:+.1f}%" for seed, g in r["gaps_pct"].items() if math.isfinite(g) and g > DIVERGED) or "0"
         base = name in BASES
         gap = "—" if base else f"{r['gap_pct']:+.2f} ± {r['se_pct']:.2f}"
         moments = f"{c['exp_avg']}, {c['exp_avg_sq']}" + (", FP8 weights" if c["fp8_weights"] else "")
         recipe = c["recipe"] + (" (emulated)" if c.get("model") == "emulated" else "")
-        lines.append(f"| {name} | {recipe} | {c['master']} | {moments} | {r['runs']} | {bad} | {gap} | "
+        lines.append(f"| {name} | {recipe} | {c['master']} | {moments} | {r['runs']} | {bad} | {far} | {gap} | "
                      f"{'' if base else r['at_tolerance']} | {'' if base else r['at_detection_limit']} |")
     return "\n".join(lines)
 

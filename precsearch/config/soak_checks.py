@@ -5,8 +5,9 @@ optimizer-state combination the memory knobs accept, and each GEMM recipe family
 8 seeds, each paired with the standard set-up (FP32 master weights and moments) on the same init and data
 (``docs/results/soak.md``). ``validate`` reads it three ways:
 
-* **refused** (:data:`REFUSED`): what went non-finite, diverged or was decided damaging, with the soak's
-  figure; no opt-in offers it;
+* **refused**: what went non-finite, diverged or was decided damaging, with the soak's figure: the optimizer
+  states :data:`REFUSED` lists and the recipes with a :attr:`~precsearch.recipes.Recipe.soak_refused`; no
+  opt-in offers them;
 * **passed**: an optimizer state in :data:`precsearch.config.soak_states.PASSED` (what "the same state" means
   is written there), the baseline's own state, and a recipe with a
   :attr:`~precsearch.recipes.Recipe.soak` finding are accepted;
@@ -140,7 +141,29 @@ def soak_warnings(space: Space) -> list[str]:
 
 
 def _refusals(space: Space) -> list[UserError]:
-    """One refusal per (field, value) that offers a state :data:`REFUSED` lists."""
+    """One refusal per (field, value) that offers a state :data:`REFUSED` lists, then one per GEMM recipe whose
+    long run failed (:attr:`~precsearch.recipes.Recipe.soak_refused`)."""
+    return _refused_states(space) + _refused_recipes(space)
+
+
+def _refused_recipes(space: Space) -> list[UserError]:
+    found = []
+    for precision, where in _precision_fields(space).items():
+        recipe = recipe_for(precision)
+        if recipe.soak_refused:
+            also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
+            found.append(UserError(
+                f"{precision.value!r} offers {recipe.spec.label} GEMMs{also}, which the long runs refused: "
+                f"{recipe.soak_refused}; valid: a recipe that passed ({_passed_recipes()}); a policy file you "
+                "write still runs it (docs/results/soak.md)", field=where[0]))
+    return found
+
+
+def _passed_recipes() -> str:
+    return ", ".join(r.name for r in low_recipes() if r.soak is not None)
+
+
+def _refused_states(space: Space) -> list[UserError]:
     found: dict[tuple[str, object, int], UserError] = {}
     for knobs, chosen in _offered_knobs(space):
         for index, rule in enumerate(REFUSED):
@@ -206,11 +229,11 @@ def _unsoaked_recipes(space: Space) -> list[Unsoaked]:
     found = []
     for precision, where in _precision_fields(space).items():
         recipe = recipe_for(precision)
-        if recipe.soak is not None:
+        if recipe.soak is not None or recipe.soak_refused:
             continue
         also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
         found.append(Unsoaked(where[0], precision.value, f"{recipe.spec.label} GEMMs{also}",
-                              recipe.soak_so_far or "no bench_soak row runs it", passed))
+                              "no bench_soak row runs it", passed))
     return found
 
 

@@ -59,14 +59,15 @@ class Recipe(ABC):
       GEMMs all run it), or None where no such row has run; every recipe sets it, None included. ``validate``
       refuses a space that offers a recipe without one for some layer, unless the space sets
       ``search.allow_unsoaked`` (:mod:`precsearch.config.soak_checks`). A finding holds for the recipe's family
-      (the settings it ran are in its ``ran``), not for each value of its settings. Where a row has run some of
-      its seeds but not passed, :attr:`soak_so_far` says what it measured (the refusal quotes it).
+      (the settings it ran are in its ``ran``), not for each value of its settings. Where its row went
+      non-finite, diverged or was decided damaging, :attr:`soak_refused` says what it measured, and ``validate``
+      refuses every space that offers the recipe, with no opt-in (``soak`` is None then).
     """
 
     precision: ClassVar[Precision]
     spec: ClassVar[PrecisionSpec]
     soak: ClassVar[SoakFinding | None]
-    soak_so_far: ClassVar[str] = ""
+    soak_refused: ClassVar[str] = ""
     settings: ClassVar[tuple[str, ...]] = ()
     emulation: ClassVar[str | None] = None
     history: ClassVar[bool] = False

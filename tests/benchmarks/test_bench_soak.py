@@ -53,6 +53,23 @@ def test_summary_pairs_each_run_with_its_seeds_standard_run_and_lists_the_non_fi
     assert diverged["status"] == "diverged"
 
 
+def test_one_diverged_seed_makes_the_row_diverged_and_the_table_names_it():
+    # NVFP4's emulated row (H100, 2026-12-07): seven seeds within a few %, one +22%: the mean stays undecided,
+    # so only the diverged column says why the row failed
+    runs = {}
+    for seed in range(8):
+        runs[(bench_soak.BASE, seed)] = _run(bench_soak.BASE, seed, 1.0)
+        runs[("fp8_current", seed)] = _run("fp8_current", seed, 1.222 if seed == 7 else 1.0 + 0.01 * (seed % 3))
+    report = bench_soak.summarise(runs)
+    row = report["rows"]["fp8_current"]
+    assert row["diverged"] == 1 and row["status"] == "diverged" and row["gaps_pct"][7] == pytest.approx(22.2)
+    assert row["at_tolerance"] == "undecided"
+    line = next(x for x in bench_soak.table(report).splitlines() if x.startswith("| fp8_current "))
+    assert "| 7: +22.2% |" in line, line
+    base = next(x for x in bench_soak.table(report).splitlines() if x.startswith(f"| {bench_soak.BASE} "))
+    assert "| 0 | 0 | — |" in base, base
+
+
 def test_the_first_non_finite_tensor_is_named_with_its_state():
     model = torch.nn.Linear(4, 3)
     opt = FP8StateAdamW(model.parameters(), master="none", exp_avg_dtype="fp32", exp_avg_sq_dtype="fp32")

@@ -75,7 +75,7 @@ def test_group_matching_no_layer(tmp_path, capsys):
                        "model.layers.0.self_attn.q_proj")
 
 
-def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch):
+def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch, unsoaked_nvfp4):
     """A backend's refusal (here a made-up one for nvfp4) must come back naming the group's field."""
     # what the emulated backend runs (its built object's answers too) is EmulatedSupport's: validate asks it
     from precsearch.backends.support import EmulatedSupport
@@ -85,16 +85,17 @@ def test_precision_backend_cannot_run(tmp_path, capsys, monkeypatch):
                                               for p in Precision})
     data = tiny_space_dict()
     data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4"]}
-    data["search"]["allow_unsoaked"] = True  # no long run has passed NVFP4: else the soak check refuses first
+    data["search"]["allow_unsoaked"] = True  # with unsoaked_nvfp4: else the soak check refuses NVFP4 first
     path = write_space(tmp_path, data)
     _assert_user_error(*_run(capsys, "validate", path), "search.groups[1].precision", "nvfp4", "Valid here")
 
 
-def test_blackwell_recipes_validate_emulated_with_a_note(tmp_path, capsys):
-    """NVFP4 and MXFP8 must validate on a CPU (emulated), saying their speed and memory are not a B200's."""
+def test_blackwell_recipes_validate_emulated_with_a_note(tmp_path, capsys, unsoaked_nvfp4):
+    """NVFP4 and MXFP8 must validate on a CPU (emulated), saying their speed and memory are not a B200's (NVFP4,
+    which the soak refuses, taken as unsoaked: the note is the backend's, whatever the soak says)."""
     data = tiny_space_dict()
     data["search"]["groups"][1]["precision"] = {"choices": ["bf16", "nvfp4", "mxfp8"]}
-    data["search"]["allow_unsoaked"] = True  # no long run has passed either (tests/config/test_soak_checks.py)
+    data["search"]["allow_unsoaked"] = True  # NVFP4 unsoaked here (tests/config/test_soak_checks.py)
     code, err = _run(capsys, "validate", write_space(tmp_path, data))
     assert code == 0, err
     assert "mxfp8 and nvfp4 run emulated" in err and "not a B200's" in err

@@ -81,7 +81,7 @@ def test_validate_exits_2_with_the_one_line(tmp_path, capsys):
                                                                                            ["bf16", "nvfp4"]}}],
      "search.groups": [], "search.allow_unsoaked": True},  # a per-module unit can run NVFP4: read there
 ], ids=["history_under_max", "algo_over_16", "fixed_inert_values", "nvfp4_in_units"])
-def test_a_setting_some_trial_reads_is_accepted(overrides):
+def test_a_setting_some_trial_reads_is_accepted(overrides, unsoaked_nvfp4):  # NVFP4 unsoaked, not refused
     check_space(parse_space(tiny_space_dict(**{"search.warmup_steps": 0, **overrides})), file="space.yaml")
 
 

@@ -1,10 +1,12 @@
-"""``validate`` offers only what the long paired runs passed: the states they decided against are refused, naming
-the field, its value and the soak's figure; states and GEMM recipes no row has passed are refused the same way
-unless the space sets ``search.allow_unsoaked``, and then each is warned about once; the passed ones are accepted.
+"""``validate`` offers only what the long paired runs passed: the states and recipes they decided against are
+refused, naming the field, its value and the soak's figure; states and GEMM recipes no row has passed are refused
+the same way unless the space sets ``search.allow_unsoaked``, and then each is warned about once; the passed ones
+are accepted.
 
 What would be wrong if these failed: a study could offer per-tensor FP8 moments, which diverge after a few hundred
-steps, BF16 weights without their FP32 master against a baseline that keeps one (+6.4% at length), or a state or
-recipe nobody ran past 40 steps, and its probes would call them safe; or a space that passed would be refused.
+steps, BF16 weights without their FP32 master against a baseline that keeps one (+6.4% at length), NVFP4 GEMMs
+(one emulated seed of 8 +22% at length), or a state or recipe nobody ran past 40 steps, and its probes would call
+them safe; or a space that passed would be refused.
 """
 
 from __future__ import annotations
@@ -79,12 +81,28 @@ def test_what_the_soak_passed_is_accepted(overrides):
      "search.memory.exp_avg_dtype: 'bf16'", "no bench_soak row runs it"),  # a mixed pair is a state of its own
     ({"search.memory.exp_avg_dtype": "bf16"}, "search.memory.exp_avg_dtype: 'bf16'",
      "no bench_soak row runs it"),  # FP32 params, their own master: BF16 first moment, FP32 second
-    (NVFP4, "search.groups[0].precision: 'nvfp4'", "bench_soak row nvfp4_emulated ran"),  # some seeds, not passed
 ])
 def test_an_unsoaked_choice_is_refused_naming_the_field_its_value_and_what_passed(overrides, named, row):
     message = _refusal(**overrides)
     assert named in message and row in message and "no long run has passed" in message, message
     assert "passed nearby:" in message and "2026-12-06" in message and "search.allow_unsoaked: true" in message
+
+
+def test_a_recipe_no_row_ran_is_refused_naming_the_field_and_the_recipes_that_passed(unsoaked_nvfp4):
+    message = _refusal(**NVFP4)
+    assert "search.groups[0].precision: 'nvfp4' offers NVFP4 GEMMs" in message, message
+    assert "no bench_soak row runs it" in message and "search.allow_unsoaked: true" in message, message
+    assert "mxfp8 (row mxfp8_emulated: -0.47% ± 0.91%" in message, message  # a passed recipe, with its figure
+
+
+@pytest.mark.parametrize("allow_unsoaked", [False, True])
+def test_a_recipe_whose_long_run_diverged_is_refused_opt_in_or_not(allow_unsoaked):
+    """NVFP4's emulated row (H100, 2026-12-07): seed 7 +22.2% (diverged, over 20%), seed 6 +16.8%."""
+    message = _refusal(**NVFP4, **{"search.allow_unsoaked": allow_unsoaked})
+    assert "search.groups[0].precision: 'nvfp4' offers NVFP4 GEMMs" in message, message
+    assert "which the long runs refused" in message and "+22.2%" in message and "2026-12-07" in message, message
+    assert "valid: a recipe that passed (" in message and "mxfp8" in message, message  # what to use instead
+    assert "allow_unsoaked" not in message  # no opt-in offers it
 
 
 def test_the_nearest_passed_states_are_the_ones_named():
@@ -115,7 +133,7 @@ def test_every_problem_is_reported_at_once():
     assert str(e.value).count("\n") == 2  # one line each
 
 
-def test_the_opt_in_accepts_an_unsoaked_choice_and_warns_once_for_each():
+def test_the_opt_in_accepts_an_unsoaked_choice_and_warns_once_for_each(unsoaked_nvfp4):
     space = parse_space(tiny_space_dict(**FP16_MASTER, **NVFP4, **{
         "search.memory.moment_dtype": {"choices": ["fp32", "bf16"]}, "search.allow_unsoaked": True}))
     check_soak(space)
@@ -131,7 +149,7 @@ def test_the_opt_in_does_not_offer_what_the_soak_refused():
     assert "search.memory.moment_dtype: 'fp8'" in message and "+162%" in message, message
 
 
-def test_validate_prints_one_warning_line_per_unsoaked_choice(tmp_path, capsys):
+def test_validate_prints_one_warning_line_per_unsoaked_choice(tmp_path, capsys, unsoaked_nvfp4):
     path = write_space(tmp_path, tiny_space_dict(**NVFP4, **{"search.allow_unsoaked": True}))
     assert main(["validate", str(path)]) == 0
     err = capsys.readouterr().err
@@ -139,11 +157,18 @@ def test_validate_prints_one_warning_line_per_unsoaked_choice(tmp_path, capsys):
     assert lines == [line for line in lines if "search.groups[0].precision: 'nvfp4'" in line] and len(lines) == 1, err
 
 
-def test_validate_refuses_without_the_opt_in(tmp_path, capsys):
+def test_validate_refuses_without_the_opt_in(tmp_path, capsys, unsoaked_nvfp4):
     path = write_space(tmp_path, tiny_space_dict(**NVFP4))
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: search.groups[0].precision: 'nvfp4'" in err and "search.allow_unsoaked" in err, err
+
+
+def test_validate_refuses_what_the_soak_refused_with_its_figure(tmp_path, capsys):
+    path = write_space(tmp_path, tiny_space_dict(**NVFP4, **{"search.allow_unsoaked": True}))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: search.groups[0].precision: 'nvfp4'" in err and "diverged" in err, err
 
 
 def test_every_refusal_states_a_measured_figure_and_what_to_use_instead():

@@ -265,21 +265,30 @@ def test_the_emulated_backend_trains_a_layer_in_it(recipe):
 
 
 def test_it_states_its_soak_and_validate_reads_it(recipe):
-    """Every recipe sets :attr:`Recipe.soak` in its own class (a finding, or None where no long run has run it);
-    a space offering it for a layer validates when it has a finding, and otherwise is refused naming the group
-    and the recipe unless ``search.allow_unsoaked``, which warns instead. Else validate offers GEMMs no long run
-    has passed, or refuses ones that did."""
+    """Every recipe sets :attr:`Recipe.soak` in its own class (a finding, or None where no long run has passed it);
+    a space offering it for a layer validates when it has a finding; is refused, opt-in or not, naming the group,
+    the recipe and what its row measured when its long run failed (:attr:`Recipe.soak_refused`); and otherwise is
+    refused unless ``search.allow_unsoaked``, which warns instead. Else validate offers GEMMs no long run has
+    passed, or refuses ones that did."""
     assert "soak" in vars(type(recipe)) and (recipe.soak is None or isinstance(recipe.soak, SoakFinding))
     groups = [{"name": "mlp", "modules": ["*.mlp.*"], "precision": {"choices": sorted({DEFAULT_PRECISION.value, recipe.name})}}]
     space = parse_space(tiny_space_dict(**{"search.groups": groups}))
+    allowed = parse_space(tiny_space_dict(**{"search.groups": groups, "search.allow_unsoaked": True}))
     if recipe.soak is not None:
-        assert recipe.soak.non_finite == 0 and recipe.soak.date and not recipe.soak_so_far  # passed: no part-run
+        assert recipe.soak.non_finite == 0 and recipe.soak.date and not recipe.soak_refused  # passed: not refused
         check_soak(space)
         return
-    with pytest.raises(UserError, match=rf"search.groups\[0\].precision: '{recipe.name}' offers {recipe.spec.label}") as e:
+    offers = rf"search.groups\[0\].precision: '{recipe.name}' offers {recipe.spec.label}"
+    if recipe.soak_refused:
+        for refused in (space, allowed):  # no opt-in offers what failed
+            with pytest.raises(UserError, match=offers + ".*which the long runs refused") as e:
+                check_soak(refused)
+            assert recipe.soak_refused in str(e.value)
+        assert soak_warnings(allowed) == []
+        return
+    with pytest.raises(UserError, match=offers + ".*no long run has passed") as e:
         check_soak(space)
-    assert (recipe.soak_so_far or "no bench_soak row runs it") in str(e.value)  # what its row measured so far
-    allowed = parse_space(tiny_space_dict(**{"search.groups": groups, "search.allow_unsoaked": True}))
+    assert "no bench_soak row runs it" in str(e.value)
     check_soak(allowed)
     assert [w.split(" offers")[0] for w in soak_warnings(allowed)] == [f"search.groups[0].precision: '{recipe.name}'"]
 
