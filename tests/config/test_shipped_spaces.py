@@ -7,8 +7,10 @@ import pytest
 from precsearch.config.checks import check_space
 from precsearch.config.loader import load_space
 from precsearch.runtime.preflight import preflight
+from precsearch.utils.yaml_io import load_yaml
 
-SPACES = sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml"))
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+SPACES = sorted(SPACES_DIR.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SPACES, ids=[p.name for p in SPACES])
@@ -59,3 +61,14 @@ def test_b200_spaces_validate_on_any_machine(name):
     check_space(space, file=str(path))
     preflight(space, file=str(path))
     assert space.backend.value == "auto" and space.probe.device in ("auto", "cpu")
+
+
+def test_the_cpu_cut_searches_what_the_full_space_searches():
+    """The cut changes sizes (steps, batches, the reading's states), never the checkpoint, text, choices or LR."""
+    full, cut = (load_yaml(SPACES_DIR / f"finetune_smollm2{s}.yaml") for s in ("", "_cpu"))
+    for section in ("model", "backend", "search"):
+        assert cut[section] == full[section], section
+    assert {k: v for k, v in cut["data"].items() if k != "eval_batches"} == {
+        k: v for k, v in full["data"].items() if k != "eval_batches"}
+    assert cut["probe"]["lr"] == full["probe"]["lr"] and cut["probe"]["steps"] < full["probe"]["steps"]
+    assert cut["objectives"]["damage"]["states"] == [0.0]  # the checkpoint, where FP8 meets its outliers
