@@ -8,6 +8,8 @@ verdict), the lower ones are superseded (:mod:`precsearch.search.promotion`).
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from typing import Any
 
 import optuna
@@ -22,10 +24,35 @@ from precsearch.search.scoring import DIRECTIONS, noise_text
 from precsearch.tracking.front_report import rate_text
 
 
+#: A per-module unit's param without ``precision.``: ``L3.linear_fc1`` (block 3's ``linear_fc1``).
+_BLOCK_UNIT = re.compile(r"L(\d+)\.(.+)")
+#: A module searched per block in at least this many blocks is summarised as a count per choice.
+SUMMARISED_BLOCKS = 4
+
+
 def policy_summary(params: dict[str, Any]) -> str:
-    """A one-line summary of a trial's searched params (``attention=fp8_delayed warmup_steps=10``)."""
+    """A one-line summary of a trial's searched params (``attention=fp8_delayed warmup_steps=10``).
+
+    A module searched block by block in :data:`SUMMARISED_BLOCKS` blocks or more is one item, its blocks' choices
+    counted, most first (``linear_fc1[30]=bf16:12,fp8_current:10,fp8_delayed:8``): SmolLM2's per-module space has
+    121 units, a line each would be 121 items. Each block's choice is in the trial's params (MLflow, front.json)
+    and its export.
+    """
     short = {k.removeprefix("precision.").removeprefix("recipe."): v for k, v in params.items()}
-    return " ".join(f"{k}={v}" for k, v in short.items())
+    blocks: dict[str, list[Any]] = {}
+    for name, value in short.items():
+        if unit := _BLOCK_UNIT.fullmatch(name):
+            blocks.setdefault(unit[2], []).append(value)
+    items, shown = [], set()
+    for name, value in short.items():
+        unit = _BLOCK_UNIT.fullmatch(name)
+        if unit is None or len(blocks[unit[2]]) < SUMMARISED_BLOCKS:
+            items.append(f"{name}={value}")
+        elif unit[2] not in shown:
+            shown.add(unit[2])
+            counts = Counter(blocks[unit[2]]).most_common()
+            items.append(f"{unit[2]}[{len(blocks[unit[2]])}]=" + ",".join(f"{v}:{n}" for v, n in counts))
+    return " ".join(items)
 
 
 def trial_rows(study: optuna.Study, objectives: list[str]) -> list[dict[str, Any]]:
