@@ -52,6 +52,10 @@ class ProbeResult:
             kind, value}`` (:class:`~precsearch.probe.measure.diagnostics.FirstBad`), or None.
         phase_s: Seconds spent per phase: build (model, conversion, optimizer), bf16_steps or
             warmup_steps and fp8_steps (the training loop), eval.
+        optimizer_step_s: Median seconds of the optimizer step (the update and zeroing the gradients) over
+            the steps timed for ``tokens_per_s``, on a GPU after a device synchronize; NaN where none was
+            timed. A framework's optimizer step differs from the probe's (docs/frameworks.md, "Megatron
+            again"): this is the probe's side of that difference.
         signals: The early-warning signals of the steps this process ran
             (:meth:`precsearch.probe.measure.signals.Signals.to_dict`), or None.
         start_step: The first step this process ran: 0, or the step a continued run took up
@@ -85,6 +89,7 @@ class ProbeResult:
     wall_s: float = 0.0
     device: str = "cpu"
     phase_s: dict[str, float] = field(default_factory=dict)
+    optimizer_step_s: float = math.nan
     layer_stats: list[dict[str, Any]] = field(default_factory=list)
     first_bad: dict[str, Any] | None = None
     start_step: int = 0

@@ -11,6 +11,7 @@ whose loss blows up, stops early and says so; it never raises for that.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -224,6 +225,8 @@ def run_probe(
         result.eval_loss = parallel.mean(evaluate(run.model, run.data, run.backend, device, fp8_on=policy.uses_fp8))
     result.phase_s["eval"] = time.perf_counter() - t0
     # a sharded probe's per-rank peak is not what the one-process memory model predicts: no calibration
+    if run.optimizer_times:
+        result.optimizer_step_s = statistics.median(run.optimizer_times)
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
              calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes,
              fp8_linear=run.backend.fp8_linear)
@@ -250,6 +253,7 @@ class _Run:
     first: int
     phases: PhaseMemory | None = None
     step_times: list[float] = field(default_factory=list)
+    optimizer_times: list[float] = field(default_factory=list)
     nonfinite: NonFiniteWatch | None = None
 
 
@@ -302,7 +306,7 @@ def _step(run: _Run, step: int, watch: LayerWatch, signals: SignalRecorder, on_s
     run.phases.mark("start")
     loss, grad_norm = _train_step(run.model, run.opt, run.data, step, fp8_on, policy.clip_grad, run.backend,
                                   run.device, run.phases, parallel.clip, run.probe.grad_accum, run.nonfinite,
-                                  trained=lambda: _time_step(run, step, fp8_on, t0))
+                                  trained=lambda t_opt: _time_step(run, step, fp8_on, t0, t_opt))
     signals.record_grad_norm(grad_norm)
     signals.end_step()
     loss = parallel.mean(loss)
@@ -325,8 +329,9 @@ def _step(run: _Run, step: int, watch: LayerWatch, signals: SignalRecorder, on_s
     return False
 
 
-def _time_step(run: _Run, step: int, fp8_on: bool, t0: float) -> None:
-    """Add the step's time to its phase, and to the throughput's steps once its regime is past its first step.
+def _time_step(run: _Run, step: int, fp8_on: bool, t0: float, t_opt: float) -> None:
+    """Add the step's time to its phase, and to the throughput's steps once its regime is past its first step;
+    beside it, the time from ``t_opt`` (the optimizer step's start, the backward and clipping done) to the end.
 
     Called when the step's training is done (its optimizer step queued), before the non-finite check of its
     states and weights: on a GPU after a device synchronize, so the time is the step's work and not the check's,
@@ -334,12 +339,13 @@ def _time_step(run: _Run, step: int, fp8_on: bool, t0: float) -> None:
     one with ``fp8_block`` moments: ``bench_nonfinite.py@6f05340``)."""
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
-    policy, elapsed = run.policy, time.perf_counter() - t0
+    policy, now = run.policy, time.perf_counter()
     phase = "fp8_steps" if fp8_on else ("warmup_steps" if policy.uses_fp8 else "bf16_steps")
-    run.result.phase_s[phase] = run.result.phase_s.get(phase, 0.0) + elapsed
+    run.result.phase_s[phase] = run.result.phase_s.get(phase, 0.0) + now - t0
     final_regime = policy.warmup_steps if policy.uses_fp8 else 0  # throughput is timed in this regime
     if step > max(final_regime, run.first):  # a regime's or leg's first step pays one-off costs (allocations)
-        run.step_times.append(time.perf_counter() - t0)
+        run.step_times.append(now - t0)
+        run.optimizer_times.append(now - t_opt)
 
 
 def _forward_backward(model, data, step, fp8_on, backend, device, phases: PhaseMemory | None = None,
@@ -365,12 +371,14 @@ def _accumulate(model, data, step, fp8_on, backend, device, phases: PhaseMemory 
 def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: PhaseMemory | None = None,
                 clip_grads: Callable[[torch.nn.Module, float], torch.Tensor] = ONE_PROCESS.clip,
                 accum: int = 1, nonfinite: NonFiniteWatch | None = None,
-                trained: Callable[[], None] | None = None) -> tuple[float, float]:
+                trained: Callable[[float], None] | None = None) -> tuple[float, float]:
     """One optimizer step over ``accum`` micro-batches (gradient accumulation): the gradients of their mean
     loss clipped and applied once. A non-finite loss or gradient skips the optimizer step (the weights stay
     as they were). ``nonfinite`` then names the first non-finite gradient; after a step, it checks the
     optimizer states and weights. ``trained`` is called once the step's training is done, before that check
-    (the probe stops its clock there: the check is the probe's, not the training's)."""
+    (the probe stops its clock there: the check is the probe's, not the training's), with the
+    ``time.perf_counter()`` at which the optimizer step began (reading the loss and the gradient norm waited for
+    the backward and the clipping, so what follows is the optimizer's)."""
     loss = _accumulate(model, data, step, fp8_on, backend, device, phases, accum)
     max_norm = clip if clip is not None else math.inf
     grad_norm = clip_grads(model, max_norm)
@@ -378,6 +386,7 @@ def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: P
     if phases is not None:
         phases.mark("backward")
     stepped = math.isfinite(loss_v) and math.isfinite(grad_v)
+    t_opt = time.perf_counter()
     if stepped:
         opt.step()
     elif nonfinite is not None and not math.isfinite(grad_v):  # the norm is every process's: all of them scan
@@ -386,7 +395,7 @@ def _train_step(model, opt, data, step, fp8_on, clip, backend, device, phases: P
         phases.mark("step")
     opt.zero_grad(set_to_none=True)
     if trained is not None:
-        trained()
+        trained(t_opt)
     if stepped and nonfinite is not None:
         nonfinite.after_update(step)
     return loss_v, grad_v
