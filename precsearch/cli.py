@@ -153,19 +153,24 @@ def _run(args: argparse.Namespace, space, executor) -> int:
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     front = runs_as_is_of_space(space, [r for r in rows if r["pareto"]])
     print(format_table(front, target=target_line(space.model_dump(mode="json"))) if front else no_front_text(rows))
-    print(next_commands(Workspace.for_space(space, args.output_dir).output_dir))
+    print(next_commands(Workspace.for_space(space, args.output_dir).output_dir,
+                        feasible=any(r["feasible"] for r in rows)))
     return 0
 
 
-def next_commands(output_dir: Path) -> str:
-    """What to run after a study: the front, the MLflow UI, the export."""
+def next_commands(output_dir: Path, feasible: bool = True) -> str:
+    """What to run after a study: the front, the MLflow UI, the export (of the front's pick; without a feasible
+    trial, where ``--pick`` has nothing to pick, the export of one trial by number, with its warning)."""
     out = _shell_path(output_dir)
     # the policy lands in the study's directory: written to the current one, it sat untracked in a clone
     policy = _shell_path(Path(output_dir) / "policy.yaml")
+    export = (f"  precsearch export --output-dir {out} --pick max-memory -o {policy}" if feasible else
+              f"  precsearch export --output-dir {out} --trial N -o {policy}   # no trial is feasible: "
+              "this writes trial N anyway, with a warning")
     return ("\nNext:\n"
             f"  precsearch front --all --output-dir {out}     # every trial, feasible and pareto columns\n"
             f"  precsearch ui --output-dir {out}              # MLflow: trials, objectives, the front plot\n"
-            f"  precsearch export --output-dir {out} --pick max-memory -o {policy}")
+            + export)
 
 
 def _shell_path(path: Path) -> str:

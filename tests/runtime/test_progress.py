@@ -113,6 +113,14 @@ def test_next_commands_name_front_ui_and_export():
     assert "precsearch export --output-dir '/tmp/some dir' --pick max-memory -o '/tmp/some dir/policy.yaml'" in text
 
 
+def test_without_a_feasible_trial_next_offers_a_trial_by_number_not_a_pick():
+    """--pick refuses a study without a feasible trial ("no feasible finished trial among 8 to pick from"): the
+    line a user copies must not be one that fails."""
+    text = next_commands(Path("/tmp/s"), feasible=False)
+    assert "--pick" not in text and "precsearch export --output-dir /tmp/s --trial N -o /tmp/s/policy.yaml" in text
+    assert "no trial is feasible" in text
+
+
 def _row(trial, memory, instability, feasible=True, pareto=False):
     return {"trial": trial, "memory_saved": memory, "instability": instability, "tokens_per_s": 10.0,
             "feasible": feasible, "pareto": pareto}
