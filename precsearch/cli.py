@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, space, executor) -> int:
-    from precsearch.search.front import format_table, no_front_text
+    from precsearch.search.front import format_table, nearest_to_feasible, no_front_text
     from precsearch.runtime.launcher import parse_gpus
     from precsearch.runtime.study import run_study
 
@@ -153,20 +153,23 @@ def _run(args: argparse.Namespace, space, executor) -> int:
     print("\nPareto front (feasible trials no other trial beats on every objective):")
     front = runs_as_is_of_space(space, [r for r in rows if r["pareto"]])
     print(format_table(front, target=target_line(space.model_dump(mode="json"))) if front else no_front_text(rows))
-    print(next_commands(Workspace.for_space(space, args.output_dir).output_dir,
-                        feasible=any(r["feasible"] for r in rows)))
+    feasible = any(r["feasible"] for r in rows)
+    print(next_commands(Workspace.for_space(space, args.output_dir).output_dir, feasible=feasible,
+                        nearest=None if feasible else nearest_to_feasible(rows)))
     return 0
 
 
-def next_commands(output_dir: Path, feasible: bool = True) -> str:
+def next_commands(output_dir: Path, feasible: bool = True, nearest: dict | None = None) -> str:
     """What to run after a study: the front, the MLflow UI, the export (of the front's pick; without a feasible
-    trial, where ``--pick`` has nothing to pick, the export of one trial by number, with its warning)."""
+    trial, where ``--pick`` has nothing to pick, the export of the trial ``nearest`` to feasible, with its
+    warning)."""
     out = _shell_path(output_dir)
     # the policy lands in the study's directory: written to the current one, it sat untracked in a clone
     policy = _shell_path(Path(output_dir) / "policy.yaml")
+    trial = nearest["trial"] if nearest is not None else "N"
     export = (f"  precsearch export --output-dir {out} --pick max-memory -o {policy}" if feasible else
-              f"  precsearch export --output-dir {out} --trial N -o {policy}   # no trial is feasible: "
-              "this writes trial N anyway, with a warning")
+              f"  precsearch export --output-dir {out} --trial {trial} -o {policy}   # no trial is feasible: "
+              "this writes it anyway, with a warning")
     return ("\nNext:\n"
             f"  precsearch front --all --output-dir {out}     # every trial, feasible and pareto columns\n"
             f"  precsearch ui --output-dir {out}              # MLflow: trials, objectives, the front plot\n"

@@ -240,12 +240,26 @@ def _standard_line(rows: list[dict[str, Any]]) -> str:
             f"({read[0]['standard_recipe']}): {', '.join(shown)}{per_clip}")
 
 
+def nearest_to_feasible(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The least unstable trial that did not diverge: the best band, then the smallest reading, then the first
+    (None where no row carries a reading)."""
+    read = [r for r in rows if "instability" in r and not r.get("diverged")]
+    rank = {band: i for i, band in enumerate(BANDS)}
+    return min(read, key=lambda r: (rank.get(r.get("instability_band"), len(BANDS)), r["instability"], r["trial"]),
+               default=None)
+
+
 def no_front_text(rows: list[dict[str, Any]]) -> str:
-    """What to print in place of an empty front: how many trials finished, none feasible, and where to look."""
+    """What to print in place of an empty front: how many trials finished, none feasible, the one nearest to
+    feasible (:func:`nearest_to_feasible`), and where to look."""
     if not rows:
         return "no finished feasible trial yet (no trial has finished)"
-    return (f"no finished feasible trial yet: none of the {len(rows)} finished trial(s) is feasible; "
-            "`precsearch front --all` lists each with its instability, band and loss gap")
+    text = f"no finished feasible trial yet: none of the {len(rows)} finished trial(s) is feasible"
+    if (least := nearest_to_feasible(rows)) is not None:
+        band = f", {least['instability_band']}" if least.get("instability_band") else ""
+        text += (f"; the least unstable is trial {least['trial']} ({_instability(least)}{band}; "
+                 f"memory saved {100 * least['memory_saved']:.2f}%)")
+    return text + "; `precsearch front --all` lists each with its instability, band and loss gap"
 
 
 def _unit_line(rows: list[dict[str, Any]]) -> str:

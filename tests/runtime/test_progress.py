@@ -116,9 +116,10 @@ def test_next_commands_name_front_ui_and_export():
 def test_without_a_feasible_trial_next_offers_a_trial_by_number_not_a_pick():
     """--pick refuses a study without a feasible trial ("no feasible finished trial among 8 to pick from"): the
     line a user copies must not be one that fails."""
-    text = next_commands(Path("/tmp/s"), feasible=False)
-    assert "--pick" not in text and "precsearch export --output-dir /tmp/s --trial N -o /tmp/s/policy.yaml" in text
+    text = next_commands(Path("/tmp/s"), feasible=False, nearest={"trial": 6})
+    assert "--pick" not in text and "precsearch export --output-dir /tmp/s --trial 6 -o /tmp/s/policy.yaml" in text
     assert "no trial is feasible" in text
+    assert "--trial N -o" in next_commands(Path("/tmp/s"), feasible=False)  # no trial carries a reading
 
 
 def _row(trial, memory, instability, feasible=True, pareto=False):

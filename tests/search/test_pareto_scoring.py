@@ -178,6 +178,23 @@ def test_an_empty_front_says_how_many_trials_finished_and_where_to_look():
     assert "unit not stored" not in text
 
 
+def test_an_empty_front_names_the_least_unstable_trial_that_did_not_diverge():
+    """finetune_smollm2_cpu.yaml: all 8 trials read unstable or near the limit; the user's next look is the
+    nearest to feasible: the best band first, then the smallest reading (a diverged trial is none, whatever its
+    reading)."""
+    from precsearch.search.front import no_front_text
+
+    def row(trial, instability, band, diverged=False):
+        return {"trial": trial, "feasible": False, "instability": instability, "instability_band": band,
+                "instability_figure": f"{instability:g} ± 0.001 (2 SE)", "memory_saved": 0.0071,
+                "diverged": diverged}
+
+    text = no_front_text([row(0, 0.044, "unstable"), row(6, 0.0081, "near the limit"), row(4, 0.0078, "unstable"),
+                          row(2, 0.0001, "stable", diverged=True), row(5, 0.0102, "unstable")])
+    assert "the least unstable is trial 6 (0.0081 ± 0.001 (2 SE), near the limit; memory saved 0.71%)" in text, text
+    assert "none of the 5 finished trial(s) is feasible" in text  # trial 4 reads less, but in a worse band
+
+
 def test_front_trials_no_interval_separates_are_one_point_on_the_front():
     """Issue 53: the Megatron target's 8B study (H100, 2026-12-07) put trials 7 and 8 on the front, the same
     policy but for the amax history (1024, 16) that its fixed-state reading does not see: the same memory saved,
