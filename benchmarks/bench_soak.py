@@ -479,6 +479,11 @@ def verdict(mean: float, se: float, tol: float) -> str:
     return "undecided"
 
 
+def diverged_seeds(row: dict) -> dict:
+    """The seeds of a :func:`summarise` row whose finite paired gap is over :data:`DIVERGED`, with their gaps."""
+    return {seed: g for seed, g in row["gaps_pct"].items() if math.isfinite(g) and g > DIVERGED}
+
+
 def summarise(runs: dict[tuple[str, int], dict]) -> dict:
     """Per combination: runs, non-finite runs (step, tensor), diverged runs, paired gap mean and SE, verdicts."""
     rows = {}
@@ -496,9 +501,9 @@ def summarise(runs: dict[tuple[str, int], dict]) -> dict:
         mean = statistics.fmean(finite_gaps) if finite_gaps else math.nan
         se = statistics.stdev(finite_gaps) / math.sqrt(len(finite_gaps)) if len(finite_gaps) > 1 else math.nan
         rows[name] = {"combo": asdict(COMBOS[name]), "runs": len(mine), "paired": len(finite_gaps),
-                      "non_finite": bad, "diverged": sum(g > DIVERGED for g in finite_gaps),
-                      "gaps_pct": {seed: g for seed, g in zip(paired_seeds, gaps)},
+                      "non_finite": bad, "gaps_pct": dict(zip(paired_seeds, gaps)),
                       "gap_pct": mean, "se_pct": se, "at_tolerance": verdict(mean, se, TOLERANCE)}
+        rows[name]["diverged"] = len(diverged_seeds(rows[name]))
     ses = [r["se_pct"] for n, r in rows.items() if n not in BASES and r["paired"] >= 4 and not r["diverged"]
            and math.isfinite(r["se_pct"])]
     limit = 2 * statistics.median(ses) if ses else math.nan
@@ -518,7 +523,7 @@ def table(report: dict) -> str:
     for name, r in report["rows"].items():
         c = r["combo"]
         bad = "; ".join(f"{b['seed']}: {b['step']}, {b['tensor']}" for b in r["non_finite"]) or "0"
-        far = "; ".join(f"{seed}: {g:+.1f}%" for seed, g in r["gaps_pct"].items() if math.isfinite(g) and g > DIVERGED) or "0"
+        far = "; ".join(f"{seed}: {g:+.1f}%" for seed, g in diverged_seeds(r).items()) or "0"
         base = name in BASES
         gap = "—" if base else f"{r['gap_pct']:+.2f} ± {r['se_pct']:.2f}"
         moments = f"{c['exp_avg']}, {c['exp_avg_sq']}" + (", FP8 weights" if c["fp8_weights"] else "")

@@ -151,9 +151,8 @@ def _refused_recipes(space: Space) -> list[UserError]:
     for precision, where in _precision_fields(space).items():
         recipe = recipe_for(precision)
         if recipe.soak_refused:
-            also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
             found.append(UserError(
-                f"{precision.value!r} offers {recipe.spec.label} GEMMs{also}, which the long runs refused: "
+                f"{precision.value!r} offers {_gemms(recipe, where)}, which the long runs refused: "
                 f"{recipe.soak_refused}; valid: a recipe that passed ({_passed_recipes()}); a policy file you "
                 "write still runs it (docs/results/soak.md)", field=where[0]))
     return found
@@ -161,6 +160,13 @@ def _refused_recipes(space: Space) -> list[UserError]:
 
 def _passed_recipes() -> str:
     return ", ".join(r.name for r in low_recipes() if r.soak is not None)
+
+
+def _gemms(recipe, where: list[str]) -> str:
+    """What offering ``recipe`` offers, and the other fields that offer it (``NVFP4 GEMMs (also offered by
+    search.groups[1].precision)``); ``where`` is its fields in the file's order, the first one named."""
+    also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
+    return f"{recipe.spec.label} GEMMs{also}"
 
 
 def _refused_states(space: Space) -> list[UserError]:
@@ -231,9 +237,7 @@ def _unsoaked_recipes(space: Space) -> list[Unsoaked]:
         recipe = recipe_for(precision)
         if recipe.soak is not None or recipe.soak_refused:
             continue
-        also = f" (also offered by {', '.join(where[1:])})" if where[1:] else ""
-        found.append(Unsoaked(where[0], precision.value, f"{recipe.spec.label} GEMMs{also}",
-                              "no bench_soak row runs it", passed))
+        found.append(Unsoaked(where[0], precision.value, _gemms(recipe, where), "no bench_soak row runs it", passed))
     return found
 
 

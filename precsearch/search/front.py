@@ -39,13 +39,14 @@ def policy_summary(params: dict[str, Any]) -> str:
     and its export.
     """
     short = {k.removeprefix("precision.").removeprefix("recipe."): v for k, v in params.items()}
+    units = {name: _BLOCK_UNIT.fullmatch(name) for name in short}
     blocks: dict[str, list[Any]] = {}
     for name, value in short.items():
-        if unit := _BLOCK_UNIT.fullmatch(name):
+        if unit := units[name]:
             blocks.setdefault(unit[2], []).append(value)
     items, shown = [], set()
     for name, value in short.items():
-        unit = _BLOCK_UNIT.fullmatch(name)
+        unit = units[name]
         if unit is None or len(blocks[unit[2]]) < SUMMARISED_BLOCKS:
             items.append(f"{name}={value}")
         elif unit[2] not in shown:
@@ -107,7 +108,7 @@ def _pareto_coordinates(row: dict[str, Any], objectives: list[str]) -> tuple[lis
             spread.append(INTERVAL_SE * row.get(f"{name}_se", math.nan))
             continue
         stable = row["instability_band"] == "stable"
-        point += [float(BANDS.index(row["instability_band"])), 0.0 if stable else row["instability"]]
+        point += [float(_band_rank(row)), 0.0 if stable else row["instability"]]
         spread += [0.0, 0.0 if stable else INTERVAL_SE * row["instability_se"]]
     return point, spread
 
@@ -244,9 +245,13 @@ def nearest_to_feasible(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The least unstable trial that did not diverge: the best band, then the smallest reading, then the first
     (None where no row carries a reading)."""
     read = [r for r in rows if "instability" in r and not r.get("diverged")]
-    rank = {band: i for i, band in enumerate(BANDS)}
-    return min(read, key=lambda r: (rank.get(r.get("instability_band"), len(BANDS)), r["instability"], r["trial"]),
-               default=None)
+    return min(read, key=lambda r: (_band_rank(r), r["instability"], r["trial"]), default=None)
+
+
+def _band_rank(row: dict[str, Any]) -> int:
+    """The row's band in :data:`~precsearch.instability.BANDS`' order (stable first); a row without one last."""
+    band = row.get("instability_band")
+    return BANDS.index(band) if band in BANDS else len(BANDS)
 
 
 def no_front_text(rows: list[dict[str, Any]]) -> str:
