@@ -15,12 +15,20 @@
   RUNNING for the resumed run to wait on.
 
 Handlers are installed only in the main thread (Python's rule for signals).
+
+An interrupt can land where Python cannot raise it: in a weakref callback or a finalizer that garbage
+collection runs (SQLAlchemy's ``_collection_gced`` under load in CI, 2026-12-07). Python then prints
+"Exception ignored in ..." with a traceback and goes on, so the stop asked "at once" was lost. While a
+:class:`StopRequest` is entered, :func:`sys.unraisablehook` takes such an interrupt and delivers it again
+(SIGINT, whose handler raises once a stop is asked for), :data:`REDELIVER_S` later, past the hook. One that
+lands in a callback again is delivered again.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -39,6 +47,10 @@ STOP_NOTICE = "the probe in flight is stopped and its trial queued again (Ctrl-C
 
 #: Seconds a process has after SIGTERM to close its trial and exit (an MLflow call's timeout is 30 s).
 TERM_GRACE_S = 60.0
+
+
+#: Seconds after an interrupt Python could not raise until it is delivered again (see the module's doc).
+REDELIVER_S = 0.05
 
 
 #: Where SQLAlchemy reports a cursor it could not close. An interrupt raised mid-query (the second Ctrl-C, SIGTERM)
@@ -62,17 +74,42 @@ class StopRequest:
         self._say = say or logger().info
         self._saved: dict[int, object] = {}
         self._term_grace_s = term_grace_s
+        self._saved_unraisable_hook = None
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
             self._saved = {signal.SIGINT: signal.signal(signal.SIGINT, self._on_sigint),
                            signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_sigterm)}
+            self._saved_unraisable_hook, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
         return self
 
     def __exit__(self, *exc) -> None:
         for signum, handler in self._saved.items():
             signal.signal(signum, handler)
         self._saved = {}
+        if self._saved_unraisable_hook is not None:
+            sys.unraisablehook, self._saved_unraisable_hook = self._saved_unraisable_hook, None
+
+    def _on_unraisable(self, unraisable) -> None:
+        """An interrupt Python could not raise (it landed in a GC callback): no traceback; deliver it again."""
+        if self.requested and unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self._deliver_again_soon()
+            return
+        (self._saved_unraisable_hook or sys.__unraisablehook__)(unraisable)
+
+    def _deliver_again_soon(self) -> None:
+        """SIGINT to the main thread from a timer thread (sent from the hook, its handler would run in the hook),
+        unless the handlers are gone by then (the stop ended: nothing is left to interrupt)."""
+        def send() -> None:
+            if self._saved:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+        timer = threading.Timer(REDELIVER_S, send)
+        timer.daemon = True
+        try:
+            timer.start()
+        except KeyboardInterrupt:  # another press landed while the timer started: the timer still sends its own
+            pass
 
     def _on_sigint(self, signum, frame) -> None:
         if self.requested:

@@ -2,6 +2,7 @@
 
 import signal
 import threading
+import time
 
 import pytest
 
@@ -121,3 +122,69 @@ def test_the_second_ctrl_c_quiets_the_storages_cleanup_errors(caplog):
         assert not pool.isEnabledFor(logging.ERROR)
     finally:
         parent.setLevel(level)
+
+
+def test_an_interrupt_that_lands_in_a_gc_callback_is_raised_again_without_a_traceback(capsys):
+    """The second Ctrl-C landed in a weakref callback that garbage collection ran (SQLAlchemy's, CI 2026-12-07):
+    Python printed 'Exception ignored' with a traceback and went on. Under a StopRequest it is raised again at
+    the next line, and nothing is printed."""
+    import gc
+    import sys
+    import weakref
+
+    from precsearch.runtime.stopping import StopRequest
+
+    class Thing:
+        pass
+
+    def callback_the_interrupt_lands_in(ref):
+        stop._on_sigint(signal.SIGINT, None)  # as the interpreter would run the handler inside the callback
+
+    hook = sys.unraisablehook
+    with StopRequest(say=lambda line: None) as stop:
+        stop.requested = True  # the first press
+        thing = Thing()
+        ref = weakref.ref(thing, callback_the_interrupt_lands_in)
+        reached = []
+        with pytest.raises(KeyboardInterrupt):
+            del thing
+            gc.collect()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the re-delivered signal's handler runs within milliseconds
+                reached.append(1)
+                time.sleep(0.001)
+        assert len(reached) < 1000 and ref() is None
+    assert sys.unraisablehook is hook  # put back on exit
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_other_unraisable_errors_still_reach_the_hook_that_was_there():
+    import sys
+    from types import SimpleNamespace
+
+    from precsearch.runtime.stopping import StopRequest
+
+    seen = []
+    previous, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        with StopRequest(say=lambda line: None) as stop:
+            stop.requested = True
+            args = SimpleNamespace(exc_type=ValueError, exc_value=ValueError("x"), exc_traceback=None,
+                                   err_msg=None, object=None)
+            sys.unraisablehook(args)
+        assert seen == [args]
+    finally:
+        sys.unraisablehook = previous
+
+
+def test_an_interrupt_to_deliver_again_is_dropped_once_the_stop_has_ended(sigint_raises):
+    """The run ended (handlers put back) before the timer fired: nothing is left to interrupt, so nothing is sent."""
+    from types import SimpleNamespace
+
+    from precsearch.runtime.stopping import REDELIVER_S, StopRequest
+
+    with StopRequest(say=lambda line: None) as stop:
+        stop.requested = True
+        stop._on_unraisable(SimpleNamespace(exc_type=KeyboardInterrupt, exc_value=KeyboardInterrupt(),
+                                            exc_traceback=None, err_msg=None, object=None))
+    time.sleep(REDELIVER_S * 6)  # past the timer: with SIGINT raising again (the fixture), a send would raise here
