@@ -426,11 +426,20 @@ def trial_policy_name(number: int) -> str:
     return f"trial {number}"
 
 
+def _speedup_basis(score: dict[str, Any]) -> str:
+    """Where a stored score's speed-up comes from: its framework target's run, predicted, or the probe."""
+    predicted = score.get("speedup_framework")
+    if isinstance(predicted, float) and math.isfinite(predicted):
+        return f"{score.get('memory_framework')}'s run, predicted from the probe's step"
+    return "the probe's" + (f" ({score['speedup_note']})" if score.get("speedup_note") else "")
+
+
 def read_study(study_dir: Path, trials: list[int] | None, max_picks: int | None = None) -> dict[str, Any]:
     """A finished study's picks: the front's trials (most memory saved first), or ``trials``; each with its policy
     (as data), the front's memory saved (``memory_saved``: the study's own figure, on its ``memory_basis``) and
-    speed-up (``speedup``: the trial's tokens/s over the BF16 reference's, None where the study did not
-    measure throughput); ``max_picks``: only the first that many front trials. Also the study's name,
+    speed-up (``speedup``: its framework target's, predicted, where the study predicted one, else the trial's
+    tokens/s over the BF16 reference's; None where the study did not measure throughput; ``speedup_basis`` says
+    which); ``max_picks``: only the first that many front trials. Also the study's name,
     ``target`` (its space's ``target: name``, or None) and model
     (:class:`~precsearch.arch.config.ModelConfig` of the space's target model, None where unreadable)."""
     import optuna
@@ -469,7 +478,7 @@ def read_study(study_dir: Path, trials: list[int] | None, max_picks: int | None 
                       "memory_saved_target": score.get("memory_saved_target"),
                       "tokens_per_s": r.get("tokens_per_s"), "speedup": speedup if measured else None,
                       "speedup_se": score.get("speedup_se") if measured else None,  # its steps' noise, both runs
-                      "instability_band": r.get("instability_band")})
+                      "speedup_basis": _speedup_basis(score), "instability_band": r.get("instability_band")})
     try:
         section = ModelSection(**space.get("model", {}))
         model, probe_layers = section.target(), section.probe().n_layers
@@ -595,6 +604,7 @@ def study_report(study: dict[str, Any], rows: list[dict[str, Any]], layers: int)
                                  "front_saved_pts": 100 * saved, "front_saved_basis": basis,
                                  "front_memory_saved_pts": 100 * pick["memory_saved"],
                                  "front_speedup": pick["speedup"], "front_speedup_se": pick.get("speedup_se"),
+                                 "front_speedup_basis": pick.get("speedup_basis", "the probe's"),
                                  "framework_saved_pts": -100 * r["peak_vs_bf16"] if "peak_vs_bf16" in r else None,
                                  "framework_speedup": r.get("speedup_vs_bf16"),
                                  "model_saved_pts": None, "runs_otherwise": pick["runs_otherwise"].get(fw, [])}
@@ -636,6 +646,8 @@ def study_table(entries: list[dict[str, Any]]) -> str:
     for basis in dict.fromkeys(e["front_saved_basis"] for e in entries):
         lines.append(f"  front saved: {basis}" if "'s run at " in basis else
                      f"  front saved: the study's saving on the {basis}")
+    for basis in dict.fromkeys(e.get("front_speedup_basis", "the probe's") for e in entries):
+        lines.append(f"  front x: {basis}")
     lines += [f"  trial {e['trial']} in {e['framework']} (the study's target) runs otherwise: "
               + "; ".join(e["runs_otherwise"]) for e in entries if e["runs_otherwise"]]
     return "\n".join(lines)

@@ -45,6 +45,8 @@ class ProbeResult:
             (:class:`~precsearch.probe.memory.phases.PhaseMemory`); empty on a CPU.
         wall_s: Wall time of the whole probe, build included.
         device: Where it ran.
+        card: The GPU's name (``torch.cuda.get_device_name``) where it ran on one; "" on a CPU or where stored
+            before precsearch recorded it. :mod:`precsearch.probe.framework_step` reads it.
         layer_stats: Per-layer FP8 statistics, one ``{step, layer, role, precision, amax, scale,
             overflow, underflow, nonfinite}`` dict per FP8 layer and tensor role at each
             collection step (see :mod:`precsearch.probe.measure.diagnostics`).
@@ -88,6 +90,7 @@ class ProbeResult:
     memory_phases: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     device: str = "cpu"
+    card: str = ""
     phase_s: dict[str, float] = field(default_factory=dict)
     optimizer_step_s: float = math.nan
     layer_stats: list[dict[str, Any]] = field(default_factory=list)

@@ -276,7 +276,7 @@ def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenB
                                   weight_decay=probe.weight_decay)
     horizon = continuation.schedule_steps(leg, probe.steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(probe, horizon))
-    result = ProbeResult(device=str(device))
+    result = ProbeResult(device=str(device), card=torch.cuda.get_device_name(device) if device.type == "cuda" else "")
     monitor = StepMonitor(probe.spike_threshold, probe.grad_blowup_factor)
     first = continuation.restore(leg, model, opt, sched, monitor, result)
     return _Run(probe, policy, device, parallel, backend, data, model, opt, sched, monitor, result, first,

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.policy import Policy
+from precsearch.probe.framework_step import FrameworkSpeed
 from precsearch.probe.result import ProbeResult
 from precsearch.runtime import recorder as journal
 from precsearch.runtime.front_update import front_counts, update_front
@@ -27,6 +28,7 @@ from precsearch.runtime.recorder import RecordJob, Recorder
 from precsearch.runtime.reference import References, uncached_steps
 from precsearch.runtime.study_log import say
 from precsearch.runtime.target_memory import TargetSaving, study_target_saving
+from precsearch.runtime.target_speed import study_target_speed
 from precsearch.runtime.session import StudyRun
 from precsearch.search import guided, optuna_adapter, promotion
 from precsearch.search.front import policy_summary
@@ -41,8 +43,10 @@ def record(ctx: StudyRun, trial: optuna.Trial, run_id: str, policy: Policy, resu
            references: References, stressed: ProbeResult | None, rung: int) -> None:
     """Score the trial (the one place it is scored), journal its record, tell Optuna, and hand the MLflow record
     to ``ctx.recorder``, which reads the stored score back."""
-    framework = study_target_saving(ctx.space.model_dump(mode="json"), policy)
-    scored = _score(ctx.space.objectives, result, references, stressed, framework)
+    space = ctx.space.model_dump(mode="json")
+    framework = study_target_saving(space, policy)
+    target_speed = study_target_speed(space, policy, result, references.paired)
+    scored = _score(ctx.space.objectives, result, references, stressed, framework, target_speed)
     for key, value in (("score", scored.to_dict()), ("policy", policy.to_dict()), ("eval_loss", result.eval_loss),
                        ("peak_memory_bytes", result.peak_memory_bytes), ("memory_source", result.memory_source),
                        ("reason", result.reason), ("probe_result", result.to_dict())):
@@ -139,10 +143,10 @@ def _replay(ctx: StudyRun) -> int:
 
 
 def _score(objectives: ObjectivesSection, result: ProbeResult, references: References,
-           stressed: ProbeResult | None, framework: TargetSaving | None) -> ScoredTrial:
+           stressed: ProbeResult | None, framework: TargetSaving | None, speed: FrameworkSpeed | None) -> ScoredTrial:
     return score_trial(result, references.paired, objectives, noise_floor=references.noise_floor_in(objectives),
                        stress=(stressed, references.stress) if stressed else None, standard=references.standard,
-                       framework=(framework.target, framework.saved) if framework else None)
+                       framework=(framework.target, framework.saved) if framework else None, framework_speed=speed)
 
 
 def _memory_sources(result: ProbeResult, reference: ProbeResult, framework: TargetSaving | None) -> object:

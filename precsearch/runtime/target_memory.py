@@ -6,7 +6,8 @@ with the framework's rules where the model has them (:mod:`precsearch.probe.memo
 standard optimizer (persistent gradient buffer, FP32 main-gradient copy) and TE ``FusedAdam``'s FP32 copies of
 FP8 moments; torchao's ``Float8Linear`` and torchtitan's compiled blocks; Accelerate's torchao setup with its
 regional compilation; Hugging Face's and torchtitan's FP32 cross-entropy. The saving is against BF16 run alike
-(the study's ``objectives.baseline_memory``, the same framework rules). Speed is not predicted.
+(the study's ``objectives.baseline_memory``, the same framework rules). The target's speed-up is
+:mod:`precsearch.runtime.target_speed`'s.
 """
 
 from __future__ import annotations

@@ -151,6 +151,10 @@ def _row(trial: optuna.trial.FrozenTrial, first_rung: int, unit: StudyUnit) -> d
         "memory_sources": trial.user_attrs.get("memory_sources", ""),
         "memory_framework": score.get("memory_framework", ""),
         "memory_saved_own": _own_saving(score),
+        "speedup": score.get("speedup", math.nan),
+        "speedup_framework": score.get("speedup_framework", math.nan),  # the target's, predicted, where it is
+        "speedup_probe": score.get("speedup_probe", math.nan),
+        "speedup_note": score.get("speedup_note", ""),  # why the target's speed-up is not predicted, where it is not
         "policy": policy_summary(trial.params),
         "params": dict(trial.params),
         "mlflow_run_id": trial.user_attrs.get("mlflow_run_id"),
@@ -200,7 +204,7 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
         sources += f"  [{r['nonfinite']}]" if r.get("nonfinite") else ""
         sources += f"  [runs as-is in: {r['runs_as_is_in']}]" if r.get("runs_as_is_in") else ""
         if r.get("memory_framework"):  # mem saved is the framework's: precsearch's own figure beside it
-            sources += f"  [precsearch itself: memory saved {100 * r['memory_saved_own']:.2f}%]"
+            sources += f"  [precsearch itself: memory saved {100 * r['memory_saved_own']:.2f}%{_own_speed(r)}]"
         elif "target_memory_saved" in r:  # a study that scored precsearch's figure: what its target saves, predicted
             sources += f"  [target: memory saved {100 * r['target_memory_saved']:.2f}% predicted]"
         multiple = f"  {_multiple(r):>11}" if standard else ""
@@ -208,10 +212,22 @@ def format_table(rows: list[dict[str, Any]], flags: bool = False, target: str | 
                      f"{r.get('instability_band', '-'):<14}  {gap:>8}  {noise:>16}  {rate_text(r):>14}  "
                      f"{r['fidelity_steps']:>6}{marks}  "
                      f"{r['policy']}{sources}")
+    notes = dict.fromkeys(r["speedup_note"] for r in rows if r.get("speedup_note"))
+    if notes:  # a framework target's speed-up not predicted: say why once, not on every row
+        lines.append("speed-up: the probe's, since " + "; ".join(notes))
     if flags and any("front_twin" in r for r in rows):
         lines.append("pareto '= N': as good as front trial N on every objective, within the intervals; of such "
                      "trials the front lists the one with the smallest reading")
     return "\n".join(lines)
+
+
+def _own_speed(row: dict[str, Any]) -> str:
+    """``, speed-up 1.06x; in megatron: speed-up 1.18x, predicted`` where the row's speed-up is its framework
+    target's, predicted (the probe's first); else ""."""
+    predicted, own = row.get("speedup_framework", math.nan), row.get("speedup_probe", math.nan)
+    if not (math.isfinite(predicted) and math.isfinite(own)):
+        return ""
+    return f", speed-up {own:.2f}x; in {row['memory_framework']}: speed-up {predicted:.2f}x, predicted"
 
 
 def _instability(row: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.instability import Reading
+from precsearch.probe.framework_step import FrameworkSpeed
 from precsearch.probe.result import ProbeResult
 from precsearch.search.scoring import (
     Score,
@@ -68,10 +69,11 @@ class ScoredTrial:
 
 def score_trial(result: ProbeResult, paired: ProbeResult, objectives: ObjectivesSection, *,
                 noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None,
-                standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None
-                ) -> ScoredTrial:
+                standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None,
+                framework_speed: FrameworkSpeed | None = None) -> ScoredTrial:
     """Score ``result`` against its paired BF16 reference, beside the standard FP8 recipe's reading where there
-    is one, with the memory the study's framework target saves where it has one (see
+    is one, with the memory the study's framework target saves and its speed-up where it has one (see
     :func:`~precsearch.search.scoring.score`)."""
     return ScoredTrial.of(score(result, paired, objectives, noise_floor=noise_floor, stress=stress,
-                                standard=standard, framework=framework), objectives)
+                                standard=standard, framework=framework, framework_speed=framework_speed),
+                        objectives)

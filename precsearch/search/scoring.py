@@ -67,6 +67,7 @@ from typing import Any
 
 from precsearch.config.space import ObjectivesSection
 from precsearch.instability import INTERVAL_SE, Reading, StudyUnit
+from precsearch.probe.framework_step import FrameworkSpeed
 from precsearch.probe.measure.events import count_events
 from precsearch.probe.measure.nonfinite import NonFinite
 from precsearch.probe.result import ProbeResult
@@ -128,6 +129,11 @@ class Score:
     # where a run timed too few steps or was stored before (precsearch.probe.measure.step_rate says what they cover)
     tokens_per_s_se: float = math.nan
     speedup_se: float = math.nan
+    # the probe's own speed-up; the study's framework target's, predicted (precsearch.probe.framework_step), which
+    # ``speedup`` then is; and why the target's is not predicted where it is not (NaN, "" where there is no target)
+    speedup_probe: float = math.nan
+    speedup_framework: float = math.nan
+    speedup_note: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -190,7 +196,8 @@ def in_noise_units(value: float, floor: float) -> float:
 
 def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSection, *,
           noise_floor: float = math.nan, stress: tuple[ProbeResult, ProbeResult] | None = None,
-          standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None) -> Score:
+          standard: Mapping[str, Any] | None = None, framework: tuple[str, float] | None = None,
+          framework_speed: FrameworkSpeed | None = None) -> Score:
     """Score ``result`` against the BF16 ``reference`` run on the same data, seed and steps.
 
     Args:
@@ -204,13 +211,18 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         framework: ``(name, saved)``: the study's framework target and what its run of the policy saves
             (:func:`~precsearch.runtime.target_memory.study_target_saving`), the memory objective then; None: the
             probe's figure on ``objectives.memory_basis``.
+        framework_speed: The study's framework target's speed-up, predicted
+            (:func:`~precsearch.runtime.target_speed.study_target_speed`): ``speedup`` where it has one, the
+            probe's beside it in ``speedup_probe``; its ``why_not`` otherwise. None: the probe's speed-up.
     """
     base = _pair(result, reference, objectives, noise_floor)
     pressed = _pair(*stress, objectives, noise_floor) if stress else None
     counted = pressed is not None and objectives.stress.in_constraint
     constraint = max(base.constraint, pressed.constraint) if counted else base.constraint
     saved_probe, saved_target = memory_saved(result, reference)
-    speedup = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
+    speedup_probe = result.tokens_per_s / reference.tokens_per_s if reference.tokens_per_s else 0.0
+    predicted = framework_speed.speedup if framework_speed is not None else math.nan
+    speedup = predicted if math.isfinite(predicted) else speedup_probe
     if objectives.memory_basis == "target" and math.isnan(saved_target):
         raise ValueError("a probe result has no target memory prediction (target_memory_bytes; it was stored "
                          "before precsearch predicted one): run it again, or set objectives.memory_basis: probe")
@@ -236,6 +248,9 @@ def score(result: ProbeResult, reference: ProbeResult, objectives: ObjectivesSec
         tokens_per_s=result.tokens_per_s,
         speedup=speedup,
         **_speed_errors(result, reference, speedup),
+        speedup_probe=speedup_probe,
+        speedup_framework=predicted,
+        speedup_note=framework_speed.why_not if framework_speed is not None else "",
         noise_floor=noise_floor,
         gap_in_noise=in_noise_units(base.read_gap, noise_floor),
         stable=base.constraint <= 0,
@@ -370,11 +385,16 @@ def instability_text(s: Score, objectives: ObjectivesSection) -> str:
 
 def speed_text(s: Score) -> str:
     """The trial's speed-up over its BF16 reference with ± 2 standard errors where both runs timed enough steps:
-    ``speed-up 1.07x ± 0.02``, else ``speed-up 1.07x``; ``speed-up not measured`` without a reference rate."""
+    ``speed-up 1.07x ± 0.02``, else ``speed-up 1.07x``; ``speed-up not measured`` without a reference rate. Where
+    it is the study's framework target's, predicted: ``speed-up 1.18x ± 0.02 in megatron, predicted (the probe:
+    1.06x)``."""
     if not s.speedup:
         return "speed-up not measured"
     half = INTERVAL_SE * s.speedup_se
-    return f"speed-up {s.speedup:.2f}x" + (f" ± {half:.2f}" if math.isfinite(half) else "")
+    text = f"speed-up {s.speedup:.2f}x" + (f" ± {half:.2f}" if math.isfinite(half) else "")
+    if math.isfinite(s.speedup_framework):
+        text += f" in {s.memory_framework or 'the target'}, predicted (the probe: {s.speedup_probe:.2f}x)"
+    return text
 
 
 def verdict_line(s: Score, objectives: ObjectivesSection) -> str:

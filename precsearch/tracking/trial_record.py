@@ -98,10 +98,18 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
              "steps_run": len(result.losses), "feasible": float(s.feasible), "diverged": float(s.diverged),
              "reference_seeds": n_seeds, "fidelity_steps": rung, "start_step": result.start_step}
             | ({"memory_saved_framework": s.memory_saved_framework} if s.memory_framework else {})
-            | {k: v for k, v in (("tokens_per_s_se", s.tokens_per_s_se), ("speedup_se", s.speedup_se))
+            | {k: v for k, v in (("tokens_per_s_se", s.tokens_per_s_se), ("speedup_se", s.speedup_se),
+                                 ("speedup_probe", s.speedup_probe), ("speedup_framework", s.speedup_framework))
                if math.isfinite(v)}
             | reading.stability | diagnostics_metrics(result) | damage_metrics(result)
             | _in_unit(reading.instability))
+
+
+def _speed_source(s: Any) -> str:
+    """Where the score ``s``'s ``speedup`` comes from: the framework target's run, predicted; else the probe, and why."""
+    if math.isfinite(s.speedup_framework):
+        return f"{s.memory_framework}'s run, predicted (the probe's step with {s.memory_framework}'s optimizer step)"
+    return f"the probe ({s.speedup_note})" if s.speedup_note else "the probe"
 
 
 def _in_unit(instability: Reading | None) -> dict[str, float]:
@@ -119,6 +127,7 @@ def trial_tags(result: ProbeResult, trial: Any, reading: SearchReading) -> dict[
     return ({"trial_state": "COMPLETE", "feasible": str(s.feasible).lower(), "diverged": str(s.diverged).lower(),
              "memory_source": f"{s.memory_framework}'s run, predicted" if s.memory_framework
              else result.memory_source, "divergence_reason": result.reason or "-",
+             "speed_source": _speed_source(s),
              "nonfinite": s.nonfinite or "-",
              "duplicate_of": str(trial.user_attrs.get("duplicate_of", "-")), "stable": str(s.stable).lower(),
              "stable_under_stress": "-" if s.stable_under_stress is None else str(s.stable_under_stress).lower(),

@@ -96,3 +96,21 @@ def test_the_probe_basis_scores_the_framework_at_the_probes_depth():
     assert study_target_saving({**space, "objectives": {**space["objectives"], "memory_basis": "target"}},
                                policy).n_layers == 4
     assert study_target_saving({**space, "target": {"name": "precsearch"}}, policy) is None
+
+
+def test_a_megatron_study_on_a_cpu_keeps_the_probes_speed_up_and_says_why(tmp_path, monkeypatch):
+    """Megatron's optimizer step is measured on an H100 only: on this CPU no speed-up is predicted, the probe's
+    stands, and the trial's MLflow run says what was missing (tests/runtime/test_target_speed.py: where it is)."""
+    study, ws, _ = _run(tmp_path, monkeypatch, target={"name": "megatron"},
+                        **{"objectives.throughput": True, "search.warmup_steps": 0})
+    trials = _scored(study)
+    assert trials
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(ws.tracking_uri)
+    for t in trials:
+        score = t.user_attrs["score"]
+        assert score["speedup"] == score["speedup_probe"] and math.isnan(score["speedup_framework"])
+        assert "megatron's optimizer step for the trial" in score["speedup_note"]
+        tags = client.get_run(t.user_attrs["mlflow_run_id"]).data.tags
+        assert tags["speed_source"] == f"the probe ({score['speedup_note']})"

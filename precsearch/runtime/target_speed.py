@@ -1,0 +1,56 @@
+"""The speed-up a study's target runs a trial's policy at, predicted from the probe's steps.
+
+For ``target: megatron`` the probe's step is taken with its optimizer step swapped for Megatron's (measured per
+optimizer state and card, :mod:`precsearch.probe.framework_step`), for the trial as Megatron's export runs it and
+for Megatron's standard BF16 run (FP32 main parameters and moments, ``objectives.baseline_memory``; gradients
+clipped at 1.0, Megatron's default). Accelerate's snippet steps precsearch's own optimizer
+(``policy.build_optimizer``), so the probe's speed-up is already its figure; torchtitan's compiled blocks and
+torchao's FP8 Linear have no rule yet. Where nothing is predicted, :attr:`FrameworkSpeed.why_not` says why and
+the study keeps the probe's speed-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from precsearch.config.space import BaselineMemory, ModelSection, ProbeSection
+from precsearch.export.registry import TARGETS, as_run
+from precsearch.policy.rules import MemoryKnobs, Policy
+from precsearch.probe.framework_step import FrameworkSpeed, StepRun, framework_speed
+from precsearch.probe.result import ProbeResult
+
+#: Why a framework target's speed-up is the probe's, where it is not predicted by the optimizer swap.
+NOT_SWAPPED = {
+    "accelerate": "Accelerate's snippet steps precsearch's own optimizer, as the probe does",
+    "torchtitan": "torchtitan's compiled blocks and torchao's FP8 Linear have no speed rule",
+}
+
+#: Megatron's standard BF16 run clips its gradients (``--clip-grad`` defaults to 1.0).
+BASELINE_CLIPPED = True
+
+
+def study_target_speed(space: dict[str, Any], policy: Policy, result: ProbeResult, reference: ProbeResult
+                       ) -> FrameworkSpeed | None:
+    """The stored ``space``'s framework target's speed-up of ``policy`` (probed as ``result``, its BF16 reference
+    ``reference``) over the target's standard BF16 run; None for a space without a framework target."""
+    name = (space.get("target") or {}).get("name")
+    if name in (None, "precsearch"):
+        return None
+    if name in NOT_SWAPPED:
+        return FrameworkSpeed(name, why_not=NOT_SWAPPED[name])
+    probe = ProbeSection(**space["probe"])
+    cfg = ModelSection(**space["model"]).probe()
+    stored = (space.get("objectives") or {}).get("baseline_memory") or {}
+    baseline = MemoryKnobs(**BaselineMemory(**stored).model_dump()).resolved(probe.param_dtype)
+    tokens = probe.seq_len * probe.micro_batch * probe.grad_accum
+    written = as_run(TARGETS[name], policy, cfg.n_layers).memory
+
+    def run(r: ProbeResult, memory: MemoryKnobs, clipped: bool) -> StepRun:
+        step = tokens / r.tokens_per_s if r.tokens_per_s else float("nan")
+        return StepRun(step, r.optimizer_step_s, memory, clipped)
+
+    return framework_speed(name, run(result, written, policy.clip_grad is not None),
+                           run(reference, baseline, BASELINE_CLIPPED), cfg.num_params(), result.card)
+
+
+__all__ = ["BASELINE_CLIPPED", "NOT_SWAPPED", "study_target_speed"]
