@@ -38,6 +38,9 @@ def study_target_speed(space: dict[str, Any], policy: Policy, result: ProbeResul
         return None
     if name in NOT_SWAPPED:
         return FrameworkSpeed(name, why_not=NOT_SWAPPED[name])
+    if result.card != reference.card:  # a resumed study's cached reference, from another machine
+        return FrameworkSpeed(name, why_not=f"the trial ran on {result.card or 'a CPU'}, its BF16 reference on "
+                                            f"{reference.card or 'a CPU or a card not recorded'}")
     probe = ProbeSection(**space["probe"])
     cfg = ModelSection(**space["model"]).probe()
     stored = (space.get("objectives") or {}).get("baseline_memory") or {}

@@ -48,6 +48,8 @@ def test_where_nothing_is_measured_the_probes_speed_up_stands_and_says_why():
     for target in ("accelerate", "torchtitan"):
         got = study_target_speed(_space(target), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02))
         assert math.isnan(got.speedup) and got.why_not == NOT_SWAPPED[target]
+    mixed = study_target_speed(_space(), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02, card=""))
+    assert math.isnan(mixed.speedup) and f"the trial ran on {H100}, its BF16 reference on a CPU or" in mixed.why_not
     assert study_target_speed(_space(None), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02)) is None
     assert study_target_speed(_space("precsearch"), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02)) is None
 
