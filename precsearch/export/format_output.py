@@ -93,11 +93,23 @@ def header(provenance: dict[str, Any], what: str, comment: str = "#") -> list[st
         label = "trial's probe objectives (the policy as searched, not as written)"
     elif written:
         lines.append(f"{comment} the framework runs the trial's policy as searched: nothing changes")
+    lines += _speed_lines(provenance.get("speed"), bool(written and written.get("changed")), comment)
     if shown:
         unit = f" (instability in {objectives['instability_unit']})" if objectives.get("instability_unit") else ""
         lines.append(f"{comment} {label}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()) + unit)
         lines += _beside_standard(objectives, comment)
     return lines
+
+
+def _speed_lines(speed: dict[str, Any] | None, changed: bool, comment: str) -> list[str]:
+    """The study's predicted speed-up in its framework target, where it scored one; labelled as the trial's where
+    what is written differs from it."""
+    if not speed:
+        return []
+    whose = "the trial's speed-up" if changed else "speed-up"
+    probe = f"; the probe: {speed['probe']:.2f}x" if isinstance(speed.get("probe"), (int, float)) else ""
+    return [f"{comment} {whose} in {speed['framework']}: {speed['speedup']:.2f}x over its standard BF16 run, predicted "
+            f"(the probe's step with {speed['framework']}'s measured optimizer step{probe})"]
 
 
 def _beside_standard(objectives: dict[str, Any], comment: str) -> list[str]:

@@ -128,7 +128,7 @@ def framework_speed(framework: str, trial: StepRun, baseline: StepRun, n_params:
     steps = []
     for what, run in (("the trial", trial), ("the BF16 baseline", baseline)):
         if not (math.isfinite(run.step_s) and run.step_s > 0 and math.isfinite(run.optimizer_step_s)):
-            return FrameworkSpeed(framework, why_not=f"the probe timed no optimizer step for {what}")
+            return FrameworkSpeed(framework, why_not=f"the probe timed no step or no optimizer step for {what}")
         rate = optimizer_rate(framework, run.memory, run.clipped, card)
         if rate is None:
             clipping = "with" if run.clipped else "without"

@@ -51,6 +51,7 @@ def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Polic
         "objectives": {k: score.get(k) for k in ("memory_saved", "instability", "loss_gap", "tokens_per_s",
                                                  "feasible", "diverged")} | _in_unit(space, score),
         "memory_source": source.user_attrs.get("memory_source"),
+        **_target_speed(score),
         "probe": {"model": space["model"], "probe": space["probe"]},
         "backend": space["backend"],
         **({"target": _target(space["target"])} if space.get("target") else {}),
@@ -58,6 +59,16 @@ def trial_policy(study: optuna.Study, ws: Workspace, number: int) -> tuple[Polic
                      "python": platform.python_version()},
     }
     return policy, provenance
+
+
+def _target_speed(score: dict[str, Any]) -> dict[str, Any]:
+    """``{"speed": {framework, speedup, probe}}`` where the study scored its framework target's speed-up, predicted
+    (:mod:`precsearch.runtime.target_speed`); else nothing."""
+    predicted = score.get("speedup_framework")
+    if not (isinstance(predicted, float) and math.isfinite(predicted)):
+        return {}
+    return {"speed": {"framework": score.get("memory_framework"), "speedup": predicted,
+                      "probe": score.get("speedup_probe")}}
 
 
 def _target(target: dict[str, Any]) -> dict[str, Any]:

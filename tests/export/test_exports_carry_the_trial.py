@@ -9,6 +9,7 @@ the files' headers state the figures of what is written, the trial's labelled as
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -153,3 +154,22 @@ def test_megatron_reads_back_the_head_and_the_blocks_a_pipeline_cannot_serve():
     changes = describe_changes(as_searched(odd, 4), as_run("megatron", odd, 4, pipeline=2), "fp32")
     assert changes == ["1 module(s) fp8_block -> fp8_current: mlp.linear_fc2 in blocks 2"]
     assert describe_changes(as_searched(odd, 4), as_run("megatron", odd, 4), "fp32") == []
+
+
+def test_the_header_states_the_targets_predicted_speed_up_where_the_study_scored_one():
+    """A Megatron study scores Megatron's speed-up, predicted (precsearch.runtime.target_speed); its export's header
+    says so, labelled as the trial's when what is written differs; a study without one says nothing of it."""
+    from precsearch.export.format_output import header
+    from precsearch.runtime.study_export import _target_speed
+
+    score = {"speedup_framework": 1.18, "speedup_probe": 1.06, "memory_framework": "megatron"}
+    provenance = {"study": "s", "trial": 1, **_target_speed(score)}
+    line = ("# speed-up in megatron: 1.18x over its standard BF16 run, predicted (the probe's step with megatron's "
+            "measured optimizer step; the probe: 1.06x)")
+    assert line in header(provenance, "Megatron-Core flags")
+    changed = header(provenance | {"as_written": {"changed": True, "n_layers": 2, "memory_saved": 0.1, "peak_gib": 1.0,
+                                                  "baseline_peak_gib": 2.0, "trial_memory_saved_predicted": 0.2,
+                                                  "trial_peak_gib": 0.9, "speed": "not predicted"}}, "flags")
+    assert line.replace("# speed-up", "# the trial's speed-up") in changed
+    assert _target_speed({"speedup_framework": math.nan, "speedup_probe": 1.06}) == {}
+    assert not [x for x in header({"study": "s", "trial": 1}, "flags") if "speed-up" in x]
