@@ -140,6 +140,8 @@ def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path,
         row["config"] = {k: mplan[k] for k in ("transformer", "optimizer", "ddp", "quant_recipe")}
         row["files_check"] = plan.check_modules(plan.megatron_decided(files, shape.layers),
                                                 plan.megatron_expected(policy, shape.layers))
+        if framework == "megatron" and optimizer == "framework":
+            row |= optimizer_state(policy, shape)
     elif fmt == "torchtitan":
         tplan = plan.titan_plan(files)
         row["config"] = tplan
@@ -151,6 +153,40 @@ def prepare(framework: str, policy_name: str, shape: plan.Shape, workdir: Path,
     else:
         row["config"] = plan.accelerate_plan(files)
     return row
+
+
+def optimizer_state(policy, shape: plan.Shape) -> dict[str, Any]:
+    """What a Megatron row's optimizer step is for (:mod:`precsearch.probe.framework_step`): the state Megatron's
+    export keeps (``optimizer_state``), whether it clips (``clipped``), the model's parameters (``n_params``)."""
+    from precsearch.export.registry import TARGETS, as_run
+    from precsearch.probe.framework_step import state_key
+
+    return {"optimizer_state": state_key(as_run(TARGETS["megatron"], policy, shape.layers).memory),
+            "clipped": policy.clip_grad is not None, "n_params": shape.model_config().num_params()}
+
+
+def optimizer_rate_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each timed Megatron row's optimizer step per parameter beside the rate precsearch predicts with
+    (:data:`~precsearch.probe.framework_step.OPTIMIZER_RATES`; ``-`` where it has none for that state, clipping
+    and card): a run that did not make a rate checks it."""
+    from precsearch.probe.framework_step import OPTIMIZER_RATES, card_key
+
+    timed = [r for r in rows if r.get("optimizer_state") and r.get("phase_ms", {}).get("step")]
+    if not timed:
+        return []
+    lines = ["", "optimizer step per parameter (the rate precsearch predicts Megatron's speed-up with)",
+             f"{'policy':36s} {'state':38s} {'clip':>4} {'card':24s} {'step ms':>7} {'ps/param':>8} {'rate':>6} "
+             f"{'diff':>6}"]
+    for r in timed:
+        measured = r["phase_ms"]["step"] * 1e-3 / r["n_params"]
+        rate = next((x.s_per_param for x in OPTIMIZER_RATES
+                     if (x.framework, x.state, x.clipped, x.card) == ("megatron", r["optimizer_state"], r["clipped"],
+                                                                      card_key(r.get("card", "")))), None)
+        lines.append(f"{r['policy']:36s} {r['optimizer_state']:38s} {'yes' if r['clipped'] else 'no':>4} "
+                     f"{r.get('card', '?')[:24]:24s} {r['phase_ms']['step']:7.1f} {1e12 * measured:8.2f} "
+                     f"{_fmt(rate and 1e12 * rate, '6.2f'):>6} "
+                     f"{_fmt(rate and 100 * (measured / rate - 1), '+5.1f%'):>6}")
+    return lines
 
 
 def run_one(row: dict[str, Any], shape: plan.Shape, timeout: float) -> dict[str, Any]:
@@ -285,6 +321,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines += [f"{r['framework']:11s} {r['policy']:36s} " + " ".join(f"{r['phase_ms'].get(p, math.nan):7.1f}"
                                                                        for p in ("forward", "backward", "step"))
                   for r in timed]
+    lines += optimizer_rate_lines(rows)
     return "\n".join(lines)
 
 

@@ -543,6 +543,7 @@ def main(argv: list[str]) -> int:
             raise RuntimeError("no CUDA GPU")
         why = plan.not_runnable(policy, shape.layers, torch.cuda.get_device_capability())
         result = {"error": why} if why else RUNNERS[spec["framework"]](spec, shape, policy)
+        result["card"] = torch.cuda.get_device_name()  # what a rate of precsearch.probe.framework_step is keyed by
     except Exception as exc:  # noqa: BLE001 - the row records it; the bench goes on with the next run
         traceback.print_exc()
         tail = traceback.format_exc().strip().splitlines()[-3:]

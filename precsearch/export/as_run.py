@@ -52,7 +52,9 @@ def as_searched(policy: Policy, n_layers: int) -> AsRun:
 
 
 def _knob_view(memory: MemoryKnobs, param_dtype: str) -> dict[str, str]:
-    """The memory knobs as the state they keep, for ``param_dtype`` parameters (name -> value)."""
+    """The memory knobs as the state they keep, for ``param_dtype`` parameters (name -> value): with FP32
+    parameters, FP32 master weights and moments are the defaults' state (:meth:`MemoryKnobs.resolved`)."""
+    memory = memory.resolved(param_dtype)
     first, second = memory.moment_dtypes(param_dtype)
     return {"master weights": memory.master, "first moment": first, "second moment": second,
             "fp8_weights": str(memory.fp8_weights).lower(), "fp8_attention": memory.fp8_attention}

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from precsearch.policy.rules import MemoryKnobs
+from precsearch.policy.rules import FP32_MASTER_AND_MOMENTS, MemoryKnobs
 from precsearch.storage import BF16, BLOCK_FP8, FP32, TENSOR_FP8
 
 #: Megatron's name for each precsearch moment dtype (``--exp-avg-dtype`` choices); ``fp8_block`` (precsearch's
@@ -97,8 +97,11 @@ def megatron_written(memory: MemoryKnobs, fp8_recipe: str | None = None) -> Memo
     Block-scaled moments go out as BF16; master weights are whole FP32 unless the precision-aware
     optimizer hands them to ``FusedAdam`` (no FP8, or ``--fp8-recipe delayed``), which keeps BF16 +
     16-bit remainders; a policy without master weights but with its own moment dtype gets Megatron's FP32
-    main parameters; FP8 attention has no flag (see the warnings there).
+    main parameters; a policy with no optimizer knob gets Megatron's default state, FP32 main parameters and
+    moments (no flag is written); FP8 attention has no flag (see the warnings there).
     """
+    if memory.optimizer_knobs.is_default:
+        return FP32_MASTER_AND_MOMENTS
     first, second = memory.moment_dtypes("fp32")
     master = memory.master
     aware = (first, second) != ("fp32", "fp32") or master in ("fp16", "remainders")

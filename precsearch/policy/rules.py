@@ -206,6 +206,11 @@ class MemoryKnobs:
         return asdict(self)
 
 
+#: The standard mixed-precision training state: FP32 master weights and FP32 AdamW moments beside BF16 parameters
+#: (Megatron-Core's default optimizer state; with FP32 parameters it resolves to the defaults).
+FP32_MASTER_AND_MOMENTS = MemoryKnobs(master_weights=True, moment_dtype="fp32")
+
+
 def member_rules(rules: tuple[Rule, ...], name: str, n_layers: int) -> dict[str, Rule | None]:
     """For each Hugging Face name computed by ``name``'s unit, the first rule matching it or the unit.
 

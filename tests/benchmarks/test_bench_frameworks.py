@@ -469,3 +469,22 @@ def test_phase_times_are_each_phases_median_and_the_table_prints_them():
     timed = [line for line in text.splitlines() if line.startswith("megatron ") and line.rstrip().endswith("16.0")]
     assert len(timed) == 1 and "31.0" in timed[0] and "61.0" in timed[0]
     assert not any(line.startswith("accelerate ") and line.rstrip().endswith("nan") for line in text.splitlines())
+
+
+def test_megatron_rows_carry_what_their_optimizer_step_is_for_and_the_table_checks_the_rate(tmp_path):
+    """The rates Megatron's speed-up is predicted with (precsearch.probe.framework_step) are checked by any run that
+    did not make them: each timed Megatron row prints its step per parameter beside the rate for its state,
+    clipping and card, '-' where there is none."""
+    from precsearch.probe.framework_step import OPTIMIZER_RATES
+
+    row = bench.prepare("megatron", "bf16", plan.Shape(**{**dataclasses.asdict(plan.Shape()), "layers": 4}), tmp_path)
+    standard = next(r for r in OPTIMIZER_RATES if r.state == "master=fp32 moments=fp32/fp32")
+    assert (row["optimizer_state"], row["clipped"]) == (standard.state, True)
+    assert row["n_params"] == 1_923_125_248  # the 8B width at 4 blocks, what the rates were measured at
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    timed = [row | {"phase_ms": {"step": 1e3 * standard.s_per_param * row["n_params"] * 1.1}, "card": h100},
+             row | {"policy": "bf16 elsewhere", "phase_ms": {"step": 40.0}, "card": h200}]
+    lines = bench.optimizer_rate_lines(timed)
+    assert "+10.0%" in next(line for line in lines if line.startswith("bf16 "))
+    assert next(line for line in lines if line.startswith("bf16 elsewhere")).rstrip().endswith("-")
+    assert bench.optimizer_rate_lines([{k: v for k, v in row.items()}]) == []  # not timed: nothing to check

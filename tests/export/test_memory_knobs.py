@@ -93,3 +93,21 @@ def test_fp8_block_moments_go_to_megatron_as_bf16_with_a_warning():
     for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype"):
         assert flags[flags.index(flag) + 1] == "bf16"
     assert any(w.startswith("fp8_block moments: Megatron has no block-scaled") for w in warnings)
+
+
+def test_megatron_runs_a_policy_without_optimizer_knobs_with_its_default_fp32_master_and_moments():
+    """No knob writes no optimizer flag, and Megatron then keeps FP32 main parameters and moments. Read as the
+    knobs were (none), a Megatron study of BF16 parameters scored a trial with every GEMM in BF16 as saving 45%
+    at 4 blocks of the 8B width, where Megatron saves nothing."""
+    from precsearch.config.loader import load_space
+    from precsearch.export.memory_knobs import megatron_written
+    from precsearch.policy import Policy
+    from precsearch.policy.rules import FP32_MASTER_AND_MOMENTS, MemoryKnobs
+    from precsearch.runtime.target_memory import target_saving
+
+    assert megatron_written(MemoryKnobs()) == FP32_MASTER_AND_MOMENTS
+    assert megatron_written(MemoryKnobs(fp8_attention="dpa")) == FP32_MASTER_AND_MOMENTS  # no flag for it either
+    space = load_space("search_spaces/llama3_8b_h100_megatron.yaml").model_dump(mode="json")
+    assert target_saving(space, "megatron", Policy(clip_grad=1.0), 4).saved == 0.0
+    knobs = MemoryKnobs(master_weights=True, master_dtype="remainders", moment_dtype="bf16")
+    assert target_saving(space, "megatron", Policy(clip_grad=1.0, memory=knobs), 4).saved > 0.3

@@ -38,14 +38,14 @@ holds; its rows are counted with the compiled rule (``compiled_blocks`` of
 from __future__ import annotations
 
 from precsearch.backends.cross_entropy import LOGIT_BYTES
-from precsearch.policy.rules import MemoryKnobs
+from precsearch.policy.rules import FP32_MASTER_AND_MOMENTS, MemoryKnobs
 from precsearch.probe.memory.peak import MemoryBreakdown
 
 #: Bytes per logit ``F.cross_entropy(logits.float(), ...)`` holds at its backward (three FP32 tensors).
 F_CROSS_ENTROPY_LOGIT_BYTES = 3 * 4
 
 #: Megatron-Core's default optimizer state: BF16 parameters, FP32 main parameters, FP32 moments.
-MEGATRON_STANDARD = MemoryKnobs(master_weights=True, moment_dtype="fp32")
+MEGATRON_STANDARD = FP32_MASTER_AND_MOMENTS
 
 #: Bytes per logit Megatron's vocab-parallel cross-entropy holds at the backward's peak: its FP32 softmax,
 #: the gradient made in place in it. Measured: every backward phase of the H200 runs (BF16 and FP8 with the
