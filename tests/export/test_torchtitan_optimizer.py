@@ -43,15 +43,14 @@ def test_torchtitans_build_optimizers_takes_no_other_optimizer_by_name():
         optimizer.build_optimizers([nn.Linear(8, 8)], OptimizerConfig(name="FP8StateAdamW"), dims)
 
 
-def test_fp8stateadamw_refuses_an_fsdp2_shard_naming_it(monkeypatch):
+def test_fp8stateadamw_refuses_an_fsdp2_shard_naming_it(tmp_path):
     """A one-rank gloo group: FSDP2's parameters are DTensors, which its steps and scales cannot read."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29541")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # a file store, not a TCP port: a fixed port was taken by another test run on the same machine (EADDRINUSE)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(str(tmp_path / "store"), 1))
     try:
         shard = distribute_tensor(torch.zeros(256, 4, dtype=torch.bfloat16), init_device_mesh("cpu", (1,)), [Shard(0)])
         with pytest.raises(ValueError, match="parameter 0 .* DTensor.*plain tensor"):
