@@ -59,7 +59,8 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
     front.csv has :data:`COLUMNS`, ``tokens_per_s`` and its standard error ``tokens_per_s_se`` when ``throughput``
     is an objective, and
     ``runs_as_is_in`` (the targets that run the trial's policy as it is) and ``target_memory_saved`` (what the
-    study's target saves running it, predicted) where the rows have them.
+    study's target saves running it, predicted) where the rows have them; with ``throughput``, where the study
+    predicted its framework target's speed-up, ``speedup_framework`` and the probe's ``speedup_probe``.
     """
     directory.mkdir(parents=True, exist_ok=True)
     front = [r for r in rows if r["pareto"]]
@@ -67,6 +68,8 @@ def write_front(rows: list[dict[str, Any]], directory: Path, stability_limit: fl
     with paths[0].open("w", newline="") as fh:
         columns = COLUMNS[:-2] + ("tokens_per_s", "tokens_per_s_se") + COLUMNS[-2:] if throughput else COLUMNS
         columns += tuple(c for c in ("runs_as_is_in", "target_memory_saved") if any(c in r for r in front))
+        if throughput and any(math.isfinite(r.get("speedup_framework", math.nan)) for r in front):
+            columns += ("speedup_framework", "speedup_probe")  # the target's speed-up, predicted; the probe's
         if beside_standard(front):  # the study read the standard FP8 recipe: its reading and each one's multiple
             columns += STANDARD_COLUMNS
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")

@@ -91,3 +91,20 @@ def test_the_front_row_shows_the_probes_speed_up_beside_the_targets():
     plain = format_table([{**row, "speedup_framework": math.nan, "speedup": 1.06, "speedup_note": why}] * 2)
     assert "[precsearch itself: memory saved 24.00%]" in plain
     assert plain.count(f"speed-up: the probe's, since {why}") == 1  # once, under the table
+
+
+def test_front_csv_carries_the_targets_speed_up_beside_the_probes_where_the_study_predicted_one(tmp_path):
+    import csv
+
+    from precsearch.tracking.front_report import write_front
+
+    row = {"trial": 3, "fidelity_steps": 40, "pareto": True, "feasible": True, "memory_saved": 0.3,
+           "instability": 0.001, "loss_gap": 0.0, "diverged": False, "noise_floor": math.nan,
+           "gap_in_noise": math.nan, "policy": "mlp=fp8_current", "tokens_per_s": 40000.0, "tokens_per_s_se": 100.0,
+           "speedup": 1.18, "speedup_framework": 1.18, "speedup_probe": 1.06}
+    write_front([row], tmp_path / "a", 0.002, throughput=True)
+    with (tmp_path / "a" / "front.csv").open() as fh:
+        (written,) = list(csv.DictReader(fh))
+    assert (written["speedup_framework"], written["speedup_probe"]) == ("1.18", "1.06")
+    write_front([{**row, "speedup_framework": math.nan}], tmp_path / "b", 0.002, throughput=True)
+    assert "speedup_framework" not in (tmp_path / "b" / "front.csv").read_text()
