@@ -387,13 +387,15 @@ def speed_text(s: Score) -> str:
     """The trial's speed-up over its BF16 reference with ± 2 standard errors where both runs timed enough steps:
     ``speed-up 1.07x ± 0.02``, else ``speed-up 1.07x``; ``speed-up not measured`` without a reference rate. Where
     it is the study's framework target's, predicted: ``speed-up 1.18x ± 0.02 in megatron, predicted (the probe:
-    1.06x)``."""
+    1.06x)``; where a framework target's was not predicted: ``speed-up 1.07x (the probe's)``."""
     if not s.speedup:
         return "speed-up not measured"
     half = INTERVAL_SE * s.speedup_se
     text = f"speed-up {s.speedup:.2f}x" + (f" ± {half:.2f}" if math.isfinite(half) else "")
     if math.isfinite(s.speedup_framework):
         text += f" in {s.memory_framework or 'the target'}, predicted (the probe: {s.speedup_probe:.2f}x)"
+    elif s.speedup_note:  # a framework target whose speed-up was not predicted: the front's table says why
+        text += " (the probe's)"
     return text
 
 

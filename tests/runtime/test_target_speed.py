@@ -74,6 +74,7 @@ def test_the_score_carries_the_targets_speed_up_and_the_probes_beside_it():
     on_cpu = _score(_probe(0.1027, 0.02295, ""), _probe(0.1018, 0.02175, ""), _space())
     assert on_cpu.speedup == on_cpu.speedup_probe and math.isnan(on_cpu.speedup_framework)
     assert "not measured on this device" in on_cpu.speedup_note and "predicted" not in speed_text(on_cpu)
+    assert speed_text(on_cpu).endswith("x (the probe's)")
     assert Score.from_dict({k: v for k, v in s.to_dict().items()
                             if not k.startswith("speedup_")}).speedup_probe != s.speedup_probe  # stored before: NaN
 
