@@ -129,8 +129,9 @@ class Score:
     # where a run timed too few steps or was stored before (precsearch.probe.measure.step_rate says what they cover)
     tokens_per_s_se: float = math.nan
     speedup_se: float = math.nan
-    # the probe's own speed-up; the study's framework target's, predicted (precsearch.probe.framework_step), which
-    # ``speedup`` then is; and why the target's is not predicted where it is not (NaN, "" where there is no target)
+    # the probe's own speed-up (NaN where stored before it was kept apart); the study's framework target's, predicted
+    # (precsearch.probe.framework_step), which ``speedup`` then is, NaN where none was; why none was, for a study with
+    # a framework target ("" otherwise)
     speedup_probe: float = math.nan
     speedup_framework: float = math.nan
     speedup_note: str = ""

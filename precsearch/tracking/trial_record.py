@@ -106,7 +106,8 @@ def trial_metrics(result: ProbeResult, paired: ProbeResult, n_seeds: int, readin
 
 
 def _speed_source(s: Any) -> str:
-    """Where the score ``s``'s ``speedup`` comes from: the framework target's run, predicted; else the probe, and why."""
+    """Where the score ``s``'s ``speedup`` comes from: the framework target's run, predicted; else the probe, and
+    why."""
     if math.isfinite(s.speedup_framework):
         return f"{s.memory_framework}'s run, predicted (the probe's step with {s.memory_framework}'s optimizer step)"
     return f"the probe ({s.speedup_note})" if s.speedup_note else "the probe"
