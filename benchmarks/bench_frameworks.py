@@ -167,9 +167,9 @@ def optimizer_state(policy, shape: plan.Shape) -> dict[str, Any]:
 
 def optimizer_rate_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Each timed Megatron row's optimizer step per parameter beside the rate precsearch predicts with
-    (:data:`~precsearch.probe.framework_step.OPTIMIZER_RATES`; ``-`` where it has none for that state, clipping
+    (:func:`~precsearch.probe.framework_step.rate_for`; ``-`` where it has none for that state, clipping
     and card): a run that did not make a rate checks it."""
-    from precsearch.probe.framework_step import OPTIMIZER_RATES, card_key
+    from precsearch.probe.framework_step import rate_for
 
     timed = [r for r in rows if r.get("optimizer_state") and r.get("phase_ms", {}).get("step")]
     if not timed:
@@ -179,9 +179,8 @@ def optimizer_rate_lines(rows: list[dict[str, Any]]) -> list[str]:
              f"{'diff':>6}"]
     for r in timed:
         measured = r["phase_ms"]["step"] * 1e-3 / r["n_params"]
-        rate = next((x.s_per_param for x in OPTIMIZER_RATES
-                     if (x.framework, x.state, x.clipped, x.card) == ("megatron", r["optimizer_state"], r["clipped"],
-                                                                      card_key(r.get("card", "")))), None)
+        found = rate_for("megatron", r["optimizer_state"], r["clipped"], r.get("card", ""))
+        rate = found.s_per_param if found else None
         lines.append(f"{r['policy']:36s} {r['optimizer_state']:38s} {'yes' if r['clipped'] else 'no':>4} "
                      f"{r.get('card', '?')[:24]:24s} {r['phase_ms']['step']:7.1f} {1e12 * measured:8.2f} "
                      f"{_fmt(rate and 1e12 * rate, '6.2f'):>6} "

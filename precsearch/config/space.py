@@ -433,3 +433,11 @@ class Space(Section):
     def baseline_knobs(self) -> MemoryKnobs:
         """The reference run's memory knobs (``objectives.baseline_memory``), resolved for the probe's parameters."""
         return MemoryKnobs(**self.objectives.baseline_memory.model_dump()).resolved(self.probe.param_dtype)
+
+
+def stored_baseline_knobs(space: dict[str, Any]) -> MemoryKnobs:
+    """:meth:`Space.baseline_knobs` of a space as a study stored it (``model_dump(mode="json")``); a study stored
+    before ``objectives.baseline_memory`` existed gets its default."""
+    stored = (space.get("objectives") or {}).get("baseline_memory") or {}
+    param_dtype = ProbeSection(**space["probe"]).param_dtype
+    return MemoryKnobs(**BaselineMemory(**stored).model_dump()).resolved(param_dtype)

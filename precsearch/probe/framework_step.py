@@ -81,7 +81,12 @@ def card_key(card: str) -> str | None:
 
 def optimizer_rate(framework: str, memory: MemoryKnobs, clipped: bool, card: str) -> OptimizerRate | None:
     """The measured rate of ``framework`` stepping ``memory``'s state on ``card`` (a device name), or None."""
-    key, state = card_key(card), state_key(memory)
+    return rate_for(framework, state_key(memory), clipped, card)
+
+
+def rate_for(framework: str, state: str, clipped: bool, card: str) -> OptimizerRate | None:
+    """:func:`optimizer_rate` by the state's :func:`state_key` (what a bench row records)."""
+    key = card_key(card)
     return next((r for r in OPTIMIZER_RATES if (r.framework, r.state, r.clipped, r.card) == (framework, state,
                                                                                             clipped, key)), None)
 
@@ -140,4 +145,4 @@ def framework_speed(framework: str, trial: StepRun, baseline: StepRun, n_params:
 
 
 __all__ = ["CARDS", "FrameworkSpeed", "OPTIMIZER_RATES", "OptimizerRate", "StepRun", "card_key", "framework_speed",
-           "optimizer_rate", "state_key"]
+           "optimizer_rate", "rate_for", "state_key"]

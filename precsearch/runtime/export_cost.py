@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from precsearch.config.space import BaselineMemory, ModelSection, ProbeSection
+from precsearch.config.space import ModelSection, ProbeSection, stored_baseline_knobs
 from precsearch.export.as_run import AsRun, describe_changes
-from precsearch.policy.rules import MemoryKnobs
 from precsearch.probe.memory.peak import predict_peak
 
 _GIB = 2 ** 30
@@ -86,8 +85,7 @@ def export_cost(space: dict[str, Any], trial: AsRun, written: AsRun, n_layers: i
         return predict_peak(cfg, run.precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
                             param_dtype=probe.param_dtype, memory=run.memory, grad_accum=probe.grad_accum).total
 
-    stored = (space.get("objectives") or {}).get("baseline_memory") or {}  # older studies stored none
-    baseline = AsRun({}, MemoryKnobs(**BaselineMemory(**stored).model_dump()).resolved(probe.param_dtype))
+    baseline = AsRun({}, stored_baseline_knobs(space))
     return ExportCost(describe_changes(trial, written, probe.param_dtype), peak(trial), peak(written),
                       peak(baseline), n_layers)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from precsearch.config.space import BaselineMemory, ModelSection, ProbeSection
+from precsearch.config.space import ModelSection, ProbeSection, stored_baseline_knobs
 from precsearch.export.accelerate import choose_path
 from precsearch.export.registry import TARGETS, as_run
 from precsearch.policy.rules import MemoryKnobs, Policy
@@ -83,8 +83,7 @@ def target_saving(space: dict[str, Any], target: str, policy: Policy, n_layers: 
         cfg = cfg.with_overrides(n_layers=n_layers)
     probe = ProbeSection(**space["probe"])
     written = as_run(TARGETS[target], policy, cfg.n_layers)
-    stored = (space.get("objectives") or {}).get("baseline_memory") or {}
-    baseline = MemoryKnobs(**BaselineMemory(**stored).model_dump()).resolved(probe.param_dtype)
+    baseline = stored_baseline_knobs(space)
     how = target_run(target, policy, cfg.n_layers)
 
     def peak(precisions: dict, memory: MemoryKnobs, run: TargetRun) -> tuple[int, dict[str, int]]:

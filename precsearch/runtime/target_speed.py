@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precsearch.config.space import BaselineMemory, ModelSection, ProbeSection
+from precsearch.config.space import ModelSection, ProbeSection, stored_baseline_knobs
 from precsearch.export.registry import TARGETS, as_run
 from precsearch.policy.rules import MemoryKnobs, Policy
 from precsearch.probe.framework_step import FrameworkSpeed, StepRun, framework_speed
@@ -43,8 +43,7 @@ def study_target_speed(space: dict[str, Any], policy: Policy, result: ProbeResul
                                             f"{reference.card or 'a CPU or a card not recorded'}")
     probe = ProbeSection(**space["probe"])
     cfg = ModelSection(**space["model"]).probe()
-    stored = (space.get("objectives") or {}).get("baseline_memory") or {}
-    baseline = MemoryKnobs(**BaselineMemory(**stored).model_dump()).resolved(probe.param_dtype)
+    baseline = stored_baseline_knobs(space)
     tokens = probe.seq_len * probe.micro_batch * probe.grad_accum
     written = as_run(TARGETS[name], policy, cfg.n_layers).memory
 
