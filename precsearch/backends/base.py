@@ -65,6 +65,12 @@ class Backend(BackendSupport, ABC):
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
         """For each precision: None if it runs on ``device``, else the reason it cannot."""
 
+    def probe_compiles_blocks(self, device: torch.device) -> bool:
+        """Whether the probe compiles each transformer block (``Llama3.compile_blocks``) of a model this backend
+        converted on ``device``: for a backend whose FP8 layers are fast only compiled, as the stacks that train
+        with it run them (the memory model then counts what a compiled block keeps). Default: no."""
+        return False
+
     def for_memory(self, knobs: MemoryKnobs) -> "Backend":
         """The backend that converts layers as ``knobs`` ask (e.g. FP8 weight storage); default: self."""
         return self

@@ -43,8 +43,11 @@ wheel the H200 runs):
 Speed: eager torchao float8 is slower than BF16 (measured on the H200 on a
 Llama-8B MLP: 324 TFLOP/s eager FP8 vs 753 BF16; 1060 with ``torch.compile``),
 because the casts and scale computations run as separate kernels; compile fuses
-them. Use :func:`compile_model` (or ``TorchaoBackend(compile=True)``) when
-throughput is measured.
+them. Every stack that trains with torchao's FP8 compiles it (torchtitan each
+block, Accelerate's regional compilation), so the probe compiles each block of
+its model on a GPU (:meth:`TorchaoBackend.probe_compiles_blocks`), the BF16
+reference's too, and times what those stacks run. :func:`compile_model` (or
+``TorchaoBackend(compile=True)``) compiles a whole model instead.
 """
 
 from __future__ import annotations
@@ -197,6 +200,10 @@ class TorchaoBackend(Backend):
     def __init__(self, *, compile: bool = False, emulate: bool = False):
         self.compile = compile
         self.emulate = emulate
+
+    def probe_compiles_blocks(self, device: torch.device) -> bool:
+        """True on a CUDA device, unless emulating or compiling the whole model (``compile``)."""
+        return not self.compile and not self.emulate and torch.device(device).type == "cuda"
 
     def supported_precisions(self, device: torch.device) -> dict[Precision, str | None]:
         """The torchao-named precisions on their GPUs (anywhere when emulating); nothing else."""

@@ -116,7 +116,22 @@ def _build(cfg, policy, backend, device, seed, param_dtype="fp32", init=None, sp
     # process draws at random: seeding here makes a probe's seed fix them (and the rerun of a trial repeat it)
     torch.manual_seed(seed)
     model = backend.convert(model, recipes)
+    if backend.probe_compiles_blocks(device):
+        compile_probe_blocks(model)
     return model, plan, backend.plain_tensors(model, plain) if view else {}
+
+
+#: ``torch._dynamo``'s recompile limit while the probe's blocks are compiled. One process compiles a block once per
+#: variant: which of its units are FP8, FP8 on or off, training or evaluation, statistics on or off. At the
+#: default of 8 a study's ninth variant ran eager, without a word (seen on a CPU: 2 x 2 x 2 variants hit it).
+RECOMPILE_LIMIT = 64
+
+
+def compile_probe_blocks(model: Llama3, **compile_kwargs) -> None:
+    """Compile each block of the probe's ``model`` in place (``compile_kwargs`` to ``torch.compile``), with room
+    for every variant a study compiles."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    model.compile_blocks(**compile_kwargs)
 
 
 def _load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
@@ -229,7 +244,7 @@ def run_probe(
         result.optimizer_step_s = statistics.median(run.optimizer_times)
     _measure(result, cfg, probe, policy, run.model, device, run.step_times, start, target=target,
              calibrate=parallel is ONE_PROCESS, phases=run.phases, held_bytes=held_bytes,
-             fp8_linear=run.backend.fp8_linear)
+             fp8_linear=run.backend.fp8_linear, compiled_blocks=run.backend.probe_compiles_blocks(device))
     if models is not None:
         models.keep(run.model)
     return result
@@ -441,14 +456,15 @@ def eval_losses(model: Llama3, data: TokenBatches, backend: Backend, device: tor
 
 
 def _measure(result, cfg, probe, policy, model, device, step_times, start, target=None, calibrate=True,
-             phases: PhaseMemory | None = None, held_bytes: int = 0, fp8_linear: str = "te") -> None:
+             phases: PhaseMemory | None = None, held_bytes: int = 0, fp8_linear: str = "te",
+             compiled_blocks: bool = False) -> None:
     tokens = probe.seq_len * probe.micro_batch * probe.grad_accum  # every micro-batch's tokens, each step
     if step_times:
         result.tokens_per_s, result.tokens_per_s_rel_se = step_rate(step_times, tokens)
     precisions = backend_precisions(policy, cfg)
     predicted = predict_peak(cfg, precisions, seq_len=probe.seq_len, micro_batch=probe.micro_batch,
                              param_dtype=probe.param_dtype, memory=policy.memory, grad_accum=probe.grad_accum,
-                             fp8_linear=fp8_linear)
+                             fp8_linear=fp8_linear, compiled_blocks=compiled_blocks)
     result.predicted_memory = predicted.to_dict()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -459,7 +475,8 @@ def _measure(result, cfg, probe, policy, model, device, step_times, start, targe
     else:
         result.peak_memory_bytes = predicted.total
         result.memory_source = "predicted"
-    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total, calibrate, fp8_linear)
+    _predict_target(result, cfg, target or cfg, probe, policy, predicted.total, calibrate, fp8_linear,
+                    compiled_blocks)
     result.wall_s = time.perf_counter() - start
 
 
@@ -468,14 +485,15 @@ _STEPS_TO_PEAK = 2
 
 
 def _predict_target(result: ProbeResult, cfg: ModelConfig, target: ModelConfig, probe: ProbeSection,
-                    policy: Policy, predicted_bytes: int, calibrate: bool = True, fp8_linear: str = "te") -> None:
+                    policy: Policy, predicted_bytes: int, calibrate: bool = True, fp8_linear: str = "te",
+                    compiled_blocks: bool = False) -> None:
     """Fill the target's predicted peak, corrected by this probe's measurement when there is one."""
     calibration = Calibration()
     if calibrate and result.memory_source == "measured" and len(result.losses) >= _STEPS_TO_PEAK:
         calibration = fit_calibration([DepthMeasurement(cfg.n_layers, predicted_bytes, result.peak_memory_bytes)])
     prediction = predict_target(target, backend_precisions(policy, target), calibration, seq_len=probe.seq_len,
                                 micro_batch=probe.micro_batch, param_dtype=probe.param_dtype, memory=policy.memory,
-                                grad_accum=probe.grad_accum, fp8_linear=fp8_linear)
+                                grad_accum=probe.grad_accum, fp8_linear=fp8_linear, compiled_blocks=compiled_blocks)
     result.target_memory_bytes = prediction.bytes
     result.target_breakdown = prediction.breakdown.components()
     result.target_memory_source = prediction.source

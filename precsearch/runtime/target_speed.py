@@ -4,8 +4,9 @@ For ``target: megatron`` the probe's step is taken with its optimizer step swapp
 optimizer state and card, :mod:`precsearch.probe.framework_step`), for the trial as Megatron's export runs it and
 for Megatron's standard BF16 run (FP32 main parameters and moments, ``objectives.baseline_memory``; gradients
 clipped at 1.0, Megatron's default). Accelerate's snippet steps precsearch's own optimizer
-(``policy.build_optimizer``), so the probe's speed-up is already its figure; torchtitan's compiled blocks and
-torchao's FP8 Linear have no rule yet. Where nothing is predicted, :attr:`FrameworkSpeed.why_not` says why and
+(``policy.build_optimizer``), so the probe's speed-up is already its figure; a torchtitan study's probe runs as
+torchtitan does (torchao's FP8 Linear, each block compiled on a GPU, FP32 parameters and AdamW states), so its
+speed-up is the probe's too. Where nothing is predicted, :attr:`FrameworkSpeed.why_not` says why and
 the study keeps the probe's speed-up.
 """
 
@@ -22,7 +23,7 @@ from precsearch.probe.result import ProbeResult
 #: Why a framework target's speed-up is the probe's, where it is not predicted by the optimizer swap.
 NOT_SWAPPED = {
     "accelerate": "Accelerate's snippet steps precsearch's own optimizer, as the probe does",
-    "torchtitan": "torchtitan's compiled blocks and torchao's FP8 Linear have no speed rule",
+    "torchtitan": "the probe runs as torchtitan does (torchao's FP8 Linear, each block compiled on a GPU)",
 }
 
 #: Megatron's standard BF16 run clips its gradients (``--clip-grad`` defaults to 1.0).

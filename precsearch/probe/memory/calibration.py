@@ -123,9 +123,11 @@ class TargetPrediction:
 
 def predict_target(target: ModelConfig, precisions: dict[str, Precision], calibration: Calibration, *,
                    seq_len: int, micro_batch: int, param_dtype: str,
-                   memory: MemoryKnobs | None = None, grad_accum: int = 1, fp8_linear: str = "te") -> TargetPrediction:
+                   memory: MemoryKnobs | None = None, grad_accum: int = 1, fp8_linear: str = "te",
+                   compiled_blocks: bool = False) -> TargetPrediction:
     """The target's peak under a policy (``precisions`` named for the target's blocks), corrected."""
     breakdown = predict_peak(target, precisions, seq_len=seq_len, micro_batch=micro_batch,
-                             param_dtype=param_dtype, memory=memory, grad_accum=grad_accum, fp8_linear=fp8_linear)
+                             param_dtype=param_dtype, memory=memory, grad_accum=grad_accum, fp8_linear=fp8_linear,
+                             compiled_blocks=compiled_blocks)
     return TargetPrediction(bytes=calibration.correct(breakdown.total, target.n_layers),
                             source=calibration.source, breakdown=breakdown, calibration=calibration)

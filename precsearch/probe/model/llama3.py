@@ -267,6 +267,11 @@ class Llama3(nn.Module):
         # of the logits, as Megatron-Core's loss (F.cross_entropy held three: 3 GiB more at the 8B shape)
         return cross_entropy(logits, targets)
 
+    def compile_blocks(self, **compile_kwargs) -> None:
+        """Compile each transformer block in place (``Module.compile``, ``compile_kwargs`` to ``torch.compile``),
+        as torchtitan compiles its blocks: names, Parameters and state dicts stay the eager model's."""
+        for layer in self.decoder.layers:
+            layer.compile(**compile_kwargs)
 
     def _forward_split(self, input_ids: torch.Tensor, targets: torch.Tensor | None, tp) -> torch.Tensor:
         """:meth:`forward` with the embedding, output layer and loss split over the vocabulary."""
