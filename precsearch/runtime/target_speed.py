@@ -23,7 +23,7 @@ from precsearch.probe.result import ProbeResult
 #: Why a framework target's speed-up is the probe's, where it is not predicted by the optimizer swap.
 NOT_SWAPPED = {
     "accelerate": "Accelerate's snippet steps precsearch's own optimizer, as the probe does",
-    "torchtitan": "the probe runs as torchtitan does (torchao's FP8 Linear, each block compiled on a GPU)",
+    "torchtitan": "the probe runs as torchtitan does (torchao's FP8 Linear, each block compiled)",
 }
 
 #: Megatron's standard BF16 run clips its gradients (``--clip-grad`` defaults to 1.0).
@@ -37,6 +37,10 @@ def study_target_speed(space: dict[str, Any], policy: Policy, result: ProbeResul
     name = (space.get("target") or {}).get("name")
     if name in (None, "precsearch"):
         return None
+    if name == "torchtitan" and not (space.get("backend") == "torchao" and result.card):
+        ran = f"backend {space.get('backend')}" + ("" if result.card else " on a CPU")
+        return FrameworkSpeed(name, why_not=f"the probe ran {ran}, not torchao's FP8 Linear in compiled blocks as "
+                                            "torchtitan does (backend torchao on a GPU): no prediction")
     if name in NOT_SWAPPED:
         return FrameworkSpeed(name, why_not=NOT_SWAPPED[name])
     if result.card != reference.card:  # a resumed study's cached reference, from another machine

@@ -45,13 +45,24 @@ def test_where_nothing_is_measured_the_probes_speed_up_stands_and_says_why():
     assert math.isnan(on_cpu.speedup) and "not measured on this device" in on_cpu.why_not
     unclipped = study_target_speed(_space(), _policy(clip=None), _probe(0.1, 0.02), _probe(0.1, 0.02))
     assert math.isnan(unclipped.speedup) and "without clipping" in unclipped.why_not
-    for target in ("accelerate", "torchtitan"):
-        got = study_target_speed(_space(target), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02))
+    for target, backend in (("accelerate", "te"), ("torchtitan", "torchao")):
+        got = study_target_speed(_space(target) | {"backend": backend}, _policy(), _probe(0.1, 0.02),
+                                 _probe(0.1, 0.02))
         assert math.isnan(got.speedup) and got.why_not == NOT_SWAPPED[target]
     mixed = study_target_speed(_space(), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02, card=""))
     assert math.isnan(mixed.speedup) and f"the trial ran on {H100}, its BF16 reference on a CPU or" in mixed.why_not
     assert study_target_speed(_space(None), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02)) is None
     assert study_target_speed(_space("precsearch"), _policy(), _probe(0.1, 0.02), _probe(0.1, 0.02)) is None
+
+
+def test_a_torchtitan_study_says_where_its_probe_did_not_run_as_torchtitan():
+    """torchtitan's speed is the probe's only where the probe ran torchao's FP8 Linear in compiled blocks: backend
+    torchao on a GPU. Elsewhere the front says what ran instead."""
+    for backend, card, ran in (("te", H100, "the probe ran backend te,"),
+                               ("torchao", "", "the probe ran backend torchao on a CPU,")):
+        got = study_target_speed(_space("torchtitan") | {"backend": backend}, _policy(), _probe(0.1, 0.02, card),
+                                 _probe(0.1, 0.02, card))
+        assert math.isnan(got.speedup) and got.why_not.startswith(ran) and "no prediction" in got.why_not
 
 
 def _score(trial: ProbeResult, reference: ProbeResult, space: dict) -> Score:
