@@ -32,6 +32,7 @@ from precsearch.config.space import Space
 from precsearch.errors import UserError
 from precsearch.runtime._optimize import recover_dead_trials
 from precsearch.runtime.front_update import update_front
+from precsearch.runtime.progress import compile_notice
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import open_run, start_guided
 from precsearch.runtime.stopping import RESUME_HINT, STOP_NOTICE, WORKER_DONE
@@ -65,6 +66,8 @@ def run_parallel(space: Space, space_text: str, ws: Workspace, target: int, *, w
         start_guided(ctx)
         say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials finished; "
                  f"starting {len(slices)} workers; output in {ws.output_dir}")
+        if (notice := compile_notice(space.backend.value, space.probe.device)) is not None:
+            say(ctx, notice)
         local = ws.tracking_uri.startswith("sqlite:")
         server = LocalTrackingServer(ws.tracking_uri, ws.output_dir / "mlflow-server.log") if local else nullcontext(
             ws.tracking_uri)

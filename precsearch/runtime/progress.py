@@ -167,6 +167,16 @@ def probe_bar(total: int, label: str, enabled: bool) -> tqdm:
     return tqdm(total=total, desc=label, unit="step", leave=False, position=1, disable=not enabled)
 
 
+def compile_notice(backend: str, device: str) -> str | None:
+    """Why a study's first probes take minutes where the probe compiles its blocks (backend torchao on a GPU: see
+    ``TorchaoBackend.probe_compiles_blocks``); None elsewhere. Said once, at the start."""
+    if backend != "torchao" or device == "cpu":
+        return None
+    return ("backend torchao on a GPU: each probe's blocks run compiled, as torchtitan runs them (eager torchao "
+            "FP8 is slower than BF16). The first probe of each kind compiles them: at the 8B width expect minutes "
+            "before the first trial (one H100 had finished none after 200 s)")
+
+
 def reference_notice(clip_grad: float | None, seeds: int, steps: int, stress: bool) -> str:
     """Why BF16 probes run now (said once per set of references that is not cached yet)."""
     stressed = " and one at the stress learning rate" if stress else ""

@@ -26,6 +26,7 @@ from precsearch.runtime._optimize import recover_dead_trials, work
 from precsearch.runtime.executor import ProbeExecutor
 from precsearch.runtime.front_update import update_front
 from precsearch.runtime.identity import check_directory
+from precsearch.runtime.progress import compile_notice
 from precsearch.runtime.study_log import say
 from precsearch.runtime.session import StudyRun, open_run, start_guided
 from precsearch.runtime.workspace import Workspace
@@ -59,6 +60,8 @@ def run_study(space: Space, space_text: str, output_dir: Path | None = None, *, 
         start_guided(ctx)
         say(ctx, f"study '{space.study.name}': {finished_count(ctx.study)} of {target} trials already "
                   f"finished; output in {ws.output_dir}")
+        if (notice := compile_notice(space.backend.value, space.probe.device)) is not None:
+            say(ctx, notice)
         try:
             work(ctx, target)
         except KeyboardInterrupt:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from precsearch.cli import main, next_commands
-from precsearch.runtime.progress import Eta, duration, reference_notice, status_line
+from precsearch.runtime.progress import Eta, compile_notice, duration, reference_notice, status_line
 from precsearch.search.summary import study_metrics
 
 
@@ -277,3 +277,11 @@ def test_probe_times_a_readings_bf16_side_apart_from_the_trial(monkeypatch):
                           executor=SimpleNamespace(run=lambda *a, **k: result), sides=sides)
     assert _optimize._probe(ctx, None, "trial 0", trial=0) is result
     assert done == [("bf16_side", 40, 20.0), ("trial", 40, 10.0)]
+
+
+def test_a_torchao_study_on_a_gpu_says_why_its_first_probes_take_minutes():
+    notice = compile_notice("torchao", "cuda")
+    assert notice is not None and "compile" in notice and "200 s" in notice
+    assert compile_notice("torchao", "auto") == notice  # auto picks the GPU where torchao can run at all
+    assert compile_notice("torchao", "cpu") is None  # emulated there: eager, nothing to wait for
+    assert compile_notice("te", "cuda") is None and compile_notice("emulated", "cpu") is None
