@@ -109,17 +109,21 @@ class SignalRecorder:
             if weight is not None:
                 self.record_fc1_weight(block, weight)
 
-    def attach(self, model: nn.Module) -> Any:
+    def attach(self, model: nn.Module, *, compiled: bool = False) -> Any:
         """Hooks that feed this recorder from the probe on stat steps; returns a function removing them.
 
         Block outputs through :meth:`watch_blocks`; queries and keys after RoPE through each
         attention module's ``observe_qk`` slot (:class:`precsearch.probe.model.llama3.SelfAttention`).
+        With ``compiled`` (the blocks' forwards are compiled: ``Llama3.compile_blocks``) the observers run eager,
+        a break in the block's graph: traced, their own values (the block's index, :attr:`active`) would make
+        dynamo compile the block again for each block and each kind of step.
         """
         handles = self.watch_blocks(model)
         attentions = [(i, layer.self_attention) for i, layer in
                       enumerate(getattr(getattr(model, "decoder", None), "layers", []))]
         for block, attention in attentions:
-            attention.observe_qk = self._qk_observer(block, attention.cfg.head_dim ** -0.5)
+            observe = self._qk_observer(block, attention.cfg.head_dim ** -0.5)
+            attention.observe_qk = torch.compiler.disable(observe) if compiled else observe
 
         def detach() -> None:
             for handle in handles:

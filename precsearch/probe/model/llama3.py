@@ -144,17 +144,28 @@ class SelfAttention(nn.Module):
         self.core_attention = CoreAttention(cfg)
         self.linear_proj = Linear(cfg.dim, cfg.dim)
         self.rope: RopeFn = apply_rope  # a backend may put a fused kernel here
-        #: Called with (q, k) after RoPE when set (the early-warning signals read attention logits).
-        self.observe_qk: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+        self.observe_qk = None  # no observer (the property below)
         #: Tensor parallelism's collectives around the units (:mod:`precsearch.probe.parallel.tensor_parallel`).
         self.tp_in: Callable[[torch.Tensor], torch.Tensor] = _identity
         self.tp_out: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    @property
+    def observe_qk(self) -> Callable[[torch.Tensor, torch.Tensor], None] | None:
+        """Called with (q, k) after RoPE when set (the early-warning signals read attention logits)."""
+        return self._observe_qk
+
+    @observe_qk.setter
+    def observe_qk(self, observe: Callable[[torch.Tensor, torch.Tensor], None] | None) -> None:
+        self._observe_qk = observe
+        # what forward tests: a compiled block is specialised on a bool's value, where dynamo (torch 2.13) kept
+        # running the code compiled with an observer after the slot was set back to None
+        self.observing = observe is not None
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         """Self-attention over ``x`` ``(B, T, dim)`` (not normalised: ``linear_qkv`` does it)."""
         q, k, v = split_qkv(self.linear_qkv(self.tp_in(x)), self.cfg)
         q, k = self.rope(q, k, angles)
-        if self.observe_qk is not None:
+        if self.observing:
             self.observe_qk(q, k)
         return self.tp_out(self.linear_proj(self.core_attention(q, k, v)))
 
@@ -201,6 +212,18 @@ class Decoder(nn.Module):
         for layer in self.layers:
             x = layer(x, angles)
         return self.final_layernorm(x)
+
+
+class CompiledForward:
+    """A module's forward compiled (``torch.compile(forward, **compile_kwargs)``) for passes that record gradients,
+    and the eager ``forward`` for passes that do not."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], **compile_kwargs) -> None:
+        self.eager = forward
+        self.compiled = torch.compile(forward, **compile_kwargs)
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        return (self.compiled if torch.is_grad_enabled() else self.eager)(*args, **kwargs)
 
 
 class Embedding(nn.Module):
@@ -268,10 +291,16 @@ class Llama3(nn.Module):
         return cross_entropy(logits, targets)
 
     def compile_blocks(self, **compile_kwargs) -> None:
-        """Compile each transformer block in place (``Module.compile``, ``compile_kwargs`` to ``torch.compile``),
-        as torchtitan compiles its blocks: names, Parameters and state dicts stay the eager model's."""
+        """Compile each transformer block's forward in place (``compile_kwargs`` to ``torch.compile``), as torchtitan
+        compiles its blocks: names, Parameters and state dicts stay the eager model's.
+
+        Only the training pass runs compiled (:class:`CompiledForward`): the block's hooks (the probe's signals)
+        run around it, eager, and a pass without gradients (evaluation, held-out losses) runs the eager forward.
+        Each would otherwise be another compile of every block variant, and none of them is timed.
+        """
         for layer in self.decoder.layers:
-            layer.compile(**compile_kwargs)
+            if not isinstance(layer.forward, CompiledForward):
+                layer.forward = CompiledForward(layer.forward, **compile_kwargs)
 
     def _forward_split(self, input_ids: torch.Tensor, targets: torch.Tensor | None, tp) -> torch.Tensor:
         """:meth:`forward` with the embedding, output layer and loss split over the vocabulary."""
