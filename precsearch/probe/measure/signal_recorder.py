@@ -142,8 +142,9 @@ class SignalRecorder:
     def watch_blocks(self, model: nn.Module) -> list[Any]:
         """Forward hooks on ``...layers.N`` modules that record their outputs on stat steps; returns the handles.
 
-        A tuple output (Megatron's ``(hidden, context)``) is read at index 0. Not for a
-        ``torch.compile`` wrapper (hooks break its graph): call :meth:`record_block_output` instead.
+        A tuple output (Megatron's ``(hidden, context)``) is read at index 0. The hooks run eager around a block
+        whose forward is compiled (``Llama3.compile_blocks``); not for a ``torch.compile`` wrapper of the module
+        itself (its hooks are traced into its graph): call :meth:`record_block_output` instead.
         """
         handles = []
         for name, module in model.named_modules():
