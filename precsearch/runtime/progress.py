@@ -173,8 +173,9 @@ def compile_notice(backend: str, device: str) -> str | None:
     if backend != "torchao" or device == "cpu":
         return None
     return ("backend torchao on a GPU: each probe's blocks run compiled, as torchtitan runs them (eager torchao "
-            "FP8 is slower than BF16). The first probe of each kind compiles them: at the 8B width expect minutes "
-            "before the first trial (one H100 had finished none after 200 s)")
+            "FP8 is slower than BF16). The first probe of each kind compiles them: at the 8B width the first trial "
+            "waits on those compiles (one H100 had finished none after 200 s, before each block variant compiled "
+            "once; not measured since)")
 
 
 def reference_notice(clip_grad: float | None, seeds: int, steps: int, stress: bool) -> str:

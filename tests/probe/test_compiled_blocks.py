@@ -57,6 +57,14 @@ def test_compile_blocks_keeps_the_eager_model():
     torch.testing.assert_close(model(ids, ids), eager(ids, ids), rtol=0, atol=0)
 
 
+def _fp8_mlp_probe(cfg: ModelConfig) -> tuple[Policy, ProbeSection, TokenBatches]:
+    """A 4-step probe of ``cfg`` with FP8 current MLPs: the stat steps are 0 and 3."""
+    policy = Policy(rules=(Rule("mlp", ("*.mlp.*",), Precision.FP8_CURRENT),))
+    probe = ProbeSection(steps=4, micro_batch=2, seq_len=32, lr=1e-3, lr_warmup_steps=1, device="cpu", seed=0)
+    tokens = torch.randint(0, cfg.vocab_size, (16 * 33,), generator=torch.Generator().manual_seed(0))
+    return policy, probe, TokenBatches(tokens, seq_len=32, micro_batch=2, seed=0, eval_batches=1)
+
+
 class _CompilesOnCpu(TorchaoBackend):
     """torchao emulated, with the probe's block compile a GPU would get."""
 
@@ -74,10 +82,7 @@ def test_the_probe_compiles_its_blocks_and_predicts_the_compiled_peak(monkeypatc
         real(self, backend="eager")
 
     monkeypatch.setattr(Llama3, "compile_blocks", compile_blocks)
-    policy = Policy(rules=(Rule("mlp", ("*.mlp.*",), Precision.FP8_CURRENT),))
-    probe = ProbeSection(steps=4, micro_batch=2, seq_len=32, lr=1e-3, lr_warmup_steps=1, device="cpu", seed=0)
-    tokens = torch.randint(0, CFG.vocab_size, (16 * 33,), generator=torch.Generator().manual_seed(0))
-    data = TokenBatches(tokens, seq_len=32, micro_batch=2, seed=0, eval_batches=1)
+    policy, probe, data = _fp8_mlp_probe(CFG)
 
     with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
         result = runner.run_probe(CFG, probe, policy, data, _CompilesOnCpu(emulate=True), CPU)
@@ -146,10 +151,7 @@ def test_a_pass_without_gradients_runs_the_blocks_eager():
 
 def _graphs_of_a_compiled_probe(n_layers: int) -> int:
     cfg = CFG.with_overrides(n_layers=n_layers)
-    policy = Policy(rules=(Rule("mlp", ("*.mlp.*",), Precision.FP8_CURRENT),))
-    probe = ProbeSection(steps=4, micro_batch=2, seq_len=32, lr=1e-3, lr_warmup_steps=1, device="cpu", seed=0)
-    tokens = torch.randint(0, cfg.vocab_size, (16 * 33,), generator=torch.Generator().manual_seed(0))
-    data = TokenBatches(tokens, seq_len=32, micro_batch=2, seed=0, eval_batches=1)
+    policy, probe, data = _fp8_mlp_probe(cfg)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     runner.run_probe(cfg, probe, policy, data, _CompilesOnCpu(emulate=True), CPU)
