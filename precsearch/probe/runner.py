@@ -299,18 +299,20 @@ def _prepare(cfg: ModelConfig, probe: ProbeSection, policy: Policy, data: TokenB
 
 
 def _train(run: _Run, watch: LayerWatch, signals: SignalRecorder, on_step: StepCallback | None) -> None:
-    """The steps from ``run.first`` to ``probe.steps``, or to divergence, with diagnostics attached, and the signals'
-    hooks on the steps that read them: in compiled blocks (torchao on a GPU) an observer breaks a block's graph,
-    which the other timed steps then run whole, as torchtitan's blocks."""
+    """The steps from ``run.first`` to ``probe.steps``, or to divergence, with diagnostics and signals attached."""
+    # Compiled blocks (torchao on a GPU) see the signals' observers only on the steps that read them: an observer
+    # breaks a block's graph, which the other timed steps then run whole, as torchtitan's blocks
     compiled = run.backend.probe_compiles_blocks(run.device)
+    detach_signals = (lambda: None) if compiled else signals.attach(run.model)
     for step in range(run.first, run.probe.steps):
-        detach_signals = signals.attach(run.model, compiled=compiled) if signals.is_stat_step(step) else None
+        observed = signals.attach(run.model, compiled=True) if compiled and signals.is_stat_step(step) else None
         stepped = _step(run, step, watch, signals, on_step)
-        if detach_signals is not None:
-            detach_signals()
+        if observed is not None:
+            observed()
         if not stepped:
             break
     watch.close()
+    detach_signals()
     signals.add_layer_stats(run.result.layer_stats)
     run.result.signals = signals.signals().to_dict()
 
